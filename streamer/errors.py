@@ -1,0 +1,149 @@
+"""The one exception tree of the package.
+
+::
+
+    StreamerError
+    ├── ConfigError                 bad server/recognizer options (CLI exits 2)
+    ├── ModelError                  model weights missing, unloadable or inconsistent
+    ├── DecodeError                 one decode failed; that segment's final carries it
+    ├── ClientError                 raised by :mod:`streamer.client`
+    │   ├── ConnectionRefusedByServer   handshake refused (auth, capacity, origin)
+    │   └── ServerClosed                the server ended the session with an error
+    └── ProtocolError               something a client sent is wrong (has ``code``)
+        ├── MalformedMessage            non-JSON or unknown text message (not fatal)
+        ├── InvalidOption               an option value is wrong (close 1008)
+        ├── UnsupportedSampleRate       sample rate not supported (close 1003)
+        ├── UnexpectedMessage           valid message at the wrong time (not fatal)
+        └── SessionLimit                idle timeout or maximum duration reached
+
+Each :class:`ProtocolError` names its wire ``code`` and whether it ends the session;
+:func:`close_code_for` maps it to a WebSocket close code in one place.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "StreamerError",
+    "ConfigError",
+    "ModelError",
+    "DecodeError",
+    "ClientError",
+    "ConnectionRefusedByServer",
+    "ServerClosed",
+    "ProtocolError",
+    "MalformedMessage",
+    "InvalidOption",
+    "UnsupportedSampleRate",
+    "UnexpectedMessage",
+    "SessionLimit",
+    "close_code_for",
+]
+
+# WebSocket close codes (RFC 6455 section 7.4.1).
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_TRY_AGAIN_LATER = 1013
+
+
+class StreamerError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(StreamerError):
+    """An option given to the server, recognizer or CLI is invalid."""
+
+
+class ModelError(StreamerError):
+    """The model cannot be loaded, or would silently produce garbage."""
+
+
+class DecodeError(StreamerError):
+    """Decoding one utterance failed; the session goes on."""
+
+
+class ClientError(StreamerError):
+    """An error seen by :mod:`streamer.client`."""
+
+
+class ConnectionRefusedByServer(ClientError):
+    """The server refused the WebSocket handshake (``status`` is the HTTP status)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"server refused the connection: HTTP {status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class ServerClosed(ClientError):
+    """The server closed the session abnormally (``code`` is the close code)."""
+
+    def __init__(self, code: int | None, reason: str) -> None:
+        super().__init__(f"server closed the session: {code} {reason}".strip())
+        self.code = code
+        self.reason = reason
+
+
+class ProtocolError(StreamerError):
+    """Something a client sent violates protocol v1.
+
+    ``code`` is the machine-readable code sent in the ``error`` message; ``fatal``
+    says whether the session ends because of it.
+    """
+
+    code = "protocol_error"
+    fatal = True
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class MalformedMessage(ProtocolError):
+    """A text frame that is not JSON, not an object, or has an unknown ``type``."""
+
+    code = "bad_message"
+    fatal = False
+
+
+class UnexpectedMessage(ProtocolError):
+    """A valid message sent when it has no meaning (audio after ``stop``, ...)."""
+
+    code = "unexpected_message"
+    fatal = False
+
+
+class InvalidOption(ProtocolError):
+    """An option has a wrong name, type or value."""
+
+    code = "invalid_option"
+
+
+class UnsupportedSampleRate(InvalidOption):
+    """The declared sample rate is not one the server resamples from."""
+
+    code = "unsupported_sample_rate"
+
+
+class SessionLimit(ProtocolError):
+    """The session reached its idle timeout or maximum duration."""
+
+    code = "session_limit"
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def close_code_for(error: BaseException) -> int:
+    """The WebSocket close code that ends a session because of ``error``."""
+    if isinstance(error, UnsupportedSampleRate):
+        return CLOSE_UNSUPPORTED_DATA
+    if isinstance(error, SessionLimit):
+        return CLOSE_POLICY_VIOLATION
+    if isinstance(error, ProtocolError):
+        return CLOSE_POLICY_VIOLATION
+    return CLOSE_INTERNAL_ERROR

@@ -1,0 +1,328 @@
+"""Protocol v1 wire messages and stream options (I/O-free).
+
+Client → server text frames are parsed by :func:`parse_client_message`; server → client
+messages are frozen dataclasses encoded by :func:`encode` and decoded (by the client) with
+:func:`decode_server_message`. ``docs/protocol.md`` is the human-readable specification;
+this module is its single implementation, shared by the server, the client, the bench
+and the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import orjson
+
+from streamer.errors import InvalidOption, MalformedMessage, UnsupportedSampleRate
+
+PROTOCOL_VERSION = 1
+PATH = "/v1/asr"
+NATIVE_SAMPLE_RATE = 16000
+SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+LANGUAGES = ("auto", "zh", "en", "yue", "ja", "ko")
+FINAL_REASONS = ("silence", "max_duration", "finalize", "stop")
+MIN_ENDPOINT_MS = 100
+MAX_ENDPOINT_MS = 5000
+
+# ---------------------------------------------------------------------------
+# Stream options
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What a client chooses for its session (query parameters or a ``config`` message)."""
+
+    language: str = "auto"  # one of LANGUAGES; "auto" lets the model detect it
+    itn: bool = True  # inverse text normalisation (punctuation, digits)
+    sample_rate: int = NATIVE_SAMPLE_RATE  # rate of the PCM the client sends, Hz
+    partials: bool = True  # send partial results while a segment is open
+    endpoint_ms: int = 500  # trailing non-speech that ends an utterance
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(StreamOptions)) | {"token"}
+
+
+def _parse_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise InvalidOption(f"option {name!r} must be true or false, got {value!r}")
+
+
+def _parse_int(name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise InvalidOption(f"option {name!r} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise InvalidOption(f"option {name!r} must be an integer, got {value!r}")
+
+
+def parse_stream_options(
+    params: Mapping[str, Any], base: StreamOptions | None = None
+) -> StreamOptions:
+    """Validate ``params`` (query parameters or a config message) over ``base``.
+
+    Unknown names raise :class:`InvalidOption`; a sample rate outside
+    :data:`SUPPORTED_SAMPLE_RATES` raises :class:`UnsupportedSampleRate`. ``token`` and
+    ``type`` are accepted and ignored here (authentication happens at the handshake).
+    """
+    options = base or StreamOptions()
+    changes: dict[str, Any] = {}
+    for name, value in params.items():
+        if name in ("type", "token"):
+            continue
+        if name not in OPTION_NAMES:
+            known = ", ".join(sorted(OPTION_NAMES))
+            raise InvalidOption(f"unknown option {name!r} (known options: {known})")
+        if name == "language":
+            if not isinstance(value, str) or value not in LANGUAGES:
+                raise InvalidOption(
+                    f"option 'language' must be one of {', '.join(LANGUAGES)}, got {value!r}"
+                )
+            changes[name] = value
+        elif name in ("itn", "partials"):
+            changes[name] = _parse_bool(name, value)
+        elif name == "sample_rate":
+            rate = _parse_int(name, value)
+            if rate not in SUPPORTED_SAMPLE_RATES:
+                rates = ", ".join(map(str, SUPPORTED_SAMPLE_RATES))
+                raise UnsupportedSampleRate(
+                    f"sample rate {rate} Hz is not supported (supported: {rates})"
+                )
+            changes[name] = rate
+        elif name == "endpoint_ms":
+            ms = _parse_int(name, value)
+            if not MIN_ENDPOINT_MS <= ms <= MAX_ENDPOINT_MS:
+                raise InvalidOption(
+                    f"option 'endpoint_ms' must be within {MIN_ENDPOINT_MS}..{MAX_ENDPOINT_MS},"
+                    f" got {ms}"
+                )
+            changes[name] = ms
+    return dataclasses.replace(options, **changes)
+
+
+# ---------------------------------------------------------------------------
+# Client → server
+
+
+@dataclass(frozen=True)
+class ConfigMessage:
+    """``{"type": "config", ...}``: options, before any audio."""
+
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FinalizeMessage:
+    """``{"type": "finalize"}``: end the current utterance now."""
+
+
+@dataclass(frozen=True)
+class StopMessage:
+    """``{"type": "stop"}``: end of stream."""
+
+
+@dataclass(frozen=True)
+class KeepaliveMessage:
+    """``{"type": "keepalive"}``: resets the idle timer."""
+
+
+ClientMessage = ConfigMessage | FinalizeMessage | StopMessage | KeepaliveMessage
+
+_SIMPLE_CLIENT_MESSAGES: dict[str, ClientMessage] = {
+    "finalize": FinalizeMessage(),
+    "stop": StopMessage(),
+    "keepalive": KeepaliveMessage(),
+}
+
+
+def parse_client_message(data: str | bytes) -> ClientMessage:
+    """Parse one client text frame; raises :class:`MalformedMessage` on anything else."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedMessage(f"text frames must be JSON objects: {exc}") from None
+    if not isinstance(obj, dict):
+        raise MalformedMessage("text frames must be JSON objects with a 'type'")
+    kind = obj.get("type")
+    if kind == "config":
+        return ConfigMessage(params={k: v for k, v in obj.items() if k != "type"})
+    if isinstance(kind, str) and kind in _SIMPLE_CLIENT_MESSAGES:
+        return _SIMPLE_CLIENT_MESSAGES[kind]
+    raise MalformedMessage(
+        f"unknown message type {kind!r} (expected config, finalize, stop or keepalive)"
+    )
+
+
+def client_message_json(message: ClientMessage) -> bytes:
+    """Encode a client message (used by :mod:`streamer.client`)."""
+    if isinstance(message, ConfigMessage):
+        return orjson.dumps({"type": "config", **message.params})
+    for name, instance in _SIMPLE_CLIENT_MESSAGES.items():
+        if message == instance:
+            return orjson.dumps({"type": name})
+    raise TypeError(f"not a client message: {message!r}")
+
+
+# ---------------------------------------------------------------------------
+# Server → client
+
+
+@dataclass(frozen=True)
+class Ready:
+    type: ClassVar[str] = "ready"
+    session_id: str  # opaque id, also in the server's logs
+    protocol: int  # PROTOCOL_VERSION
+    sample_rate: int  # rate the server expects from this client
+    model: str  # model the server decodes with
+    options: dict[str, Any]  # the effective StreamOptions
+
+
+@dataclass(frozen=True)
+class SpeechStart:
+    type: ClassVar[str] = "speech_start"
+    segment_id: int  # 0, 1, 2, ... per session
+    start_ms: float  # client audio time where the segment begins (pre-roll included)
+
+
+@dataclass(frozen=True)
+class Partial:
+    type: ClassVar[str] = "partial"
+    segment_id: int
+    revision: int  # 1, 2, ... within the segment
+    start_ms: float
+    end_ms: float  # client audio time up to which this partial decoded
+    text: str
+    stable_text: str  # prefix of text that agreed with the previous revision
+    language: str | None
+    emotion: str | None
+    event: str | None
+    raw: str
+
+
+@dataclass(frozen=True)
+class Final:
+    type: ClassVar[str] = "final"
+    segment_id: int
+    start_ms: float
+    end_ms: float
+    text: str
+    language: str | None
+    emotion: str | None
+    event: str | None
+    raw: str
+    rich: str
+    reason: Literal["silence", "max_duration", "finalize", "stop"]
+    decode_ms: float  # model time spent on this final
+    queue_ms: float  # time the final waited for the model
+    error: dict[str, str] | None = None  # {code, message} when decoding failed
+
+
+@dataclass(frozen=True)
+class Error:
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+    fatal: bool
+
+
+@dataclass(frozen=True)
+class End:
+    type: ClassVar[str] = "end"
+    segments: int  # finals sent in this session
+    audio_ms: float  # client audio received
+    partials_sent: int
+    partials_skipped: int  # partial decodes skipped because the worker was busy
+
+
+ServerMessage = Ready | SpeechStart | Partial | Final | Error | End
+_SERVER_TYPES: dict[str, type] = {
+    cls.type: cls for cls in (Ready, SpeechStart, Partial, Final, Error, End)
+}
+
+
+def message_dict(message: ServerMessage) -> dict[str, Any]:
+    return {"type": message.type, **dataclasses.asdict(message)}
+
+
+def encode(message: ServerMessage) -> bytes:
+    """The JSON bytes of a server message (send them as a text frame)."""
+    return orjson.dumps(message_dict(message))
+
+
+def decode_server_message(data: str | bytes) -> ServerMessage:
+    """Parse a server message; unknown fields are ignored so newer servers stay readable."""
+    obj = orjson.loads(data)
+    cls = _SERVER_TYPES.get(obj.get("type")) if isinstance(obj, dict) else None
+    if cls is None:
+        raise MalformedMessage(f"not a protocol v1 server message: {data[:200]!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in obj.items() if k in names}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise MalformedMessage(f"bad {obj['type']} message: {exc}") from None
+
+
+def stable_prefix(previous: str, current: str) -> str:
+    """The longest prefix of ``current`` that agrees with ``previous``, cut at a word.
+
+    For text without spaces (Chinese, Japanese) the cut is per character.
+    """
+    n = 0
+    limit = min(len(previous), len(current))
+    while n < limit and previous[n] == current[n]:
+        n += 1
+    if n == len(current) or n == 0:
+        return current[:n]
+    # Do not end the stable text inside a space-separated word that may still change.
+    if " " in current[:n] and current[n - 1] != " " and current[n] != " ":
+        n = current.rfind(" ", 0, n) + 1
+    return current[:n]
+
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "PATH",
+    "NATIVE_SAMPLE_RATE",
+    "SUPPORTED_SAMPLE_RATES",
+    "LANGUAGES",
+    "FINAL_REASONS",
+    "StreamOptions",
+    "parse_stream_options",
+    "ConfigMessage",
+    "FinalizeMessage",
+    "StopMessage",
+    "KeepaliveMessage",
+    "ClientMessage",
+    "parse_client_message",
+    "client_message_json",
+    "Ready",
+    "SpeechStart",
+    "Partial",
+    "Final",
+    "Error",
+    "End",
+    "ServerMessage",
+    "message_dict",
+    "encode",
+    "decode_server_message",
+    "stable_prefix",
+    "field",
+]

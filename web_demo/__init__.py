@@ -1,0 +1,1 @@
+"""The web demo, shipped inside the wheel as package data (served at ``/``)."""
