@@ -1,0 +1,94 @@
+"""Client audio → exact VAD frames (I/O-free).
+
+Clients send PCM in chunks of any length, even an odd number of bytes. :class:`PcmFramer`
+carries the odd byte and the incomplete frame over to the next chunk, so the segmenter
+always sees frames of exactly ``frame_samples`` samples and no sample is lost.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BYTES_PER_SAMPLE = 2  # PCM s16le
+
+
+class PcmFramer:
+    """Cuts a stream of s16le bytes into int16 frames of ``frame_samples`` samples."""
+
+    def __init__(self, frame_samples: int) -> None:
+        if frame_samples <= 0:
+            raise ValueError("frame_samples must be positive")
+        self.frame_samples = frame_samples
+        self._odd_byte = b""
+        self._pending = np.zeros(0, dtype=np.int16)
+
+    @property
+    def pending_samples(self) -> int:
+        """Samples received but not yet part of a complete frame."""
+        return int(self._pending.size)
+
+    def push_bytes(self, data: bytes) -> list[np.ndarray]:
+        """Add little-endian s16 bytes; returns the frames they completed."""
+        data = self._odd_byte + data
+        usable = len(data) - (len(data) % BYTES_PER_SAMPLE)
+        self._odd_byte = data[usable:]
+        return self.push_samples(np.frombuffer(data[:usable], dtype="<i2"))
+
+    def push_samples(self, samples: np.ndarray) -> list[np.ndarray]:
+        """Add int16 samples; returns the frames they completed."""
+        if samples.size == 0:
+            return []
+        buffer = np.concatenate([self._pending, samples.astype(np.int16, copy=False)])
+        n_frames = buffer.size // self.frame_samples
+        cut = n_frames * self.frame_samples
+        frames = [
+            buffer[i : i + self.frame_samples].copy() for i in range(0, cut, self.frame_samples)
+        ]
+        self._pending = buffer[cut:].copy()
+        return frames
+
+    def flush(self) -> np.ndarray:
+        """The incomplete last frame (end of stream); the framer is empty afterwards."""
+        rest, self._pending, self._odd_byte = self._pending, np.zeros(0, dtype=np.int16), b""
+        return rest
+
+
+class AudioBuffer:
+    """The recent 16 kHz audio of one stream, addressed by absolute sample index.
+
+    Keeps only what may still be decoded: the owner calls :meth:`discard_before` with
+    the segmenter's ``keep_from_sample`` so memory stays bounded however long the stream.
+    """
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._base_sample = 0  # absolute index of the first sample in _data
+
+    @property
+    def end_sample(self) -> int:
+        """Absolute index one past the last sample received."""
+        return self._base_sample + len(self._data) // BYTES_PER_SAMPLE
+
+    @property
+    def retained_samples(self) -> int:
+        return len(self._data) // BYTES_PER_SAMPLE
+
+    def append(self, samples: np.ndarray) -> None:
+        self._data += samples.astype("<i2", copy=False).tobytes()
+
+    def slice(self, start_sample: int, end_sample: int) -> np.ndarray:
+        """A copy of samples ``[start_sample, end_sample)``; raises if already discarded."""
+        if start_sample < self._base_sample or end_sample > self.end_sample:
+            raise IndexError(
+                f"samples [{start_sample}, {end_sample}) not retained "
+                f"(have [{self._base_sample}, {self.end_sample}))"
+            )
+        lo = (start_sample - self._base_sample) * BYTES_PER_SAMPLE
+        hi = (end_sample - self._base_sample) * BYTES_PER_SAMPLE
+        return np.frombuffer(bytes(self._data[lo:hi]), dtype="<i2").astype(np.int16)
+
+    def discard_before(self, sample: int) -> None:
+        drop = min(sample, self.end_sample) - self._base_sample
+        if drop > 0:
+            del self._data[: drop * BYTES_PER_SAMPLE]
+            self._base_sample += drop

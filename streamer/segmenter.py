@@ -1,0 +1,234 @@
+"""Utterance segmentation over per-frame voice-activity flags (I/O-free).
+
+The :class:`Segmenter` is a state machine fed one ``(is_speech, energy)`` pair per frame.
+It never sees audio or clocks: time is the frame count, so its tests are lists of
+booleans. It reports :class:`SegmentStart` and :class:`SegmentEnd` events with absolute
+sample indices; the caller keeps the audio and slices it.
+
+Rules:
+
+* **Onset**: speech is confirmed once ``min_speech_ms`` of speech frames fall within the
+  last ``onset_window_ms``; shorter blips never produce a start.
+* **Pre-roll**: the segment starts ``pre_roll_ms`` before the first speech frame of that
+  window (never before the previous segment's end), so the first syllable is kept.
+* **Endpoint**: ``endpoint_ms`` of consecutive non-speech ends the segment, which then
+  ends ``end_pad_ms`` after its last speech frame.
+* **Hard cap**: a segment reaching ``max_utterance_ms`` is cut at the quietest point of
+  its last ``cut_search_ms``; the next segment starts at exactly that sample, so
+  consecutive segments tile the audio.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from streamer.errors import ConfigError
+
+EndReason = Literal["silence", "max_duration", "finalize", "stop"]
+VALID_FRAME_MS = (10, 20, 30)  # the frame lengths webrtcvad accepts
+
+
+@dataclass(frozen=True)
+class SegmenterOptions:
+    """Segmentation timing. Every duration is rounded to whole frames."""
+
+    sample_rate: int = 16000  # Hz of the samples the indices count
+    frame_ms: int = 20  # VAD frame length: 10, 20 or 30
+    onset_window_ms: int = 300  # window in which speech must accumulate to start a segment
+    min_speech_ms: int = 120  # speech needed within the onset window; shorter blips dropped
+    pre_roll_ms: int = 300  # audio kept before the first speech frame
+    endpoint_ms: int = 500  # trailing non-speech that ends a segment
+    end_pad_ms: int = 200  # audio kept after the last speech frame (at most endpoint_ms)
+    max_utterance_ms: int = 7000  # hard cap on a segment's length
+    cut_search_ms: int = 1000  # a capped segment is cut at the quietest point of this tail
+    quiet_window_ms: int = 60  # energy is averaged over this span when looking for the cut
+
+    def __post_init__(self) -> None:
+        if self.frame_ms not in VALID_FRAME_MS:
+            raise ConfigError(f"frame_ms must be one of {VALID_FRAME_MS}, got {self.frame_ms}")
+        if not 0 < self.min_speech_ms <= self.onset_window_ms:
+            raise ConfigError("need 0 < min_speech_ms <= onset_window_ms")
+        if self.endpoint_ms < self.frame_ms:
+            raise ConfigError("endpoint_ms must be at least one frame")
+        if not 0 < self.cut_search_ms < self.max_utterance_ms:
+            raise ConfigError("need 0 < cut_search_ms < max_utterance_ms")
+        if self.max_utterance_ms < 1000:
+            raise ConfigError("max_utterance_ms must be at least 1000")
+        if self.pre_roll_ms < 0 or self.end_pad_ms < 0:
+            raise ConfigError("pre_roll_ms and end_pad_ms must not be negative")
+
+    @property
+    def frame_samples(self) -> int:
+        return self.sample_rate * self.frame_ms // 1000
+
+    def frames(self, ms: int) -> int:
+        """``ms`` as a whole number of frames (at least one for a positive duration)."""
+        return max(1, round(ms / self.frame_ms)) if ms > 0 else 0
+
+
+@dataclass(frozen=True)
+class SegmentStart:
+    segment_id: int
+    start_sample: int
+
+
+@dataclass(frozen=True)
+class SegmentEnd:
+    segment_id: int
+    start_sample: int
+    end_sample: int
+    reason: EndReason
+
+
+SegmentEvent = SegmentStart | SegmentEnd
+
+
+class Segmenter:
+    """Turns per-frame speech flags into utterance boundaries. See the module docstring."""
+
+    def __init__(self, options: SegmenterOptions | None = None) -> None:
+        self.options = options or SegmenterOptions()
+        o = self.options
+        self._frame = o.frame_samples
+        self._onset_frames = o.frames(o.onset_window_ms)
+        self._min_speech_frames = o.frames(o.min_speech_ms)
+        self._pre_roll_frames = o.frames(o.pre_roll_ms)
+        self._endpoint_frames = o.frames(o.endpoint_ms)
+        self._end_pad_frames = min(o.frames(o.end_pad_ms), self._endpoint_frames)
+        self._max_frames = o.max_utterance_ms * o.sample_rate // 1000 // self._frame
+        self._cut_search_frames = o.frames(o.cut_search_ms)
+        self._quiet_frames = max(1, o.frames(o.quiet_window_ms))
+
+        self._frame_index = 0  # frames seen so far
+        self._next_id = 0
+        self._floor_frame = 0  # no segment may start before this frame (previous end)
+        self._window: deque[bool] = deque(maxlen=self._onset_frames)
+        # open segment state
+        self._open_id: int | None = None
+        self._start_frame = 0
+        self._last_speech_frame = 0  # index of the last speech frame + 1
+        self._silence_frames = 0
+        self._energies: list[float] = []  # per frame since _start_frame
+
+    # -- queries ---------------------------------------------------------------
+
+    @property
+    def in_segment(self) -> bool:
+        return self._open_id is not None
+
+    @property
+    def open_segment_id(self) -> int | None:
+        return self._open_id
+
+    @property
+    def open_start_sample(self) -> int | None:
+        return None if self._open_id is None else self._start_frame * self._frame
+
+    @property
+    def last_speech_sample(self) -> int:
+        """End of the last frame classified as speech in the open segment."""
+        return self._last_speech_frame * self._frame
+
+    @property
+    def position_sample(self) -> int:
+        """Samples consumed so far (always a whole number of frames)."""
+        return self._frame_index * self._frame
+
+    @property
+    def keep_from_sample(self) -> int:
+        """Audio before this sample will never be part of a segment again."""
+        if self._open_id is not None:
+            return self._start_frame * self._frame
+        earliest = self._frame_index - self._onset_frames - self._pre_roll_frames
+        return max(self._floor_frame, earliest, 0) * self._frame
+
+    # -- input -----------------------------------------------------------------
+
+    def push(self, is_speech: bool, energy: float = 0.0) -> list[SegmentEvent]:
+        """Consume one frame; returns the events it caused (in order)."""
+        events: list[SegmentEvent] = []
+        index = self._frame_index
+        self._frame_index += 1
+        if self._open_id is None:
+            self._window.append(is_speech)
+            if sum(self._window) >= self._min_speech_frames:
+                first_speech = index - len(self._window) + 1 + self._window.index(True)
+                start = max(first_speech - self._pre_roll_frames, self._floor_frame, 0)
+                events.append(self._open(start, energies_from=start))
+                self._last_speech_frame = index + 1
+            return events
+
+        self._energies.append(energy)
+        if is_speech:
+            self._last_speech_frame = index + 1
+            self._silence_frames = 0
+        else:
+            self._silence_frames += 1
+            if self._silence_frames >= self._endpoint_frames:
+                end = min(self._last_speech_frame + self._end_pad_frames, self._frame_index)
+                events.append(self._close(end * self._frame, "silence"))
+                return events
+        if self._frame_index - self._start_frame >= self._max_frames:
+            events.extend(self._cut())
+        return events
+
+    def flush(self, reason: EndReason, end_sample: int | None = None) -> list[SegmentEvent]:
+        """End the open segment now (``finalize`` or ``stop``); no-op when none is open.
+
+        ``end_sample`` may extend the segment past the last whole frame (the stream's
+        final partial frame on ``stop``).
+        """
+        self._window.clear()
+        if self._open_id is None:
+            return []
+        end = self.position_sample if end_sample is None else max(end_sample, self.position_sample)
+        return [self._close(end, reason)]
+
+    # -- internals -------------------------------------------------------------
+
+    def _open(self, start_frame: int, energies_from: int) -> SegmentStart:
+        self._open_id = self._next_id
+        self._next_id += 1
+        self._start_frame = start_frame
+        self._silence_frames = 0
+        # energies of frames already consumed are unknown before the start; treat as loud
+        # so the cut search never picks pre-roll it could not measure
+        self._energies = [float("inf")] * (self._frame_index - energies_from)
+        return SegmentStart(self._open_id, start_frame * self._frame)
+
+    def _close(self, end_sample: int, reason: EndReason) -> SegmentEnd:
+        assert self._open_id is not None
+        event = SegmentEnd(self._open_id, self._start_frame * self._frame, end_sample, reason)
+        self._open_id = None
+        self._floor_frame = -(-end_sample // self._frame)  # ceil: whole frames after the end
+        self._window.clear()
+        self._energies = []
+        return event
+
+    def _cut(self) -> list[SegmentEvent]:
+        """Cut the capped segment at the quietest point of its tail; continue after it."""
+        energies = np.asarray(self._energies, dtype=np.float64)
+        n = energies.size
+        lo = max(1, n - self._cut_search_frames)
+        smooth = np.convolve(
+            np.nan_to_num(energies, posinf=np.finfo(np.float64).max / 16),
+            np.ones(self._quiet_frames) / self._quiet_frames,
+            mode="same",
+        )
+        cut_offset = lo + int(np.argmin(smooth[lo:n]))  # frames after the segment start
+        cut_frame = self._start_frame + cut_offset
+        segment_id = self._open_id
+        assert segment_id is not None
+        end = SegmentEnd(
+            segment_id, self._start_frame * self._frame, cut_frame * self._frame, "max_duration"
+        )
+        # the rest continues as the next segment, starting exactly at the cut
+        self._open_id = self._next_id
+        self._next_id += 1
+        self._start_frame = cut_frame
+        self._energies = self._energies[cut_offset:]
+        return [end, SegmentStart(self._open_id, cut_frame * self._frame)]

@@ -1,0 +1,476 @@
+"""One client's stream as a state machine (I/O-free).
+
+Inputs: :meth:`Session.receive_audio` (binary frames), :meth:`Session.receive_text`
+(control messages), :meth:`Session.decode_finished` (the worker's answers) and the
+server-side events :meth:`Session.expire` and :meth:`Session.shutdown`.
+Outputs, drained by the caller after every input: :meth:`Session.messages_to_send`
+(protocol messages, in order) and :meth:`Session.jobs_to_submit` (decode jobs).
+
+The session never reads a clock and never blocks; time is the count of 16 kHz samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from streamer import protocol
+from streamer.errors import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    CLOSE_POLICY_VIOLATION,
+    MalformedMessage,
+    ProtocolError,
+    UnexpectedMessage,
+    close_code_for,
+)
+from streamer.framing import AudioBuffer, PcmFramer
+from streamer.jobs import DecodeJob, DecodeResult
+from streamer.protocol import (
+    ConfigMessage,
+    End,
+    Error,
+    Final,
+    FinalizeMessage,
+    KeepaliveMessage,
+    Partial,
+    Ready,
+    ServerMessage,
+    SpeechStart,
+    StopMessage,
+    StreamOptions,
+)
+from streamer.resample import StreamResampler
+from streamer.segmenter import (
+    SegmentEnd,
+    Segmenter,
+    SegmenterOptions,
+    SegmentEvent,
+    SegmentStart,
+)
+from streamer.vad import FrameClassifier, frame_energy
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = protocol.NATIVE_SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Server-side settings every session shares."""
+
+    model_name: str = "unknown"  # reported in the ready message
+    segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)  # VAD timing
+    partial_interval_ms: int = 300  # re-decode the open segment after this much new audio
+    max_text_message_bytes: int = 65536  # larger control messages are rejected
+
+
+class State(Enum):
+    CONFIGURING = "configuring"  # no audio yet: config messages allowed
+    STREAMING = "streaming"
+    STOPPING = "stopping"  # stream ended, waiting for the last finals
+    ENDED = "ended"  # end sent (or fatal error): close the connection
+
+
+@dataclass
+class SessionStats:
+    audio_samples_in: int = 0  # samples received at the client's rate
+    segments: int = 0  # finals sent
+    partials_sent: int = 0
+    partials_skipped: int = 0  # partial decodes skipped or discarded under load
+    errors: int = 0
+
+
+class Session:
+    """The protocol logic of one WebSocket connection. See the module docstring."""
+
+    def __init__(
+        self,
+        session_id: str,
+        options: SessionOptions,
+        stream: StreamOptions,
+        classifier: FrameClassifier,
+    ) -> None:
+        self.session_id = session_id
+        self.options = options
+        self.stream = stream
+        self.stats = SessionStats()
+        self.state = State.CONFIGURING
+        self.close_code: int | None = None  # set once the connection should close
+        self.close_reason = ""
+        self._classify = classifier
+        self._messages: list[ServerMessage] = []
+        self._jobs: list[DecodeJob] = []
+        self._held: list[ServerMessage] = []  # messages of segments after the next final
+        self._next_final_id = 0
+        self._pending_finals: set[int] = set()
+        self._end_close_code = CLOSE_NORMAL
+        self._configure(stream)
+
+    # -- outputs ---------------------------------------------------------------
+
+    def messages_to_send(self) -> list[ServerMessage]:
+        """Messages produced since the last call, in the order they must be sent."""
+        out, self._messages = self._messages, []
+        return out
+
+    def jobs_to_submit(self) -> list[DecodeJob]:
+        """Decode jobs produced since the last call."""
+        out, self._jobs = self._jobs, []
+        return out
+
+    @property
+    def pending_finals(self) -> int:
+        """Finals queued or decoding; the server stops reading audio while this is high."""
+        return len(self._pending_finals)
+
+    @property
+    def audio_ms(self) -> float:
+        return self.stats.audio_samples_in * 1000 / self.stream.sample_rate
+
+    @property
+    def retained_samples(self) -> int:
+        return self._buffer.retained_samples
+
+    # -- inputs ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Queue the ``ready`` message; call once, right after construction."""
+        self._send_ready()
+
+    def receive_audio(self, data: bytes) -> None:
+        """A binary frame: s16le PCM at the session's sample rate."""
+        if self.state in (State.STOPPING, State.ENDED):
+            self._non_fatal(UnexpectedMessage("audio after stop is ignored"))
+            return
+        if not data:
+            return
+        self.state = State.STREAMING
+        self._bytes_in += len(data)
+        self.stats.audio_samples_in = self._bytes_in // 2
+        if self._resampler is None:
+            frames = self._framer.push_bytes(data)
+        else:
+            pcm = self._raw.push_bytes(data)
+            frames = [
+                f for chunk in pcm for f in self._framer.push_samples(self._resampler.push(chunk))
+            ]
+        self._process_frames(frames)
+
+    def receive_text(self, text: str | bytes) -> None:
+        """A text frame: one JSON control message."""
+        if self.state is State.ENDED:
+            return
+        try:
+            if len(text) > self.options.max_text_message_bytes:
+                raise MalformedMessage(
+                    f"control message of {len(text)} bytes exceeds "
+                    f"{self.options.max_text_message_bytes}"
+                )
+            message = protocol.parse_client_message(text)
+            self._handle_control(message)
+        except ProtocolError as error:
+            if error.fatal:
+                self._fail(error)
+            else:
+                self._non_fatal(error)
+
+    def decode_finished(self, result: DecodeResult) -> None:
+        """The worker's answer to one of this session's jobs."""
+        job = result.job
+        if job.kind == "partial":
+            self._partial_finished(result)
+        else:
+            self._final_finished(result)
+
+    def expire(self, code: str, message: str) -> None:
+        """A server-side limit ended the session (idle timeout, maximum duration).
+
+        Open speech is still finished and delivered before the close (1008).
+        """
+        if self.state in (State.STOPPING, State.ENDED):
+            return
+        self._emit(Error(code=code, message=message, fatal=True))
+        self._end_close_code = CLOSE_POLICY_VIOLATION
+        self.close_reason = code
+        self._stop()
+
+    def shutdown(self) -> None:
+        """The server is stopping: finish every open segment, send ``end``, close 1001."""
+        if self.state is State.ENDED:
+            return
+        if self.state is not State.STOPPING:
+            self._emit(
+                Error(code="server_shutdown", message="the server is shutting down", fatal=False)
+            )
+        self._end_close_code = CLOSE_GOING_AWAY
+        self.close_reason = "server shutting down"
+        self._stop()
+
+    # -- control ---------------------------------------------------------------
+
+    def _handle_control(self, message: protocol.ClientMessage) -> None:
+        if isinstance(message, KeepaliveMessage):
+            return
+        if isinstance(message, ConfigMessage):
+            if self.state is not State.CONFIGURING:
+                raise UnexpectedMessage("config is only accepted before the first audio frame")
+            self._configure(protocol.parse_stream_options(message.params, self.stream))
+            self._send_ready()
+        elif isinstance(message, FinalizeMessage):
+            if self.state in (State.STOPPING, State.ENDED):
+                raise UnexpectedMessage("finalize after stop is ignored")
+            self._handle_events(self._segmenter.flush("finalize"))
+        elif isinstance(message, StopMessage):
+            if self.state in (State.STOPPING, State.ENDED):
+                raise UnexpectedMessage("the stream is already stopped")
+            self._stop()
+
+    def _configure(self, stream: StreamOptions) -> None:
+        self.stream = stream
+        seg_options = self.options.segmenter
+        if seg_options.endpoint_ms != stream.endpoint_ms:
+            seg_options = replace(
+                seg_options,
+                endpoint_ms=stream.endpoint_ms,
+                end_pad_ms=min(seg_options.end_pad_ms, stream.endpoint_ms),
+            )
+        self._segmenter = Segmenter(seg_options)
+        self._framer = PcmFramer(seg_options.frame_samples)
+        self._buffer = AudioBuffer()
+        self._bytes_in = 0
+        if stream.sample_rate == SAMPLE_RATE:
+            self._resampler: StreamResampler | None = None
+        else:
+            self._resampler = StreamResampler(stream.sample_rate, SAMPLE_RATE)
+            # chunks of whole input samples for the resampler (odd bytes carried)
+            self._raw = PcmFramer(1)
+        self._open_id: int | None = None
+        self._open_start = 0
+        self._revision = 0
+        self._last_partial_text = ""
+        self._partial_inflight = False
+        self._partial_mark = 0  # where the last partial tick happened
+        self._partial_submitted_end = 0
+
+    def _send_ready(self) -> None:
+        self._emit(
+            Ready(
+                session_id=self.session_id,
+                protocol=protocol.PROTOCOL_VERSION,
+                sample_rate=self.stream.sample_rate,
+                model=self.options.model_name,
+                options=self.stream.to_dict(),
+            )
+        )
+
+    # -- audio -----------------------------------------------------------------
+
+    def _process_frames(self, frames: list) -> None:
+        segmenter = self._segmenter
+        for frame in frames:
+            self._buffer.append(frame)
+            events = segmenter.push(self._classify(frame), frame_energy(frame))
+            if events:
+                self._handle_events(events)
+            elif self._open_id is not None:
+                self._maybe_partial()
+        self._buffer.discard_before(self._segmenter.keep_from_sample)
+
+    def _handle_events(self, events: list[SegmentEvent]) -> None:
+        for event in events:
+            if isinstance(event, SegmentStart):
+                self._open_id = event.segment_id
+                self._open_start = event.start_sample
+                self._revision = 0
+                self._last_partial_text = ""
+                self._partial_mark = event.start_sample
+                self._partial_submitted_end = event.start_sample
+                self._emit(
+                    SpeechStart(segment_id=event.segment_id, start_ms=_ms(event.start_sample))
+                )
+                self._maybe_partial()
+            elif isinstance(event, SegmentEnd):
+                self._open_id = None
+                self._submit_final(event)
+
+    def _maybe_partial(self) -> None:
+        if not self.stream.partials or self._open_id is None:
+            return
+        position = self._segmenter.position_sample
+        interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
+        if position - self._partial_mark < interval:
+            return
+        self._partial_mark = position
+        if self._segmenter.last_speech_sample <= self._partial_submitted_end:
+            return  # only silence since the last partial: its text cannot have changed
+        if self._partial_inflight:
+            # the worker is still busy with this session's last partial: skip this tick
+            self.stats.partials_skipped += 1
+            return
+        self._submit_partial(position)
+
+    def _submit_partial(self, position: int) -> None:
+        assert self._open_id is not None
+        self._partial_inflight = True
+        self._partial_submitted_end = position
+        self._jobs.append(
+            DecodeJob(
+                session_id=self.session_id,
+                segment_id=self._open_id,
+                kind="partial",
+                pcm=self._buffer.slice(self._open_start, position),
+                start_sample=self._open_start,
+                end_sample=position,
+                language=self.stream.language,
+                itn=self.stream.itn,
+            )
+        )
+
+    def _submit_final(self, event: SegmentEnd) -> None:
+        self._pending_finals.add(event.segment_id)
+        self._jobs.append(
+            DecodeJob(
+                session_id=self.session_id,
+                segment_id=event.segment_id,
+                kind="final",
+                pcm=self._buffer.slice(event.start_sample, event.end_sample),
+                start_sample=event.start_sample,
+                end_sample=event.end_sample,
+                language=self.stream.language,
+                itn=self.stream.itn,
+                reason=event.reason,
+            )
+        )
+
+    def _stop(self) -> None:
+        if self._resampler is not None:
+            self._process_frames(self._framer.push_samples(self._resampler.flush()))
+        rest = self._framer.flush()
+        if rest.size:
+            self._buffer.append(rest)
+        events = self._segmenter.flush("stop", end_sample=self._buffer.end_sample)
+        self.state = State.STOPPING
+        self._handle_events(events)
+        self._maybe_end()
+
+    def _maybe_end(self) -> None:
+        if self.state is State.STOPPING and not self._pending_finals:
+            self._emit(
+                End(
+                    segments=self.stats.segments,
+                    audio_ms=round(self.audio_ms, 1),
+                    partials_sent=self.stats.partials_sent,
+                    partials_skipped=self.stats.partials_skipped,
+                )
+            )
+            self.state = State.ENDED
+            self.close_code = self._end_close_code
+
+    # -- results ---------------------------------------------------------------
+
+    def _partial_finished(self, result: DecodeResult) -> None:
+        self._partial_inflight = False
+        job = result.job
+        if result.dropped or job.segment_id != self._open_id or result.transcript is None:
+            # superseded, too late (the segment already ended) or failed: not shown
+            self.stats.partials_skipped += 1
+        else:
+            text = result.transcript.text
+            if text != self._last_partial_text:
+                self._revision += 1
+                t = result.transcript
+                self._emit(
+                    Partial(
+                        segment_id=job.segment_id,
+                        revision=self._revision,
+                        start_ms=_ms(job.start_sample),
+                        end_ms=_ms(job.end_sample),
+                        text=text,
+                        stable_text=protocol.stable_prefix(self._last_partial_text, text),
+                        language=t.language,
+                        emotion=t.emotion,
+                        event=t.event,
+                        raw=t.raw,
+                    )
+                )
+                self._last_partial_text = text
+        # catch up at once if audio arrived while this partial was decoding
+        if self._open_id is not None and self.state is State.STREAMING:
+            interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
+            position = self._segmenter.position_sample
+            if (
+                position - self._partial_submitted_end >= interval
+                and self._segmenter.last_speech_sample > self._partial_submitted_end
+            ):
+                self._partial_mark = position
+                self._submit_partial(position)
+
+    def _final_finished(self, result: DecodeResult) -> None:
+        job = result.job
+        self._pending_finals.discard(job.segment_id)
+        t = result.transcript
+        error = None
+        if t is None:
+            message = result.error or "the decode was dropped"
+            error = {"code": "decode_failed", "message": message}
+            self._non_fatal_code(
+                "decode_failed", f"decoding segment {job.segment_id} failed: {message}"
+            )
+        self._emit(
+            Final(
+                segment_id=job.segment_id,
+                start_ms=_ms(job.start_sample),
+                end_ms=_ms(job.end_sample),
+                text=t.text if t else "",
+                language=t.language if t else None,
+                emotion=t.emotion if t else None,
+                event=t.event if t else None,
+                raw=t.raw if t else "",
+                rich=t.rich if t else "",
+                reason=job.reason or "stop",
+                decode_ms=round(result.decode_ms, 1),
+                queue_ms=round(result.queue_ms, 1),
+                error=error,
+            )
+        )
+        self.stats.segments += 1
+        self._maybe_end()
+
+    # -- emitting --------------------------------------------------------------
+
+    def _emit(self, message: ServerMessage) -> None:
+        segment_id = getattr(message, "segment_id", None)
+        if segment_id is None or segment_id == self._next_final_id:
+            self._deliver(message)
+        else:
+            self._held.append(message)
+
+    def _deliver(self, message: ServerMessage) -> None:
+        if isinstance(message, Partial):
+            self.stats.partials_sent += 1
+        self._messages.append(message)
+        if isinstance(message, Final):
+            self._next_final_id = message.segment_id + 1
+            held, self._held = self._held, []
+            for m in held:
+                self._emit(m)
+
+    def _non_fatal(self, error: ProtocolError) -> None:
+        self._non_fatal_code(error.code, error.message)
+
+    def _non_fatal_code(self, code: str, message: str) -> None:
+        self.stats.errors += 1
+        self._emit(Error(code=code, message=message, fatal=False))
+
+    def _fail(self, error: ProtocolError) -> None:
+        self.stats.errors += 1
+        self._emit(Error(code=error.code, message=error.message, fatal=True))
+        self.state = State.ENDED
+        self.close_code = close_code_for(error)
+        self.close_reason = error.code
+
+
+def _ms(samples: int) -> float:
+    return round(samples * 1000 / SAMPLE_RATE, 1)

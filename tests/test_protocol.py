@@ -1,0 +1,99 @@
+import orjson
+import pytest
+
+from streamer import protocol
+from streamer.errors import InvalidOption, MalformedMessage, UnsupportedSampleRate
+from streamer.protocol import (
+    ConfigMessage,
+    Final,
+    FinalizeMessage,
+    KeepaliveMessage,
+    StopMessage,
+    StreamOptions,
+)
+from streamer.transcript import parse_tags
+
+
+def test_parse_stream_options_from_query_strings():
+    options = protocol.parse_stream_options(
+        {"language": "en", "itn": "false", "sample_rate": "48000", "partials": "0",
+         "endpoint_ms": "800", "token": "secret"}
+    )
+    assert options == StreamOptions("en", False, 48000, False, 800)
+
+
+def test_parse_stream_options_from_json_types_over_base():
+    base = StreamOptions(endpoint_ms=700)
+    options = protocol.parse_stream_options({"type": "config", "itn": True}, base)
+    assert options.endpoint_ms == 700 and options.itn is True
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ({"language": "fr"}, InvalidOption),
+        ({"itn": "maybe"}, InvalidOption),
+        ({"sample_rate": 11025}, UnsupportedSampleRate),
+        ({"sample_rate": "abc"}, InvalidOption),
+        ({"endpoint_ms": 50}, InvalidOption),
+        ({"endpoint_ms": True}, InvalidOption),
+        ({"colour": "red"}, InvalidOption),
+    ],
+)
+def test_bad_options(params, error):
+    with pytest.raises(error):
+        protocol.parse_stream_options(params)
+
+
+def test_client_messages_round_trip():
+    for message in (ConfigMessage({"language": "zh"}), FinalizeMessage(), StopMessage(),
+                    KeepaliveMessage()):
+        assert protocol.parse_client_message(protocol.client_message_json(message)) == message
+
+
+@pytest.mark.parametrize("text", ["", "nope", "1", '"stop"', '{"type":"STOP"}', "{}"])
+def test_malformed_client_messages(text):
+    with pytest.raises(MalformedMessage):
+        protocol.parse_client_message(text)
+
+
+def test_server_message_round_trip_and_unknown_fields():
+    final = Final(segment_id=2, start_ms=1.0, end_ms=2.0, text="hi", language="en",
+                  emotion="HAPPY", event="Speech", raw="<|en|>hi", rich="hi", reason="silence",
+                  decode_ms=3.0, queue_ms=0.5)
+    data = protocol.encode(final)
+    obj = orjson.loads(data)
+    assert obj["type"] == "final" and obj["error"] is None
+    assert protocol.decode_server_message(data) == final
+    obj["added_in_a_later_version"] = 1
+    assert protocol.decode_server_message(orjson.dumps(obj)) == final
+    with pytest.raises(MalformedMessage):
+        protocol.decode_server_message(b'{"type":"bogus"}')
+
+
+@pytest.mark.parametrize(
+    ("previous", "current", "stable"),
+    [
+        ("", "hello", ""),
+        ("the quick", "the quick brown", "the quick"),
+        ("the quack", "the quick", "the "),
+        ("hello world", "hello world", "hello world"),
+        ("今天天气", "今天天气很好", "今天天气"),
+        ("今天天汽", "今天天气很好", "今天天"),
+    ],
+)
+def test_stable_prefix(previous, current, stable):
+    assert protocol.stable_prefix(previous, current) == stable
+
+
+def test_parse_tags():
+    tags = parse_tags("<|en|><|HAPPY|><|Laughter|><|woitn|>hello there")
+    assert (tags.language, tags.emotion, tags.event, tags.itn, tags.text) == (
+        "en", "HAPPY", "Laughter", False, "hello there")
+    tags = parse_tags("<|zh|><|withitn|>你好。")
+    assert (tags.language, tags.emotion, tags.event, tags.itn, tags.text) == (
+        "zh", None, None, True, "你好。")
+    tags = parse_tags("<|ko|><|NEW_TAG|><|Cough|>  a  b ")
+    assert tags.event == "Cough" and tags.text == "a b"
+    assert parse_tags("plain text").text == "plain text"
+    assert parse_tags("").language is None

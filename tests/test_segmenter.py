@@ -1,0 +1,147 @@
+"""The segmenter driven with boolean sequences: one flag per 20 ms frame."""
+
+import pytest
+
+from streamer.errors import ConfigError
+from streamer.segmenter import Segmenter, SegmenterOptions, SegmentEnd, SegmentStart
+
+FRAME = 320  # samples per 20 ms frame at 16 kHz
+
+
+def run(flags, energies=None, options=None, flush=None):
+    seg = Segmenter(options or SegmenterOptions())
+    events = []
+    for i, flag in enumerate(flags):
+        energy = energies[i] if energies is not None else (1000.0 if flag else 1.0)
+        events += [(i, e) for e in seg.push(flag, energy)]
+    if flush:
+        events += [(len(flags), e) for e in seg.flush(flush)]
+    return seg, events
+
+
+def starts(events):
+    return [e for _, e in events if isinstance(e, SegmentStart)]
+
+
+def ends(events):
+    return [e for _, e in events if isinstance(e, SegmentEnd)]
+
+
+def test_onset_confirmed_after_min_speech_with_pre_roll():
+    flags = [False] * 50 + [True] * 100 + [False] * 40
+    _, events = run(flags)
+    (frame, start), (_, end) = events
+    assert isinstance(start, SegmentStart) and start.segment_id == 0
+    # 120 ms = 6 speech frames confirm the onset; the start keeps 300 ms = 15 frames before
+    assert frame == 55
+    assert start.start_sample == (50 - 15) * FRAME
+    assert end.reason == "silence"
+
+
+def test_pre_roll_is_clamped_at_stream_start():
+    _, events = run([True] * 30 + [False] * 40)
+    assert starts(events)[0].start_sample == 0
+
+
+def test_endpoint_after_trailing_silence_and_end_pad():
+    flags = [False] * 20 + [True] * 50 + [False] * 30
+    _, events = run(flags)
+    (end_frame, end) = [(i, e) for i, e in events if isinstance(e, SegmentEnd)][0]
+    # 500 ms = 25 non-speech frames end it; the end keeps 200 ms = 10 frames of pad
+    assert end_frame == 70 + 25 - 1
+    assert end.end_sample == (70 + 10) * FRAME
+
+
+def test_short_pause_does_not_end_segment():
+    flags = [True] * 40 + [False] * 20 + [True] * 40 + [False] * 30
+    _, events = run(flags)
+    assert len(starts(events)) == 1 and len(ends(events)) == 1
+
+
+def test_custom_endpoint():
+    options = SegmenterOptions(endpoint_ms=200, end_pad_ms=100)
+    flags = [True] * 40 + [False] * 15 + [True] * 40 + [False] * 20
+    _, events = run(flags, options=options)
+    assert [e.reason for e in ends(events)] == ["silence", "silence"]
+
+
+@pytest.mark.parametrize("blip_frames", [1, 3, 5])
+def test_blips_below_min_speech_are_dropped(blip_frames):
+    flags = ([False] * 30 + [True] * blip_frames) * 5 + [False] * 30
+    _, events = run(flags)
+    assert events == []
+
+
+def test_scattered_speech_within_onset_window_counts():
+    # 6 speech frames spread inside a 15-frame window confirm the onset
+    flags = [False] * 20 + [True, False] * 6 + [True] * 30 + [False] * 30
+    _, events = run(flags)
+    assert len(starts(events)) == 1
+
+
+def test_cap_cuts_at_quietest_point_of_last_second_and_tiles():
+    n = 800  # 16 s of continuous speech
+    energies = [1000.0 + (i % 13) * 10 for i in range(n)]
+    quiet = 300  # a quiet dip 6.0 s after the start (start is frame 0)
+    for i in range(quiet - 1, quiet + 2):
+        energies[i] = 5.0
+    _, events = run([True] * n, energies=energies, flush="stop")
+    segs = ends(events)
+    assert [e.reason for e in segs[:-1]] == ["max_duration"] * (len(segs) - 1)
+    assert segs[-1].reason == "stop"
+    assert segs[0].end_sample == quiet * FRAME
+    for e in segs:
+        assert e.end_sample - e.start_sample <= 7000 * 16
+    # consecutive segments tile the audio exactly
+    for a, b in zip(segs, segs[1:], strict=False):
+        assert b.start_sample == a.end_sample
+    assert segs[0].start_sample == 0 and segs[-1].end_sample == n * FRAME
+    # every start is announced before its end, ids rise by one
+    ids = [(type(e).__name__, e.segment_id) for _, e in events]
+    assert ids[:3] == [("SegmentStart", 0), ("SegmentEnd", 0), ("SegmentStart", 1)]
+
+
+def test_cap_cut_falls_in_last_second():
+    n = 400
+    energies = [1000.0] * n
+    _, events = run([True] * n, energies=energies)
+    cut = ends(events)[0]
+    assert 6000 * 16 <= cut.end_sample - cut.start_sample <= 7000 * 16
+
+
+def test_flush_finalize_and_stop():
+    seg, events = run([True] * 40, flush="finalize")
+    assert ends(events)[0].reason == "finalize"
+    assert ends(events)[0].end_sample == 40 * FRAME
+    assert not seg.in_segment
+    assert seg.flush("stop") == []  # nothing open
+    # stop may extend the segment to the last (partial) frame
+    seg = Segmenter()
+    for _ in range(40):
+        seg.push(True, 1.0)
+    (end,) = seg.flush("stop", end_sample=40 * FRAME + 77)
+    assert end.end_sample == 40 * FRAME + 77
+
+
+def test_next_segment_never_starts_before_previous_end():
+    flags = [True] * 30 + [False] * 26 + [True] * 30 + [False] * 30
+    _, events = run(flags)
+    first, second = ends(events)
+    assert second.start_sample >= first.end_sample
+
+
+def test_keep_from_sample_bounds_memory():
+    seg = Segmenter()
+    for _ in range(10_000):
+        seg.push(False, 0.0)
+    kept = seg.position_sample - seg.keep_from_sample
+    assert kept <= (15 + 15) * FRAME  # onset window + pre-roll
+
+
+def test_options_validated():
+    with pytest.raises(ConfigError):
+        SegmenterOptions(frame_ms=25)
+    with pytest.raises(ConfigError):
+        SegmenterOptions(min_speech_ms=500, onset_window_ms=300)
+    with pytest.raises(ConfigError):
+        SegmenterOptions(max_utterance_ms=500)

@@ -1,0 +1,338 @@
+"""The session state machine, driven with plain arrays and no sockets."""
+
+import numpy as np
+import pytest
+
+from streamer.jobs import DecodeResult
+from streamer.protocol import (
+    End,
+    Error,
+    Final,
+    Partial,
+    Ready,
+    SpeechStart,
+    StreamOptions,
+)
+from streamer.session import Session, SessionOptions, State
+from streamer.transcript import Transcript
+from tests.fakes import loudness_classifier, silence, tone
+
+
+def make_session(**stream):
+    return Session("s1", SessionOptions(model_name="fake"), StreamOptions(**stream),
+                   loudness_classifier())
+
+
+def answer(session, text_for=lambda job: f"{job.kind} {job.segment_id} {job.end_sample}"):
+    """Answer every queued job at once, like an infinitely fast worker."""
+    while jobs := session.jobs_to_submit():
+        for job in jobs:
+            raw = f"<|en|><|HAPPY|><|Laughter|><|woitn|>{text_for(job)}"
+            t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)
+            session.decode_finished(DecodeResult(job=job, transcript=t, decode_ms=1))
+
+
+def feed(session, pcm, chunk_bytes=3200, respond=True):
+    data = pcm.tobytes()
+    for i in range(0, len(data), chunk_bytes):
+        session.receive_audio(data[i : i + chunk_bytes])
+        if respond:
+            answer(session)
+
+
+def speech_with_gaps():
+    return np.concatenate([silence(500), tone(1500), silence(1000), tone(800), silence(1000)])
+
+
+def types(messages):
+    return [m.type for m in messages]
+
+
+def check_order(messages):
+    """ready (speech_start partial* final)* [end], segment ids 0, 1, 2 ..."""
+    assert isinstance(messages[0], Ready)
+    expected_id, open_id = 0, None
+    for m in messages[1:]:
+        if isinstance(m, SpeechStart):
+            assert open_id is None and m.segment_id == expected_id
+            open_id = m.segment_id
+        elif isinstance(m, Partial):
+            assert m.segment_id == open_id
+        elif isinstance(m, Final):
+            assert m.segment_id == open_id
+            open_id, expected_id = None, expected_id + 1
+        elif isinstance(m, End):
+            assert open_id is None
+    return expected_id
+
+
+def test_segments_partials_finals_and_end():
+    s = make_session()
+    s.start()
+    feed(s, speech_with_gaps())
+    s.receive_text('{"type":"stop"}')
+    answer(s)
+    messages = s.messages_to_send()
+    assert check_order(messages) == 2
+    finals = [m for m in messages if isinstance(m, Final)]
+    assert [f.reason for f in finals] == ["silence", "silence"]
+    # first tone at 500-2000 ms: pre-roll 300 ms, end pad 200 ms
+    assert finals[0].start_ms == pytest.approx(200, abs=20)
+    assert finals[0].end_ms == pytest.approx(2200, abs=40)
+    assert finals[1].start_ms >= finals[0].end_ms
+    assert (finals[0].language, finals[0].emotion, finals[0].event) == ("en", "HAPPY", "Laughter")
+    partials = [m for m in messages if isinstance(m, Partial)]
+    assert partials and partials[0].revision == 1
+    revisions = [p.revision for p in partials if p.segment_id == 0]
+    assert revisions == list(range(1, len(revisions) + 1))
+    end = messages[-1]
+    assert isinstance(end, End) and end.segments == 2
+    assert end.audio_ms == pytest.approx(4800, abs=1)
+    assert end.partials_sent == len(partials)
+    assert s.state is State.ENDED and s.close_code == 1000
+
+
+def test_odd_chunks_give_the_same_result_as_even_ones():
+    pcm = speech_with_gaps()
+    results = []
+    for chunk in (3200, 1001, 7):
+        s = make_session(partials=False)
+        s.start()
+        feed(s, pcm, chunk_bytes=chunk)
+        s.receive_text('{"type":"stop"}')
+        answer(s)
+        results.append([(m.start_ms, m.end_ms) for m in s.messages_to_send()
+                        if isinstance(m, Final)])
+    assert results[0] == results[1] == results[2]
+
+
+def test_resampled_input_keeps_client_timeline():
+    pcm16 = speech_with_gaps()
+    # the same signal at 48 kHz: times must come out the same (within a frame)
+    pcm48 = np.repeat(pcm16, 3)
+    s = make_session(sample_rate=48000, partials=False)
+    s.start()
+    feed(s, pcm48, chunk_bytes=9600)
+    s.receive_text('{"type":"stop"}')
+    answer(s)
+    finals = [m for m in s.messages_to_send() if isinstance(m, Final)]
+    assert len(finals) == 2
+    assert finals[0].start_ms == pytest.approx(200, abs=40)
+    assert s.audio_ms == pytest.approx(4800, abs=1)
+
+
+def test_stop_finishes_open_segment():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(2000)]))
+    s.receive_text('{"type":"stop"}')
+    answer(s)
+    messages = s.messages_to_send()
+    finals = [m for m in messages if isinstance(m, Final)]
+    assert [f.reason for f in finals] == ["stop"]
+    assert finals[0].end_ms == pytest.approx(2300, abs=1)
+    assert isinstance(messages[-1], End)
+
+
+def test_finalize_ends_utterance_and_stream_goes_on():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, tone(1000))
+    s.receive_text('{"type":"finalize"}')
+    answer(s)
+    feed(s, np.concatenate([silence(1000), tone(1000), silence(1000)]))
+    s.receive_text('{"type":"stop"}')
+    answer(s)
+    finals = [m for m in s.messages_to_send() if isinstance(m, Final)]
+    assert [f.reason for f in finals] == ["finalize", "silence"]
+    assert [f.segment_id for f in finals] == [0, 1]
+
+
+def test_finals_are_delivered_in_order_even_if_decoded_out_of_order():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, speech_with_gaps(), respond=False)
+    s.receive_text('{"type":"stop"}')
+    jobs = s.jobs_to_submit()
+    assert [j.segment_id for j in jobs] == [0, 1]
+    for job in reversed(jobs):
+        t = Transcript.from_raw("<|en|>x", rich="x", token_ids=(), audio_ms=0, decode_ms=0)
+        s.decode_finished(DecodeResult(job=job, transcript=t))
+    assert check_order(s.messages_to_send()) == 2
+
+
+def test_partials_skipped_while_one_is_in_flight():
+    s = make_session()
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(3000)]), respond=False)
+    jobs = s.jobs_to_submit()
+    assert [j.kind for j in jobs] == ["partial"]  # never more than one in flight
+    assert s.stats.partials_skipped >= 5
+    # the worker drops it (a final was queued): counted as skipped, not lost silently
+    before = s.stats.partials_skipped
+    s.decode_finished(DecodeResult(job=jobs[0], dropped=True))
+    assert s.stats.partials_skipped == before + 1
+    # catch-up: a new partial covering all audio so far is submitted at once
+    (catch_up,) = s.jobs_to_submit()
+    assert catch_up.kind == "partial" and catch_up.end_sample > jobs[0].end_sample
+    s.receive_text('{"type":"stop"}')
+    answer(s)
+    end = s.messages_to_send()[-1]
+    assert isinstance(end, End) and end.partials_skipped == s.stats.partials_skipped
+
+
+def test_partial_of_closed_segment_is_discarded():
+    s = make_session()
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1000)]), respond=False)
+    (partial,) = s.jobs_to_submit()
+    s.receive_text('{"type":"finalize"}')
+    answer(s)
+    t = Transcript.from_raw("<|en|>late", rich="", token_ids=(), audio_ms=0, decode_ms=0)
+    s.decode_finished(DecodeResult(job=partial, transcript=t))
+    assert not [m for m in s.messages_to_send() if isinstance(m, Partial)]
+
+
+def test_stable_text_is_previous_agreeing_prefix():
+    s = make_session()
+    s.start()
+    texts = iter(["the quick", "the quick brown", "the quick brown fox"])
+    feed(s, np.concatenate([silence(300), tone(1500)]), respond=False)
+    for _ in range(3):
+        for job in s.jobs_to_submit():
+            if job.kind == "partial":
+                raw = "<|en|>" + next(texts)
+                t = Transcript.from_raw(raw, rich="", token_ids=(), audio_ms=0, decode_ms=0)
+                s.decode_finished(DecodeResult(job=job, transcript=t))
+        feed(s, tone(400), respond=False)
+    partials = [m for m in s.messages_to_send() if isinstance(m, Partial)]
+    assert [(p.text, p.stable_text) for p in partials] == [
+        ("the quick", ""),
+        ("the quick brown", "the quick"),
+        ("the quick brown fox", "the quick brown"),
+    ]
+
+
+def test_decode_failure_gives_final_with_error_and_session_goes_on():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, speech_with_gaps(), respond=False)
+    jobs = s.jobs_to_submit()
+    s.decode_finished(DecodeResult(job=jobs[0], error="RuntimeError: boom"))
+    answer(s)
+    t = Transcript.from_raw("<|en|>ok", rich="", token_ids=(), audio_ms=0, decode_ms=0)
+    s.decode_finished(DecodeResult(job=jobs[1], transcript=t))
+    messages = s.messages_to_send()
+    errors = [m for m in messages if isinstance(m, Error)]
+    finals = [m for m in messages if isinstance(m, Final)]
+    assert errors[0].code == "decode_failed" and not errors[0].fatal
+    assert finals[0].error["code"] == "decode_failed" and finals[0].text == ""
+    assert finals[1].error is None and finals[1].text == "ok"
+    assert s.close_code is None
+
+
+def test_config_before_audio_changes_options():
+    s = make_session()
+    s.start()
+    s.receive_text('{"type":"config","language":"zh","itn":false,"sample_rate":8000}')
+    first, second = s.messages_to_send()
+    assert isinstance(second, Ready)
+    assert second.options["language"] == "zh" and second.sample_rate == 8000
+    feed(s, np.concatenate([silence(300, 8000), tone(1000, rate=8000)]), respond=False)
+    job = s.jobs_to_submit()[0]
+    assert job.language == "zh" and job.itn is False
+
+
+def test_config_after_audio_is_a_non_fatal_error():
+    s = make_session()
+    s.start()
+    s.receive_audio(silence(100).tobytes())
+    s.receive_text('{"type":"config","language":"zh"}')
+    (_, error) = s.messages_to_send()
+    assert error.code == "unexpected_message" and not error.fatal
+    assert s.stream.language == "auto"
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "close_code"),
+    [
+        ('{"type":"config","language":"xx"}', "invalid_option", 1008),
+        ('{"type":"config","bogus":1}', "invalid_option", 1008),
+        ('{"type":"config","sample_rate":11025}', "unsupported_sample_rate", 1003),
+        ('{"type":"config","endpoint_ms":"soon"}', "invalid_option", 1008),
+    ],
+)
+def test_fatal_option_errors(text, code, close_code):
+    s = make_session()
+    s.start()
+    s.receive_text(text)
+    error = s.messages_to_send()[-1]
+    assert isinstance(error, Error) and error.fatal and error.code == code
+    assert s.close_code == close_code
+
+
+@pytest.mark.parametrize("text", ["not json", "[1,2]", '{"type":"hello"}', '{"no":"type"}',
+                                  "x" * 70000])
+def test_malformed_messages_are_non_fatal(text):
+    s = make_session()
+    s.start()
+    s.receive_text(text)
+    error = s.messages_to_send()[-1]
+    assert isinstance(error, Error) and error.code == "bad_message" and not error.fatal
+    assert s.close_code is None
+    s.receive_text('{"type":"keepalive"}')
+    assert s.messages_to_send() == []
+
+
+def test_audio_after_stop_is_an_error_and_empty_frames_are_ignored():
+    s = make_session()
+    s.start()
+    s.receive_audio(b"")
+    s.receive_text('{"type":"stop"}')
+    s.receive_audio(b"\x00\x00")
+    messages = s.messages_to_send()
+    assert types(messages) == ["ready", "end", "error"]
+    assert messages[-1].code == "unexpected_message"
+
+
+def test_expire_delivers_open_speech_then_closes_1008():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, tone(1000))
+    s.expire("idle_timeout", "no audio")
+    answer(s)
+    messages = s.messages_to_send()
+    assert types(messages) == ["ready", "speech_start", "error", "final", "end"]
+    assert messages[2].fatal and messages[2].code == "idle_timeout"
+    assert s.close_code == 1008
+
+
+def test_shutdown_finishes_segments_and_closes_1001():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, tone(1000))
+    s.shutdown()
+    answer(s)
+    messages = s.messages_to_send()
+    assert types(messages)[-2:] == ["final", "end"]
+    assert [m for m in messages if isinstance(m, Final)][0].reason == "stop"
+    assert s.close_code == 1001
+
+
+def test_memory_is_bounded_for_long_streams():
+    s = make_session()
+    s.start()
+    for _ in range(60):  # a minute of silence then a minute of speech
+        s.receive_audio(silence(1000).tobytes())
+    assert s.retained_samples < 16000
+    for _ in range(60):
+        s.receive_audio(tone(1000).tobytes())
+        answer(s)
+        assert s.retained_samples <= 7 * 16000 + 16000
+    s.receive_text('{"type":"stop"}')
+    answer(s)
+    finals = [m for m in s.messages_to_send() if isinstance(m, Final)]
+    assert all(f.end_ms - f.start_ms <= 7000 for f in finals)
+    assert [f.reason for f in finals][:-1] == ["max_duration"] * (len(finals) - 1)
+    for a, b in zip(finals, finals[1:], strict=False):
+        assert b.start_ms == a.end_ms  # cuts tile the audio
