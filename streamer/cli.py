@@ -1,0 +1,472 @@
+"""The ``streamer`` command: serve, transcribe, client, build-model.
+
+This is the only module that reads argv and the environment and configures logging.
+Heavy imports (torch, funasr) happen inside the commands, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamer import __version__
+from streamer.errors import ConfigError, ModelError, StreamerError
+from streamer.protocol import LANGUAGES, StreamOptions
+
+logger = logging.getLogger("streamer.cli")
+
+ENV_PREFIX = "STREAMER_"
+
+
+def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
+    """The default of a flag: ``STREAMER_<NAME>`` when set, else ``default``."""
+    value = os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"))
+    if value is None or value == "":
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise SystemExit(f"error: {ENV_PREFIX}{name.upper()}={value!r} is not valid") from None
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        session_id = getattr(record, "session_id", None)
+        if session_id is not None:
+            entry["session_id"] = session_id
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry).decode()
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # third-party chatter stays at WARNING unless debugging
+    quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    for name in ("websockets", "funasr", "modelscope", "root", "jieba", "urllib3"):
+        logging.getLogger(name).setLevel(max(quiet, logging.getLogger(name).level))
+
+
+# -- shared flag groups --------------------------------------------------------
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=_env("model", "iic/SenseVoiceSmall"),
+        help="hub id, local model directory, or random:tiny / random:small / "
+        "random:tagged (meaningless text; for tests and timing) "
+        "[STREAMER_MODEL, default %(default)s]",
+    )
+    g.add_argument(
+        "--hub",
+        choices=("ms", "hf"),
+        default=_env("hub", "ms"),
+        help="model hub for ids: ModelScope or Hugging Face [%(default)s]",
+    )
+    g.add_argument(
+        "--device", default=_env("device", "auto"), help="auto, cpu, cuda or cuda:N [%(default)s]"
+    )
+    g.add_argument(
+        "--dtype",
+        choices=("fp32", "fp16", "bf16"),
+        default=_env("dtype", "fp32"),
+        help="weights precision; fp16/bf16 need CUDA [%(default)s]",
+    )
+    g.add_argument(
+        "--quantize",
+        choices=("none", "int8"),
+        default=_env("quantize", "none"),
+        help="int8 dynamic quantization (CPU only; 2.5-3x faster) [%(default)s]",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=_env("threads", 0, int),
+        help="torch CPU threads; 0 = all cores [%(default)s]",
+    )
+    g.add_argument(
+        "--no-warmup",
+        action="store_true",
+        default=_env("no_warmup", False, _bool),
+        help="skip warm-up decodes at start-up",
+    )
+    g.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=_env("cache_dir", None, Path),
+        help="where random models are built and cached [~/.cache/sensevoice-streamer]",
+    )
+
+
+def _add_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=_env("log_level", "info"),
+        choices=("debug", "info", "warning", "error"),
+        help="[STREAMER_LOG_LEVEL, %(default)s]",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=_env("log_format", "text"),
+        choices=("text", "json"),
+        help="[STREAMER_LOG_FORMAT, %(default)s]",
+    )
+
+
+def _recognizer_options(args: argparse.Namespace) -> Any:
+    from streamer.recognizer import RecognizerOptions
+
+    kwargs: dict[str, Any] = dict(
+        model=args.model,
+        hub=args.hub,
+        device=args.device,
+        dtype=args.dtype,
+        quantize=None if args.quantize == "none" else args.quantize,
+        threads=args.threads,
+        warmup=not args.no_warmup,
+    )
+    if args.cache_dir is not None:
+        kwargs["cache_dir"] = args.cache_dir
+    return RecognizerOptions(**kwargs)
+
+
+# -- serve -----------------------------------------------------------------------
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the streaming server",
+        description="Serve protocol v1 on ws://HOST:PORT/v1/asr, the web demo "
+        "on /, and /healthz, /readyz, /metrics. Every flag has a "
+        "STREAMER_* environment equivalent (--max-sessions -> "
+        "STREAMER_MAX_SESSIONS).",
+    )
+    p.add_argument(
+        "--host", default=_env("host", "127.0.0.1"), help="interface; 0.0.0.0 for all [%(default)s]"
+    )
+    p.add_argument("--port", type=int, default=_env("port", 8000, int), help="[%(default)s]")
+    _add_model_arguments(p)
+    g = p.add_argument_group("streaming")
+    g.add_argument(
+        "--max-sessions",
+        type=int,
+        default=_env("max_sessions", 64, int),
+        help="concurrent sessions; more get HTTP 503 [%(default)s]",
+    )
+    g.add_argument(
+        "--vad-aggressiveness",
+        type=int,
+        choices=(0, 1, 2, 3),
+        default=_env("vad_aggressiveness", 2, int),
+        help="webrtcvad mode; 2-3 resist background noise [%(default)s]",
+    )
+    g.add_argument(
+        "--endpoint-ms",
+        type=int,
+        default=_env("endpoint_ms", 500, int),
+        help="default trailing silence that ends an utterance [%(default)s]",
+    )
+    g.add_argument(
+        "--max-utterance-ms",
+        type=int,
+        default=_env("max_utterance_ms", 7000, int),
+        help="hard cap on an utterance [%(default)s]",
+    )
+    g.add_argument(
+        "--partial-interval-ms",
+        type=int,
+        default=_env("partial_interval_ms", 300, int),
+        help="re-decode the open utterance after this much new audio [%(default)s]",
+    )
+    g.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=_env("idle_timeout_s", 60.0, float),
+        help="end sessions without audio or keepalive for this long [%(default)s]",
+    )
+    g.add_argument(
+        "--max-session-s",
+        type=float,
+        default=_env("max_session_s", 4 * 3600.0, float),
+        help="longest session [%(default)s]",
+    )
+    g.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=_env("max_message_bytes", 1 << 20, int),
+        help="largest client frame; larger ones close with 1009 [%(default)s]",
+    )
+    g.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=_env("shutdown_grace_s", 10.0, float),
+        help="time to finish open utterances on SIGTERM [%(default)s]",
+    )
+    s = p.add_argument_group("security")
+    s.add_argument(
+        "--token",
+        default=_env("token", None),
+        help="require this token (Authorization: Bearer, or ?token=)",
+    )
+    s.add_argument(
+        "--certfile",
+        type=Path,
+        default=_env("certfile", None, Path),
+        help="TLS certificate (enables wss:// and https://)",
+    )
+    s.add_argument(
+        "--keyfile", type=Path, default=_env("keyfile", None, Path), help="TLS private key"
+    )
+    s.add_argument(
+        "--allowed-origins",
+        default=_env("allowed_origins", ""),
+        help="comma-separated Origin values browsers may connect from; empty allows any",
+    )
+    _add_logging_arguments(p)
+    p.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _server_options(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
+    from streamer.segmenter import SegmenterOptions
+    from streamer.server import ServerOptions
+    from streamer.session import SessionOptions
+
+    default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
+    segmenter = SegmenterOptions(
+        endpoint_ms=args.endpoint_ms,
+        end_pad_ms=min(200, args.endpoint_ms),
+        max_utterance_ms=args.max_utterance_ms,
+    )
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    return ServerOptions(
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        token=args.token,
+        allowed_origins=origins,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+        max_message_bytes=args.max_message_bytes,
+        idle_timeout_s=args.idle_timeout_s,
+        max_session_s=args.max_session_s,
+        shutdown_grace_s=args.shutdown_grace_s,
+        vad_aggressiveness=args.vad_aggressiveness,
+        default_stream=default_stream,
+        session=SessionOptions(segmenter=segmenter, partial_interval_ms=args.partial_interval_ms),
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from streamer.recognizer import Recognizer
+    from streamer.server import StreamingServer
+    from streamer.worker import ModelWorker
+
+    recognizer_options = _recognizer_options(args)
+    server_options = _server_options(args)
+    worker = ModelWorker(lambda: Recognizer(recognizer_options))
+    worker.start()
+    server = StreamingServer(server_options, worker)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    ready = asyncio.create_task(server.wait_ready())
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            ready.result()  # raises the model's loading error
+            scheme = "https" if server_options.certfile else "http"
+            host = (
+                "localhost"
+                if server_options.host in ("127.0.0.1", "0.0.0.0")
+                else server_options.host
+            )
+            logger.info("ready: open %s://%s:%d/ for live captions", scheme, host, server.port)
+            await stopped
+        logger.info("signal received: stopping")
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        ready.cancel()
+        stopped.cancel()
+        await server.shutdown()
+        await asyncio.to_thread(worker.stop)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from streamer.loop import run
+
+    return run(_serve(args), use_uvloop=not args.no_uvloop)
+
+
+# -- transcribe ----------------------------------------------------------------
+
+
+def _add_transcribe(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "transcribe",
+        help="transcribe audio files offline",
+        description="Decode audio files (any common format, resampled to "
+        "16 kHz mono), cut into utterances by the same VAD the "
+        "server uses.",
+    )
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--language", choices=LANGUAGES, default="auto")
+    p.add_argument("--no-itn", action="store_true", help="no inverse text normalisation")
+    p.add_argument(
+        "--json", action="store_true", help="JSON lines (one per utterance, with tags and times)"
+    )
+    p.add_argument("--vad-aggressiveness", type=int, choices=(0, 1, 2, 3), default=2)
+    _add_model_arguments(p)
+    _add_logging_arguments(p)
+    p.set_defaults(func=_cmd_transcribe, log_level="warning")
+
+
+def _cmd_transcribe(args: argparse.Namespace) -> int:
+    from streamer.audio_io import load_audio
+    from streamer.offline import transcribe_pcm
+    from streamer.protocol import message_dict
+    from streamer.recognizer import Recognizer
+
+    recognizer = Recognizer(_recognizer_options(args))
+    out = sys.stdout
+    status = 0
+    for path in args.files:
+        try:
+            pcm = load_audio(path)
+        except StreamerError as error:
+            logger.error("%s: %s", path, error)
+            status = 2
+            continue
+        texts = []
+        for final in transcribe_pcm(
+            recognizer,
+            pcm,
+            language=args.language,
+            itn=not args.no_itn,
+            vad_aggressiveness=args.vad_aggressiveness,
+        ):
+            if args.json:
+                record = {"file": str(path), **message_dict(final)}
+                out.write(orjson.dumps(record).decode() + "\n")
+            elif final.text:
+                texts.append(final.text)
+        if not args.json:
+            prefix = f"{path}: " if len(args.files) > 1 else ""
+            out.write(prefix + " ".join(texts) + "\n")
+        out.flush()
+    return status
+
+
+# -- build-model -----------------------------------------------------------------
+
+
+def _add_build_model(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "build-model",
+        help="build a random-weight SenseVoiceSmall model",
+        description="Write a complete model directory with random weights "
+        "(tiny, small = real size, tagged = tiny trained to emit "
+        "known tags) for tests and timing without downloads.",
+    )
+    p.add_argument("name", choices=("tiny", "small", "tagged"))
+    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
+    _add_logging_arguments(p)
+    p.set_defaults(func=_cmd_build_model)
+
+
+def _cmd_build_model(args: argparse.Namespace) -> int:
+    from streamer.model_builder import ensure_random_model
+    from streamer.recognizer import RecognizerOptions
+
+    cache_dir = args.cache_dir or RecognizerOptions().cache_dir
+    path = ensure_random_model(args.name, cache_dir)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+# -- client --------------------------------------------------------------------
+
+
+def _add_client(sub: argparse._SubParsersAction) -> None:
+    from streamer.client_cli import add_client_arguments
+
+    p = sub.add_parser("client", help="stream an audio file to a server and show captions")
+    add_client_arguments(p)
+    p.set_defaults(func=_cmd_client)
+
+
+def _cmd_client(args: argparse.Namespace) -> int:
+    from streamer.client_cli import run_client
+
+    return asyncio.run(run_client(args))
+
+
+# -- entry point ---------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamer",
+        description="Real-time SenseVoiceSmall speech recognition over WebSocket.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(sub)
+    _add_transcribe(sub)
+    _add_client(sub)
+    _add_build_model(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
+    try:
+        return int(args.func(args) or 0)
+    except (ModelError, ConfigError) as error:
+        logger.error("%s", error)
+        return 2 if isinstance(error, ConfigError) else 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,101 @@
+"""Prometheus metrics of one server instance (its own registry, no globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from streamer.jobs import DecodeResult
+
+# Buckets in seconds: decodes take 10 ms (GPU) to 1 s (CPU, 7 s of audio).
+LATENCY_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+)
+LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """Every metric the server exports, prefixed ``streamer_``."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.sessions_active = Gauge("streamer_sessions_active", "Open sessions", registry=r)
+        self.sessions_total = Counter("streamer_sessions", "Sessions accepted", registry=r)
+        self.rejected_total = Counter(
+            "streamer_handshakes_rejected", "Handshakes refused", ["reason"], registry=r
+        )
+        self.audio_seconds_total = Counter(
+            "streamer_audio_seconds", "Client audio received", registry=r
+        )
+        self.segments_total = Counter("streamer_segments", "Finals sent", ["reason"], registry=r)
+        self.partials_sent_total = Counter("streamer_partials_sent", "Partials sent", registry=r)
+        self.partials_skipped_total = Counter(
+            "streamer_partials_skipped",
+            "Partial decodes skipped or discarded because the worker was busy",
+            registry=r,
+        )
+        self.errors_total = Counter("streamer_errors", "Error messages sent", ["code"], registry=r)
+        self.decode_seconds = Histogram(
+            "streamer_decode_seconds",
+            "Model time per decode",
+            ["kind"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "streamer_queue_wait_seconds",
+            "Time a job waited for the worker",
+            ["kind"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.decode_failures_total = Counter(
+            "streamer_decode_failures", "Decodes that raised", registry=r
+        )
+        self.first_partial_seconds = Histogram(
+            "streamer_time_to_first_partial_seconds",
+            "From sending speech_start to the first partial or final with text",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.loop_lag_seconds = Histogram(
+            "streamer_event_loop_lag_seconds",
+            "Event-loop scheduling delay",
+            buckets=LAG_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "streamer_worker_queue_depth", "Jobs waiting", ["kind"], registry=r
+        )
+        self.model_ready = Gauge(
+            "streamer_model_ready", "1 once the model is warmed up", registry=r
+        )
+
+    def observe_decode(self, result: DecodeResult) -> None:
+        """Called from the worker thread for every decode (prometheus_client is thread-safe)."""
+        kind = result.job.kind
+        self.queue_wait_seconds.labels(kind).observe(result.queue_ms / 1000)
+        if result.error is not None:
+            self.decode_failures_total.inc()
+        else:
+            self.decode_seconds.labels(kind).observe(result.decode_ms / 1000)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

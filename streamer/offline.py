@@ -1,0 +1,64 @@
+"""Offline transcription of whole recordings with the server's own segmentation.
+
+A :class:`~streamer.session.Session` is driven synchronously: the audio goes in, each
+decode job is answered at once by the recognizer, and the finals come out. Files are
+therefore cut exactly as the live server would cut them (VAD, 7 s cap).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from streamer.jobs import DecodeResult
+from streamer.protocol import Final, StreamOptions
+from streamer.session import Session, SessionOptions
+from streamer.vad import webrtc_classifier
+from streamer.worker import SpeechRecognizer
+
+CHUNK_SAMPLES = 16000  # feed one second at a time
+
+
+def transcribe_pcm(
+    recognizer: SpeechRecognizer,
+    pcm: np.ndarray,
+    *,
+    language: str = "auto",
+    itn: bool = True,
+    session_options: SessionOptions | None = None,
+    vad_aggressiveness: int = 2,
+) -> Iterator[Final]:
+    """Yield one :class:`Final` per utterance of 16 kHz int16 ``pcm``, in order."""
+    stream = StreamOptions(language=language, itn=itn, partials=False)
+    options = session_options or SessionOptions(model_name=recognizer.name)
+    session = Session("offline", options, stream, webrtc_classifier(vad_aggressiveness))
+    session.start()
+    data = pcm.astype("<i2", copy=False).tobytes()
+    step = CHUNK_SAMPLES * 2
+    for offset in range(0, len(data), step):
+        session.receive_audio(data[offset : offset + step])
+        yield from _drain(recognizer, session)
+    session.receive_text(b'{"type":"stop"}')
+    yield from _drain(recognizer, session)
+
+
+def _drain(recognizer: SpeechRecognizer, session: Session) -> Iterator[Final]:
+    while True:
+        jobs = session.jobs_to_submit()
+        for job in jobs:
+            started = time.perf_counter()
+            try:
+                transcript = recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)
+                result = DecodeResult(
+                    job=job, transcript=transcript, decode_ms=(time.perf_counter() - started) * 1000
+                )
+            except Exception as exc:  # reported in that segment's final
+                result = DecodeResult(job=job, error=f"{type(exc).__name__}: {exc}")
+            session.decode_finished(result)
+        for message in session.messages_to_send():
+            if isinstance(message, Final):
+                yield message
+        if not jobs:
+            return

@@ -1,0 +1,204 @@
+"""The one model worker: a thread that owns the recognizer and decodes jobs one by one.
+
+The event loop never waits on the model. It submits :class:`~streamer.jobs.DecodeJob`
+objects with a callback; the worker thread decodes them at batch size 1 and calls the
+callback from its own thread (the server hops back to the loop with
+``call_soon_threadsafe``).
+
+Queue discipline:
+
+* finals before partials, each oldest first;
+* at most one pending partial per session: a newer one replaces it (the old one is
+  answered ``dropped``);
+* a session's pending partial is dropped as soon as one of its finals is queued;
+* :meth:`ModelWorker.drop_session` forgets every queued job of a departed client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from streamer.jobs import DecodeJob, DecodeResult
+from streamer.transcript import Transcript
+
+logger = logging.getLogger(__name__)
+
+ResultCallback = Callable[[DecodeResult], None]
+
+
+class SpeechRecognizer(Protocol):
+    """What the worker needs of a recognizer (:class:`streamer.recognizer.Recognizer`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def decode(
+        self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True
+    ) -> Transcript: ...
+
+
+@dataclass
+class _Queued:
+    job: DecodeJob
+    callback: ResultCallback
+    submitted: float  # time.perf_counter() at submission
+
+
+@dataclass
+class WorkerStats:
+    queued_finals: int
+    queued_partials: int
+    busy: bool
+
+
+class ModelWorker:
+    """Owns the recognizer in a dedicated thread. Start it once; stop it at shutdown.
+
+    ``load`` builds the recognizer inside the worker thread (model loading is slow and
+    must not block the loop); :attr:`ready` is set once it returns, and :attr:`load_error`
+    holds the exception if it raised.
+    """
+
+    def __init__(self, load: Callable[[], SpeechRecognizer]) -> None:
+        self._load = load
+        self._lock = threading.Condition()
+        self._finals: deque[_Queued] = deque()
+        self._partials: OrderedDict[str, _Queued] = OrderedDict()  # session_id -> job
+        self._running_session: str | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
+        self.ready = threading.Event()  # set when the model is loaded (or failed to load)
+        self.load_error: BaseException | None = None
+        self.recognizer: SpeechRecognizer | None = None
+        self.on_decoded: Callable[[DecodeResult], None] | None = None  # metrics hook
+
+    # -- control ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Finish the job in progress, answer queued ones ``dropped``, join the thread."""
+        with self._lock:
+            self._stopping = True
+            dropped = list(self._finals) + list(self._partials.values())
+            self._finals.clear()
+            self._partials.clear()
+            self._lock.notify_all()
+        for item in dropped:
+            self._answer(item, DecodeResult(job=item.job, dropped=True))
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    @property
+    def model_name(self) -> str:
+        return self.recognizer.name if self.recognizer is not None else "loading"
+
+    def stats(self) -> WorkerStats:
+        with self._lock:
+            return WorkerStats(
+                len(self._finals), len(self._partials), self._running_session is not None
+            )
+
+    # -- queue -----------------------------------------------------------------
+
+    def submit(self, job: DecodeJob, callback: ResultCallback) -> None:
+        """Queue ``job``; ``callback`` is called once, from the worker thread."""
+        item = _Queued(job, callback, time.perf_counter())
+        superseded: _Queued | None = None
+        with self._lock:
+            if self._stopping:
+                superseded = item
+            elif job.kind == "final":
+                self._finals.append(item)
+                superseded = self._partials.pop(job.session_id, None)
+            else:
+                superseded = self._partials.pop(job.session_id, None)
+                self._partials[job.session_id] = item
+            self._lock.notify()
+        if superseded is not None:
+            self._answer(superseded, DecodeResult(job=superseded.job, dropped=True))
+
+    def drop_session(self, session_id: str) -> int:
+        """Forget every queued job of ``session_id`` (its callbacks are not called)."""
+        with self._lock:
+            before = len(self._finals)
+            self._finals = deque(q for q in self._finals if q.job.session_id != session_id)
+            dropped = before - len(self._finals)
+            if self._partials.pop(session_id, None) is not None:
+                dropped += 1
+        if dropped:
+            logger.debug("dropped %d queued jobs of departed session %s", dropped, session_id)
+        return dropped
+
+    def _next(self) -> _Queued | None:
+        with self._lock:
+            while not self._stopping and not self._finals and not self._partials:
+                self._lock.wait()
+            if self._stopping:
+                return None
+            if self._finals:
+                item = self._finals.popleft()
+            else:
+                _, item = self._partials.popitem(last=False)
+            self._running_session = item.job.session_id
+            return item
+
+    # -- thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.recognizer = self._load()
+        except BaseException as exc:  # reported to the server, which exits with it
+            self.load_error = exc
+            logger.exception("loading the model failed")
+            return
+        finally:
+            self.ready.set()
+        logger.info("model worker ready (%s)", self.recognizer.name)
+        while (item := self._next()) is not None:
+            self._answer(item, self._decode(item))
+            with self._lock:
+                self._running_session = None
+
+    def _decode(self, item: _Queued) -> DecodeResult:
+        job = item.job
+        started = time.perf_counter()
+        queue_ms = (started - item.submitted) * 1000
+        assert self.recognizer is not None
+        try:
+            transcript = self.recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)
+        except Exception as exc:  # one bad decode must not stop the worker
+            logger.exception(
+                "decode failed (session %s, segment %d, %s)",
+                job.session_id,
+                job.segment_id,
+                job.kind,
+            )
+            return DecodeResult(
+                job=job,
+                error=f"{type(exc).__name__}: {exc}",
+                queue_ms=queue_ms,
+                decode_ms=(time.perf_counter() - started) * 1000,
+            )
+        decode_ms = (time.perf_counter() - started) * 1000
+        return DecodeResult(job=job, transcript=transcript, queue_ms=queue_ms, decode_ms=decode_ms)
+
+    def _answer(self, item: _Queued, result: DecodeResult) -> None:
+        if self.on_decoded is not None and not result.dropped:
+            try:
+                self.on_decoded(result)
+            except Exception:
+                logger.exception("metrics hook failed")
+        try:
+            item.callback(result)
+        except Exception:
+            logger.exception("result callback failed")
