@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh Debian/Ubuntu machine, then run it.
+#   bash scripts/test.sh            # the whole suite (what CI runs)
+#   bash scripts/test.sh -k session # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages: speech synthesis (espeak-ng, sox), recorded test speech (alsa-utils,
+# pocketsphinx-testdata), the browser for the web-demo test, ffmpeg for mp3/m4a input.
+packages=(espeak-ng sox alsa-utils pocketsphinx-testdata chromium ffmpeg libsndfile1)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+
+# pytest exits 5 when it collected no test: that is a failure here, as is any other non-zero
+exec .venv/bin/python -m pytest "$@"
