@@ -8,6 +8,7 @@
     ├── DecodeError                 one decode failed; that segment's final carries it
     ├── ClientError                 raised by :mod:`streamer.client`
     │   ├── ConnectionRefusedByServer   handshake refused (auth, capacity, origin)
+    │   ├── ServerUnreachable           nothing answered at the URL
     │   └── ServerClosed                the server ended the session with an error
     └── ProtocolError               something a client sent is wrong (has ``code``)
         ├── MalformedMessage            non-JSON or unknown text message (not fatal)
@@ -30,6 +31,7 @@ __all__ = [
     "ClientError",
     "ConnectionRefusedByServer",
     "ServerClosed",
+    "ServerUnreachable",
     "ProtocolError",
     "MalformedMessage",
     "InvalidOption",
@@ -76,6 +78,10 @@ class ConnectionRefusedByServer(ClientError):
         super().__init__(f"server refused the connection: HTTP {status}: {reason}")
         self.status = status
         self.reason = reason
+
+
+class ServerUnreachable(ClientError):
+    """Nothing answered at the URL (refused, DNS failure, timeout, TLS failure)."""
 
 
 class ServerClosed(ClientError):

@@ -1,0 +1,144 @@
+"""Audio files in, 16 kHz mono int16 PCM out.
+
+:func:`load_audio` reads anything libsndfile reads (wav, flac, ogg, mp3 with libsndfile
+>= 1.1, ...) with ``soundfile``; other containers (m4a, aac, opus in webm, video files)
+go through ``ffmpeg`` when it is on ``PATH``. Channels are averaged to mono and the
+signal is resampled with ``soxr``. Headerless ``.raw``/``.pcm``/``.s16`` files are read
+as signed 16-bit little-endian mono at ``raw_sample_rate``.
+
+Used by the client CLI, the offline transcriber and the server alike; it imports no
+asyncio, websockets or torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import soundfile
+import soxr
+
+from streamer.errors import ConfigError
+
+__all__ = [
+    "SAMPLE_RATE",
+    "RAW_SUFFIXES",
+    "load_audio",
+    "to_int16",
+    "int16_to_float32",
+    "to_mono",
+    "resample",
+    "ffmpeg_available",
+]
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000  # Hz, what SenseVoice (and the server) works at
+RAW_SUFFIXES = frozenset({".raw", ".pcm", ".s16"})  # headerless s16le mono
+_INT16_SCALE = 32768.0  # int16 full scale: float 1.0 == 32768
+
+
+def to_int16(samples: np.ndarray) -> np.ndarray:
+    """``samples`` as int16: floats in [-1, 1] are scaled and clipped, ints are rescaled.
+
+    int16 input is returned unchanged (no copy); int32 is taken as full-scale 32-bit,
+    uint8 as 8-bit offset binary (the WAV convention).
+    """
+    samples = np.asarray(samples)
+    if samples.dtype == np.int16:
+        return samples
+    if np.issubdtype(samples.dtype, np.floating):
+        scaled = np.rint(samples.astype(np.float64) * _INT16_SCALE)
+        return np.clip(scaled, -32768, 32767).astype(np.int16)
+    if samples.dtype == np.uint8:
+        return ((samples.astype(np.int16) - 128) << 8).astype(np.int16)
+    if np.issubdtype(samples.dtype, np.signedinteger):
+        shift = samples.dtype.itemsize * 8 - 16
+        if shift > 0:
+            return (samples.astype(np.int64) >> shift).astype(np.int16)
+        return (samples.astype(np.int16) << -shift).astype(np.int16)
+    raise TypeError(f"cannot convert {samples.dtype} samples to int16")
+
+
+def int16_to_float32(samples: np.ndarray) -> np.ndarray:
+    """int16 PCM as float32 in [-1, 1) (the inverse of :func:`to_int16` for floats)."""
+    return np.asarray(samples, dtype=np.int16).astype(np.float32) / np.float32(_INT16_SCALE)
+
+
+def to_mono(samples: np.ndarray) -> np.ndarray:
+    """Average the channels of a ``(frames, channels)`` array; 1-D input is returned as is."""
+    if samples.ndim == 1:
+        return samples
+    if samples.ndim != 2:
+        raise ValueError(f"expected (frames, channels) audio, got shape {samples.shape}")
+    if samples.shape[1] == 1:
+        return samples[:, 0]
+    return samples.mean(axis=1, dtype=np.float64).astype(np.float32)
+
+
+def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
+    """Resample mono float audio with soxr (high quality); a no-op when the rates match."""
+    if from_rate == to_rate:
+        return samples
+    if from_rate <= 0 or to_rate <= 0:
+        raise ValueError(f"sample rates must be positive, got {from_rate} -> {to_rate}")
+    return soxr.resample(np.asarray(samples, dtype=np.float32), from_rate, to_rate, quality="HQ")
+
+
+def ffmpeg_available() -> bool:
+    return shutil.which("ffmpeg") is not None
+
+
+def load_audio(
+    path: str | Path, target_rate: int = SAMPLE_RATE, *, raw_sample_rate: int = SAMPLE_RATE
+) -> np.ndarray:
+    """Read an audio file as mono int16 PCM at ``target_rate`` Hz.
+
+    Raises :class:`ConfigError` with a message fit for the user when the file is missing,
+    is not audio, or needs ffmpeg and ffmpeg is not installed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"audio file not found: {path}")
+    if path.suffix.lower() in RAW_SUFFIXES:
+        return _load_raw(path, raw_sample_rate, target_rate)
+    try:
+        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+        # libsndfile does not know the container (m4a, webm, mp4, ...): let ffmpeg try.
+        logger.debug("soundfile cannot read %s (%s); trying ffmpeg", path, exc)
+        return _load_with_ffmpeg(path, target_rate, soundfile_error=str(exc))
+    mono = to_mono(data)
+    return to_int16(resample(mono, int(rate), target_rate))
+
+
+def _load_raw(path: Path, raw_rate: int, target_rate: int) -> np.ndarray:
+    data = np.fromfile(path, dtype="<i2")
+    if raw_rate == target_rate:
+        return data.astype(np.int16)
+    return to_int16(resample(int16_to_float32(data), raw_rate, target_rate))
+
+
+def _load_with_ffmpeg(path: Path, target_rate: int, soundfile_error: str) -> np.ndarray:
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        raise ConfigError(
+            f"cannot read {path}: not a format libsndfile reads ({soundfile_error}); install"
+            " ffmpeg to read mp3/m4a/other formats, or convert the file to wav or flac"
+        )
+    command = [
+        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-i", str(path),
+        "-vn", "-f", "s16le", "-acodec", "pcm_s16le", "-ac", "1", "-ar", str(target_rate), "-",
+    ]  # fmt: skip
+    try:
+        completed = subprocess.run(command, capture_output=True, check=False)
+    except OSError as exc:
+        raise ConfigError(f"cannot run ffmpeg to read {path}: {exc}") from exc
+    if completed.returncode != 0:
+        detail = completed.stderr.decode(errors="replace").strip().splitlines()
+        reason = detail[-1] if detail else f"exit status {completed.returncode}"
+        raise ConfigError(f"cannot read {path}: not a supported audio file ({reason})")
+    return np.frombuffer(completed.stdout, dtype="<i2").astype(np.int16)

@@ -1,0 +1,222 @@
+"""Transcript writers: plain text, JSON lines, SubRip (srt) and WebVTT (vtt).
+
+Each writer takes server messages as they arrive (:meth:`CaptionWriter.write`) and writes
+to a text stream incrementally, so an interrupted run still leaves a valid file. Only
+finals with non-empty text become captions; the ``jsonl`` writer keeps every message.
+
+The pure helpers (:func:`format_timestamp`, :func:`wrap_caption`, :func:`caption_cues`,
+:func:`render`) are what the writers use, and what tests check.
+"""
+
+from __future__ import annotations
+
+import io
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TextIO
+
+import orjson
+
+from streamer.errors import ConfigError
+from streamer.protocol import Final, ServerMessage, message_dict
+
+__all__ = [
+    "FORMATS",
+    "MAX_LINE_CHARS",
+    "MAX_LINES",
+    "Cue",
+    "CaptionWriter",
+    "format_for",
+    "format_timestamp",
+    "display_width",
+    "wrap_caption",
+    "caption_cues",
+    "render",
+    "make_writer",
+]
+
+FORMATS = ("txt", "jsonl", "srt", "vtt")
+MAX_LINE_CHARS = 42  # characters per caption line (the usual broadcast limit)
+MAX_LINES = 2  # lines per caption; longer text is split into several cues
+_SUFFIX_FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".srt": "srt", ".vtt": "vtt"}
+
+
+def format_for(path: str | Path | None, explicit_format: str | None) -> str:
+    """The output format: ``explicit_format`` when given, else from the file extension.
+
+    Raises :class:`ConfigError` for an unknown format or extension (tell the user to pass
+    ``--format``).
+    """
+    if explicit_format:
+        fmt = explicit_format.lower()
+        if fmt not in FORMATS:
+            raise ConfigError(f"unknown format {explicit_format!r} (choose {', '.join(FORMATS)})")
+        return fmt
+    if path is None or str(path) == "-":
+        return "txt"
+    suffix = Path(path).suffix.lower()
+    if suffix not in _SUFFIX_FORMATS:
+        raise ConfigError(
+            f"cannot tell the format of {path} from its extension; pass --format"
+            f" ({', '.join(FORMATS)})"
+        )
+    return _SUFFIX_FORMATS[suffix]
+
+
+def format_timestamp(ms: float, fmt: str) -> str:
+    """``HH:MM:SS,mmm`` for srt, ``HH:MM:SS.mmm`` for vtt (``ms`` rounded to a millisecond)."""
+    total_ms = max(0, int(round(ms)))
+    hours, rest = divmod(total_ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds, millis = divmod(rest, 1000)
+    separator = "," if fmt == "srt" else "."
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{separator}{millis:03d}"
+
+
+def display_width(text: str) -> int:
+    """Terminal/caption columns of ``text``: East Asian wide characters count two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _split_long_word(word: str, width: int) -> list[str]:
+    pieces: list[str] = []
+    current = ""
+    for char in word:
+        if current and display_width(current + char) > width:
+            pieces.append(current)
+            current = ""
+        current += char
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def wrap_caption(text: str, max_line_chars: int = MAX_LINE_CHARS) -> list[str]:
+    """Break ``text`` into lines of at most ``max_line_chars`` display columns.
+
+    Lines break at spaces; a run without spaces (Chinese, Japanese, a very long word) is
+    broken between characters, with wide characters counting two columns.
+    """
+    lines: list[str] = []
+    current = ""
+    for word in text.split():
+        for piece in _split_long_word(word, max_line_chars):
+            candidate = f"{current} {piece}" if current else piece
+            if display_width(candidate) <= max_line_chars:
+                current = candidate
+            else:
+                lines.append(current)
+                current = piece
+    if current:
+        lines.append(current)
+    return lines
+
+
+@dataclass(frozen=True)
+class Cue:
+    """One caption on screen."""
+
+    start_ms: float  # audio time the caption appears
+    end_ms: float  # audio time it disappears
+    lines: tuple[str, ...]  # at most MAX_LINES lines of text
+
+
+def caption_cues(
+    final: Final, max_line_chars: int = MAX_LINE_CHARS, max_lines: int = MAX_LINES
+) -> list[Cue]:
+    """The cues for one final: none when its text is empty, several when it is long.
+
+    A long final is split into groups of ``max_lines`` lines; its time span is shared
+    between them in proportion to their length.
+    """
+    lines = wrap_caption(final.text, max_line_chars)
+    if not lines:
+        return []
+    groups = [tuple(lines[i : i + max_lines]) for i in range(0, len(lines), max_lines)]
+    weights = [sum(display_width(line) for line in group) for group in groups]
+    total = sum(weights)
+    span_ms = max(0.0, final.end_ms - final.start_ms)
+    cues = []
+    start_ms = final.start_ms
+    done = 0
+    for group, weight in zip(groups, weights, strict=True):
+        done += weight
+        end_ms = final.start_ms + span_ms * done / total
+        cues.append(Cue(start_ms, end_ms, group))
+        start_ms = end_ms
+    return cues
+
+
+def _srt_block(index: int, cue: Cue) -> str:
+    start = format_timestamp(cue.start_ms, "srt")
+    end = format_timestamp(cue.end_ms, "srt")
+    return f"{index}\n{start} --> {end}\n" + "\n".join(cue.lines) + "\n\n"
+
+
+def _vtt_block(cue: Cue) -> str:
+    start = format_timestamp(cue.start_ms, "vtt")
+    end = format_timestamp(cue.end_ms, "vtt")
+    # "-->" inside a cue's text would end it early in some players.
+    text = "\n".join(line.replace("-->", "->") for line in cue.lines)
+    return f"{start} --> {end}\n{text}\n\n"
+
+
+def _jsonl_line(message: ServerMessage, arrival_s: float) -> str:
+    record = {"arrival_s": round(arrival_s, 6), **message_dict(message)}
+    return orjson.dumps(record).decode() + "\n"
+
+
+class CaptionWriter(Protocol):
+    """Something that records server messages; call :meth:`close` at the end."""
+
+    def write(self, message: ServerMessage, arrival_s: float) -> None:
+        """Record one message; ``arrival_s`` is its arrival time since the stream began."""
+
+    def close(self) -> None:
+        """Flush what is buffered (the underlying stream is not closed)."""
+
+
+class _StreamWriter:
+    def __init__(self, stream: TextIO, fmt: str) -> None:
+        self._stream = stream
+        self._fmt = fmt
+        self._cues = 0
+        if fmt == "vtt":
+            stream.write("WEBVTT\n\n")
+
+    def write(self, message: ServerMessage, arrival_s: float) -> None:
+        if self._fmt == "jsonl":
+            self._stream.write(_jsonl_line(message, arrival_s))
+        elif isinstance(message, Final) and message.text.strip():
+            if self._fmt == "txt":
+                self._stream.write(message.text.strip() + "\n")
+            else:
+                for cue in caption_cues(message):
+                    self._cues += 1
+                    block = _srt_block(self._cues, cue) if self._fmt == "srt" else _vtt_block(cue)
+                    self._stream.write(block)
+        else:
+            return
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._stream.flush()
+
+
+def make_writer(stream: TextIO, fmt: str) -> CaptionWriter:
+    """A writer of format ``fmt`` (one of :data:`FORMATS`) over an open text stream."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
+    return _StreamWriter(stream, fmt)
+
+
+def render(messages: Iterable[tuple[ServerMessage, float]], fmt: str) -> str:
+    """The whole document of format ``fmt`` for ``(message, arrival_s)`` pairs."""
+    buffer = io.StringIO()
+    writer = make_writer(buffer, fmt)
+    for message, arrival_s in messages:
+        writer.write(message, arrival_s)
+    writer.close()
+    return buffer.getvalue()
