@@ -1,0 +1,146 @@
+"""Real servers on loopback (port 0) for the tests, each in a thread with its own loop.
+
+A thread (rather than the test's own loop) lets synchronous tests, subprocess clients
+and the browser talk to the same server as async tests do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from streamer.server import ServerOptions, StreamingServer
+from streamer.worker import ModelWorker, SpeechRecognizer
+
+
+class ServerThread:
+    """A :class:`StreamingServer` with its model worker, running in a background thread."""
+
+    def __init__(self, load: Callable[[], SpeechRecognizer], options: ServerOptions,
+                 classifier_factory: Callable | None = None) -> None:
+        self.options = replace(options, host="127.0.0.1", port=0)
+        self.classifier_factory = classifier_factory
+        self.worker = ModelWorker(load)
+        self.server: StreamingServer | None = None
+        self.loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="test-server", daemon=True)
+
+    def start(self, wait_ready: bool = True) -> ServerThread:
+        self._thread.start()
+        self._started.wait(60)
+        if self._error is not None:
+            raise self._error
+        if wait_ready:
+            self.call(self.server.wait_ready(), timeout=600)
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            self.loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        try:
+            self.worker.start()
+            self.server = StreamingServer(self.options, self.worker,
+                                          classifier_factory=self.classifier_factory)
+            await self.server.start()
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        await self._stop.wait()
+        await self.server.shutdown()
+        await asyncio.to_thread(self.worker.stop)
+
+    def call(self, coro, timeout: float = 30):
+        """Run ``coro`` on the server's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def shutdown(self, timeout: float = 30) -> None:
+        """Graceful shutdown (what SIGTERM does), then wait for the thread."""
+        if self._thread.is_alive() and self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/asr"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., ServerThread]]:
+    """Factory: ``make_server(load, **server_options)`` started and ready."""
+    started: list[ServerThread] = []
+
+    def factory(load: Callable[[], SpeechRecognizer], wait_ready: bool = True,
+                classifier_factory: Callable | None = None, **options) -> ServerThread:
+        thread = ServerThread(load, ServerOptions(**options), classifier_factory)
+        started.append(thread)
+        return thread.start(wait_ready=wait_ready)
+
+    yield factory
+    for thread in started:
+        thread.shutdown()
+
+
+def recognizer_loader(model_dir: Path) -> Callable[[], SpeechRecognizer]:
+    """Loads the real recognizer (funasr) from a model directory."""
+
+    def load() -> SpeechRecognizer:
+        from streamer.recognizer import Recognizer, RecognizerOptions
+
+        return Recognizer(RecognizerOptions(model=str(model_dir), device="cpu", threads=2))
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir: Path) -> Iterator[ServerThread]:
+    """A server with the random tiny model and the real webrtcvad, shared by a session."""
+    thread = ServerThread(recognizer_loader(tiny_model_dir), ServerOptions()).start()
+    yield thread
+    thread.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tagged_server(tagged_model_dir: Path) -> Iterator[ServerThread]:
+    """A server with the tiny model trained to emit known tagged text for two clips."""
+    thread = ServerThread(recognizer_loader(tagged_model_dir), ServerOptions()).start()
+    yield thread
+    thread.shutdown()
+
+
+@pytest.fixture(scope="session")
+def server_url(tiny_server: ServerThread) -> str:
+    return tiny_server.url
+
+
+@pytest.fixture(scope="session")
+def tagged_server_url(tagged_server: ServerThread) -> str:
+    return tagged_server.url
+
+
+@pytest.fixture(scope="session")
+def http_base_url(tagged_server: ServerThread) -> str:
+    return tagged_server.http_url
