@@ -75,7 +75,7 @@ def configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     # third-party chatter stays at WARNING unless debugging
     quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
-    for name in ("websockets", "funasr", "modelscope", "root", "jieba", "urllib3"):
+    for name in ("websockets", "funasr", "modelscope", "jieba", "urllib3"):
         logging.getLogger(name).setLevel(max(quiet, logging.getLogger(name).level))
 
 
