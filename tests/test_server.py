@@ -340,3 +340,40 @@ async def test_unpaced_long_stream_is_back_pressured(make_fake_server):
 def test_stream_options_travel_as_query():
     url = protocol.PATH
     assert url == "/v1/asr"
+
+
+def self_signed_cert(folder):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    certfile, keyfile = folder / "cert.pem", folder / "key.pem"
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return certfile, keyfile
+
+
+async def test_tls_serves_wss(make_fake_server, tmp_path):
+    certfile, keyfile = self_signed_cert(tmp_path)
+    server = make_fake_server(certfile=certfile, keyfile=keyfile)
+    url = f"wss://localhost:{server.port}/v1/asr"
+    result = await transcribe(ClientOptions(url=url, insecure=True), speech(1), 16000)
+    assert len(result.finals) == 1 and result.end is not None
+    with pytest.raises(Exception):  # noqa: B017  plain ws:// cannot talk to a TLS port
+        await asyncio.wait_for(connect(server.url), 5)
