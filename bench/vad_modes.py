@@ -74,23 +74,28 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
     args = parser.parse_args()
     clips = [(lang, synth.SENTENCES[lang][0]) for lang in ("en", "zh", "yue", "ja", "ko")]
-    spoken = [(lang, text, synth.speak(text, lang, cache_dir=args.cache_dir))
-              for lang, text in clips]
+    spoken = [
+        (lang, text, synth.speak(text, lang, cache_dir=args.cache_dir)) for lang, text in clips
+    ]
     pcm, truth = synth.join_with_silence(spoken, 1200)
     conditions = [("clean", None, 0.0)] + [
         (f"{kind} {snr:g} dB", kind, snr) for kind in ("white", "brown") for snr in (20, 10, 5, 0)
     ]
     print(f"{len(truth)} utterances, {pcm.size / 16000:.1f} s")
-    print("| condition | mode | frame agreement | silence called speech | speech missed "
-          "| segments (truth 5) | boundaries right |")
+    print(
+        "| condition | mode | frame agreement | silence called speech | speech missed "
+        "| segments (truth 5) | boundaries right |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, kind, snr in conditions:
         signal = pcm if kind is None else with_noise(pcm, kind, snr)
         for mode in range(4):
             r = evaluate(signal, truth, mode)
-            print(f"| {name} | {mode} | {r['agreement']:.1%} | {r['false_speech']:.1%} | "
-                  f"{r['missed_speech']:.1%} | {r['segments']} | "
-                  f"{'yes' if r['matched'] else 'no'} |")
+            print(
+                f"| {name} | {mode} | {r['agreement']:.1%} | {r['false_speech']:.1%} | "
+                f"{r['missed_speech']:.1%} | {r['segments']} | "
+                f"{'yes' if r['matched'] else 'no'} |"
+            )
 
 
 if __name__ == "__main__":
