@@ -3,7 +3,7 @@
 import pytest
 
 from streamer.errors import ConfigError
-from streamer.segmenter import Segmenter, SegmenterOptions, SegmentEnd, SegmentStart
+from streamer.segmenter import SegmentEnd, Segmenter, SegmenterOptions, SegmentStart
 
 FRAME = 320  # samples per 20 ms frame at 16 kHz
 

@@ -1,0 +1,58 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Loopback servers (port 0): make_server, server_url, tagged_server_url, http_base_url.
+pytest_plugins = ["tests.server_fixtures"]
+
+
+# --- models and speech (recognizer, model builder) -----------------------------------------
+# Random-weight models are built once per cache directory (atomically, keyed by the builder
+# version) and reused by every later session. Synthesised speech needs espeak-ng and sox,
+# which CI installs: tests that need them fail loudly rather than skip.
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    """``$STREAMER_CACHE_DIR``, else ``<repo>/.cache`` (git-ignored)."""
+    env = os.environ.get("STREAMER_CACHE_DIR")
+    path = Path(env).expanduser() if env else REPO_ROOT / ".cache"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def speech_cache(cache_dir: Path) -> Path:
+    """Where :func:`streamer.synth.speak` caches its clips."""
+    return cache_dir / "speech"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(cache_dir: Path) -> Path:
+    """random:tiny: 0.8 M parameters, meaningless output, loads in well under a second."""
+    from streamer.model_builder import ensure_random_model
+
+    return ensure_random_model("tiny", cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tagged_model_dir(cache_dir: Path) -> Path:
+    """random:tagged: tiny, trained so that its two espeak clips decode to known tags."""
+    from streamer.model_builder import ensure_random_model
+
+    return ensure_random_model("tagged", cache_dir)
+
+
+@pytest.fixture(scope="session")
+def small_model_dir(cache_dir: Path) -> Path:
+    """random:small: the real SenseVoiceSmall size (about 900 MiB, built once)."""
+    from streamer.model_builder import ensure_random_model
+
+    return ensure_random_model("small", cache_dir)
