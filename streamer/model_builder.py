@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump whenever the output of a build changes: cached directories are keyed by it.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 MODEL_NAMES = ("tiny", "small", "tagged")
 MARKER_FILE = "random_model.json"  # written into every directory built here

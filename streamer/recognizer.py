@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from streamer.errors import ConfigError, ModelError
+from streamer.errors import ConfigError, DecodeError, ModelError
 from streamer.transcript import Transcript
 
 if TYPE_CHECKING:
@@ -199,22 +199,33 @@ class Recognizer:
         """Recognise one utterance of 16 kHz mono audio.
 
         ``pcm`` is an int16 array, s16le bytes, or a float32 array in [-1, 1]. Audio shorter
-        than :data:`MIN_DECODE_SAMPLES` gives an empty transcript.
+        than :data:`MIN_DECODE_SAMPLES` gives an empty transcript. Raises DecodeError when
+        the model fails (the recognizer stays usable) and ConfigError for malformed audio or
+        an unknown language.
         """
-        torch = self._torch
         waveform = _waveform(pcm)
         started = time.perf_counter()
         lid = _language_row(language)
         if waveform.size < MIN_DECODE_SAMPLES:
             return _empty_transcript(waveform.size)
+        try:
+            token_ids = self._run(waveform, lid, use_itn)
+        except RuntimeError as error:  # CUDA out of memory, a backend failure, ...
+            raise DecodeError(
+                f"decoding {waveform.size / SAMPLE_RATE:.2f} s of audio failed: {error}"
+            ) from error
+        raw = self._tokenizer.decode(list(token_ids))
+        return self._transcript(raw, token_ids, waveform.size, started)
+
+    def _run(self, waveform: np.ndarray, lid: int, use_itn: bool) -> tuple[int, ...]:
+        """Features, query frames, encoder, CTC argmax: the token ids, blanks removed."""
+        torch = self._torch
         from funasr.utils.load_utils import extract_fbank
 
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast():
             feats, lengths = extract_fbank([torch.from_numpy(waveform)], frontend=self._frontend)
             feats = feats.to(device=self._device)
             lengths = lengths.to(device=self._device)
-            if self._dtype != torch.float32:
-                feats = feats.to(self._dtype)
             speech, speech_lengths = self._prepend_queries(feats, lengths, lid, use_itn)
             encoded, encoded_lengths = self._model.encoder(speech, speech_lengths)
             if isinstance(encoded, tuple):
@@ -224,9 +235,7 @@ class Recognizer:
                 logits[:, _EMO_UNKNOWN_ID] = -float("inf")
             best = self._argmax(logits)
             best = torch.unique_consecutive(best, dim=-1)
-            token_ids = tuple(best[best != self._model.blank_id].tolist())
-        raw = self._tokenizer.decode(list(token_ids))
-        return self._transcript(raw, token_ids, waveform.size, started)
+            return tuple(best[best != self._model.blank_id].tolist())
 
     def decode_reference(
         self, pcm: np.ndarray | bytes, language: str = "auto", use_itn: bool = True
@@ -247,7 +256,7 @@ class Recognizer:
         else:
             data = _as_int16(pcm).tobytes()
         recorder = _RecordingTokenizer(self._tokenizer)
-        with quiet_funasr():
+        with quiet_funasr(), self._autocast():
             results = self._automodel.generate(
                 data, language=language, use_itn=use_itn, batch_size=1, tokenizer=recorder
             )
@@ -275,6 +284,16 @@ class Recognizer:
 
         textnorm = _TEXTNORM_ROWS["withitn" if use_itn else "woitn"]
         return prepend_queries(self._model, feats, lengths, [lid], [textnorm])
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Half precision: weights are fp16/bf16, and autocast keeps every op consistent.
+
+        Without it the encoder fails on mixed types (its positional encoding and the
+        features are fp32); with it generate() runs half-precision models too.
+        """
+        if self._dtype == self._torch.float32:
+            return contextlib.nullcontext()
+        return self._torch.autocast(device_type="cuda", dtype=self._dtype)
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Per-frame argmax of the logits, equal to inference()'s argmax of log_softmax.

@@ -134,6 +134,22 @@ def test_tagged_model_with_unmodified_generate(tagged_model_dir: Path, speech_ca
                 assert result[0]["text"] == expected_tags + text
 
 
+@pytest.mark.parametrize("margins_ms", [(300, 200), (450, 800), (1000, 1000)])
+def test_tagged_model_tolerates_silent_margins(
+    tagged_model_dir: Path, speech_cache: Path, margins_ms: tuple[int, int]
+) -> None:
+    """Servers decode segments with silence around the speech: the tags and text hold."""
+    from streamer.recognizer import Recognizer, RecognizerOptions
+
+    recognizer = Recognizer(
+        RecognizerOptions(model=str(tagged_model_dir), device="cpu", threads=2, warmup=False)
+    )
+    lead, tail = (np.zeros(ms * 16, np.int16) for ms in margins_ms)
+    for text, tags in TAGGED_TRANSCRIPTS.items():
+        pcm = np.concatenate([lead, speak(text, "en", cache_dir=speech_cache), tail])
+        assert recognizer.decode_reference(pcm, "auto", use_itn=False).raw == tags + text
+
+
 @pytest.mark.slow
 def test_small_matches_the_real_configuration(small_model_dir: Path) -> None:
     import yaml

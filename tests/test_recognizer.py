@@ -218,16 +218,13 @@ def test_parity_small(
     """The real-size model: a CI-sized selection of clips, lengths, languages and ITN."""
     cases = [
         (long_speech[: int(0.2 * SAMPLE_RATE)], "auto", True),
-        (long_speech[: 1 * SAMPLE_RATE], "en", False),
         (long_speech[: 3 * SAMPLE_RATE], "zh", True),
         (long_speech[: 7 * SAMPLE_RATE], "auto", False),
         (clips["tts-zh"], "zh", False),
         (clips["tts-yue"], "yue", True),
         (clips["tts-ja"], "ja", False),
         (clips["tts-ko"], "ko", True),
-        (clips["tts-en"], "en", True),
-        (clips["librivox-0930"], "auto", True),
-        (clips["front-center"], "auto", False),
+        (clips["librivox-0930"], "en", True),
         (long_speech[:MIN_DECODE_SAMPLES], "auto", True),
     ]
     for pcm, language, use_itn in cases:
@@ -395,8 +392,10 @@ def test_gpu_half_precision_decodes(tagged_model_dir: Path, speech_cache: Path, 
     recognizer = Recognizer(
         RecognizerOptions(model=str(tagged_model_dir), device="cuda", dtype=dtype, warmup=False)
     )
-    transcript = recognizer.decode(speak("hello there", "en", cache_dir=speech_cache))
+    pcm = speak("hello there", "en", cache_dir=speech_cache)
+    transcript = recognizer.decode(pcm)
     assert transcript.text == "hello there"
+    assert recognizer.decode_reference(pcm).token_ids == transcript.token_ids
 
 
 def test_languages_constant() -> None:
