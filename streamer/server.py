@@ -17,6 +17,7 @@ import mimetypes
 import secrets
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from streamer.worker import ModelWorker
 logger = logging.getLogger(__name__)
 
 LOOP_LAG_PROBE_S = 0.1  # how often the event-loop lag is sampled
+BACKLOG_PIECE_BYTES = 32000  # backlogged audio is fed to the session in 1 s pieces (16 kHz)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,10 @@ class ServerOptions:
     idle_timeout_s: float = 60.0  # no audio or keepalive for this long ends the session
     max_session_s: float = 4 * 3600.0  # longest session
     shutdown_grace_s: float = 10.0  # time to finish open segments when stopping
+    max_backlog_bytes: int = 1 << 20  # per session, audio read ahead of the model (32 s)
+    ping_interval_s: float = 20.0  # keepalive pings detect vanished clients
+    ping_timeout_s: float = 20.0  # a pong must arrive within this
+    close_timeout_s: float = 5.0  # wait this long for the client's close acknowledgement
     vad_aggressiveness: int = DEFAULT_AGGRESSIVENESS  # webrtcvad mode 0..3
     default_stream: StreamOptions = field(default_factory=StreamOptions)  # client defaults
     session: SessionOptions = field(default_factory=SessionOptions)  # VAD and partial timing
@@ -80,6 +86,8 @@ class ServerOptions:
             raise ConfigError("idle_timeout_s and max_session_s must be positive")
         if self.max_pending_finals < 1:
             raise ConfigError("max_pending_finals must be at least 1")
+        if self.max_backlog_bytes < 1:
+            raise ConfigError("max_backlog_bytes must be positive")
 
 
 def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
@@ -106,8 +114,14 @@ class _Connection:
         self.log = logging.LoggerAdapter(logger, {"session_id": session.session_id})
         self._loop = asyncio.get_running_loop()
         self._outbox: asyncio.Queue[ServerMessage | None] = asyncio.Queue()
-        self._room = asyncio.Event()  # set while the session may take more audio
-        self._room.set()
+        # Back-pressure: while the session has max_pending_finals finals waiting for the
+        # model, what the client sends waits here instead of in the session, and once this
+        # backlog reaches max_backlog_bytes the reader stops reading the socket. Reading
+        # goes on until then, so keepalive pongs keep flowing while a fast client waits.
+        self._backlog: deque[bytes | str] = deque()
+        self._backlog_bytes = 0
+        self._backlog_has_room = asyncio.Event()
+        self._backlog_has_room.set()
         self._closing = False
         self._gone = False  # the client disconnected: ignore late worker results
         self._speech_started: dict[int, float] = {}  # segment_id -> perf_counter()
@@ -127,14 +141,52 @@ class _Connection:
         if skipped > self._skipped_seen:
             metrics.partials_skipped_total.inc(skipped - self._skipped_seen)
             self._skipped_seen = skipped
-        if session.pending_finals < self.server.options.max_pending_finals:
-            self._room.set()
-        else:
-            self._room.clear()
         if session.close_code is not None and not self._closing:
             self._closing = True
-            self._room.set()
+            self._backlog.clear()
+            self._backlog_has_room.set()
             self._outbox.put_nowait(None)
+
+    def _session_has_room(self) -> bool:
+        return self.session.pending_finals < self.server.options.max_pending_finals
+
+    def _feed(self, item: bytes | str) -> None:
+        """Hand one client message (or a piece of one) to the session."""
+        if isinstance(item, bytes):
+            self.session.receive_audio(item)
+        else:
+            self.session.receive_text(item)
+        self.pump()
+
+    def _receive(self, data: bytes | str) -> None:
+        """A message from the socket: to the session now, or to the backlog."""
+        if isinstance(data, bytes):
+            rate = self.session.stream.sample_rate
+            self.server.metrics.audio_seconds_total.inc(len(data) / 2 / rate)
+            if not self._backlog and self._session_has_room() and len(data) <= BACKLOG_PIECE_BYTES:
+                self._feed(data)
+                return
+            for offset in range(0, len(data), BACKLOG_PIECE_BYTES):
+                piece = data[offset : offset + BACKLOG_PIECE_BYTES]
+                self._backlog.append(piece)
+                self._backlog_bytes += len(piece)
+        elif not self._backlog and self._session_has_room():
+            self._feed(data)
+            return
+        else:
+            self._backlog.append(data)
+        self._drain_backlog()
+
+    def _drain_backlog(self) -> None:
+        while self._backlog and self._session_has_room() and not self._closing:
+            item = self._backlog.popleft()
+            if isinstance(item, bytes):
+                self._backlog_bytes -= len(item)
+            self._feed(item)
+        if self._backlog_bytes < self.server.options.max_backlog_bytes:
+            self._backlog_has_room.set()
+        else:
+            self._backlog_has_room.clear()
 
     def _result_from_worker(self, result: DecodeResult) -> None:
         # called in the worker thread
@@ -145,13 +197,18 @@ class _Connection:
             return
         self.session.decode_finished(result)
         self.pump()
+        self._drain_backlog()
 
     # -- tasks -----------------------------------------------------------------
 
     async def run(self) -> None:
         self.pump()
-        writer = asyncio.create_task(self._write(), name=f"write-{self.session.session_id}")
-        reader = asyncio.create_task(self._read(), name=f"read-{self.session.session_id}")
+        sid = self.session.session_id
+        writer = asyncio.create_task(self._write(), name=f"write-{sid}")
+        reader = asyncio.create_task(self._read(), name=f"read-{sid}")
+        # noticed even while reading is paused for back-pressure: a dropped connection
+        # must free its slot and its queued jobs at once
+        closed = asyncio.create_task(self.ws.wait_closed(), name=f"closed-{sid}")
         limit = self._loop.call_later(
             self.server.options.max_session_s,
             self._expire,
@@ -159,21 +216,20 @@ class _Connection:
             "the session reached the server's maximum duration",
         )
         try:
-            done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
-            if writer in done:
-                # the session ended and the close handshake was sent; let the reader see it
-                writer.result()
-                await asyncio.wait_for(reader, timeout=5)
-            else:
+            done, _ = await asyncio.wait(
+                {writer, reader, closed}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if writer in done and not writer.cancelled():
+                writer.result()  # the session ended and the close handshake was sent
+                await asyncio.wait({reader, closed}, timeout=self.server.options.close_timeout_s)
+            elif reader in done:
                 reader.result()
-                if self._closing and not self._gone:
-                    await writer  # the session ended while the reader stopped
         finally:
             limit.cancel()
-            self._gone = True
-            for task in (writer, reader):
+            self._gone = True  # late worker results have nowhere to go
+            for task in (writer, reader, closed):
                 task.cancel()
-            self.server.worker.drop_session(self.session.session_id)
+            self.server.worker.drop_session(sid)
 
     def _expire(self, code: str, message: str) -> None:
         self.session.expire(code, message)
@@ -186,10 +242,9 @@ class _Connection:
     async def _read(self) -> None:
         session = self.session
         idle_s = self.server.options.idle_timeout_s
-        metrics = self.server.metrics
         try:
             while not self._closing:
-                await self._room.wait()
+                await self._backlog_has_room.wait()
                 if self._closing:
                     break
                 timeout = idle_s if session.state in (State.CONFIGURING, State.STREAMING) else None
@@ -199,17 +254,12 @@ class _Connection:
                 except TimeoutError:
                     self._expire("idle_timeout", f"no audio or keepalive for {idle_s:g} s")
                     continue
-                if isinstance(data, bytes):
-                    metrics.audio_seconds_total.inc(len(data) / 2 / session.stream.sample_rate)
-                    session.receive_audio(data)
-                else:
-                    session.receive_text(data)
-                self.pump()
+                self._receive(data)
             # keep reading until the peer acknowledges the close
             while True:
                 await self.ws.recv()
         except ConnectionClosed:
-            self._gone = self._gone or not self._closing
+            pass
 
     async def _write(self) -> None:
         session = self.session
@@ -305,6 +355,9 @@ class StreamingServer:
             compression=None,  # PCM does not compress; deflate would only cost CPU
             max_size=o.max_message_bytes,
             max_queue=16,
+            ping_interval=o.ping_interval_s,
+            ping_timeout=o.ping_timeout_s,
+            close_timeout=o.close_timeout_s,
             server_header="sensevoice-streamer",
         )
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")

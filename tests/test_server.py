@@ -377,3 +377,31 @@ async def test_tls_serves_wss(make_fake_server, tmp_path):
     assert len(result.finals) == 1 and result.end is not None
     with pytest.raises(Exception):  # noqa: B017  plain ws:// cannot talk to a TLS port
         await asyncio.wait_for(connect(server.url), 5)
+
+
+async def test_client_dropping_while_reading_is_paused_is_cleaned_up_at_once(make_fake_server):
+    # each final takes 3 s, so the server pauses reading this session for a long time;
+    # the dropped connection must still free its slot and its queued jobs at once
+    server = make_fake_server(lambda: FakeRecognizer(delay_s=3.0), max_pending_finals=1)
+    ws = await connect(server.url + "?partials=false")
+    await recv_json(ws)
+    await ws.send(speech(4).tobytes())
+    await asyncio.sleep(0.5)
+    assert server.server.session_count == 1
+    ws.transport.abort()
+    started = time.perf_counter()
+    while server.server.session_count and time.perf_counter() - started < 5:
+        await asyncio.sleep(0.05)
+    assert time.perf_counter() - started < 1.5
+    assert server.worker.stats().queued_finals == 0
+
+
+async def test_back_pressure_pause_never_outlasts_keepalive(make_fake_server):
+    # finals slower than the ping timeout: a reader paused for a whole decode would never
+    # read the client's pong, and the session would die with 1011
+    server = make_fake_server(lambda: FakeRecognizer(delay_s=1.2), max_pending_finals=1,
+                              ping_interval_s=0.3, ping_timeout_s=1.0)
+    options = ClientOptions(url=server.url, stream=StreamOptions(partials=False))
+    result = await transcribe(options, speech(3), 16000)
+    assert [f.segment_id for f in result.finals] == [0, 1, 2]
+    assert result.end is not None
