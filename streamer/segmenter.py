@@ -7,7 +7,7 @@ sample indices; the caller keeps the audio and slices it.
 
 Rules:
 
-* **Onset**: speech is confirmed once ``min_speech_ms`` (80 ms) of speech frames fall within the
+* **Onset**: speech is confirmed once ``min_speech_ms`` (100 ms) of speech frames fall within the
   last ``onset_window_ms``; shorter blips never produce a start.
 * **Pre-roll**: the segment starts ``pre_roll_ms`` before the first speech frame of that
   window (never before the previous segment's end), so the first syllable is kept.
@@ -39,7 +39,7 @@ class SegmenterOptions:
     sample_rate: int = 16000  # Hz of the samples the indices count
     frame_ms: int = 20  # VAD frame length: 10, 20 or 30
     onset_window_ms: int = 300  # window in which speech must accumulate to start a segment
-    min_speech_ms: int = 80  # speech needed within the onset window; shorter blips dropped
+    min_speech_ms: int = 100  # speech needed within the onset window; shorter blips dropped
     pre_roll_ms: int = 300  # audio kept before the first speech frame
     endpoint_ms: int = 500  # trailing non-speech that ends a segment
     end_pad_ms: int = 200  # audio kept after the last speech frame (at most endpoint_ms)

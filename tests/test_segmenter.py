@@ -32,8 +32,8 @@ def test_onset_confirmed_after_min_speech_with_pre_roll():
     _, events = run(flags)
     (frame, start), (_, end) = events
     assert isinstance(start, SegmentStart) and start.segment_id == 0
-    # 80 ms = 4 speech frames confirm the onset; the start keeps 300 ms = 15 frames before
-    assert frame == 53
+    # 100 ms = 5 speech frames confirm the onset; the start keeps 300 ms = 15 frames before
+    assert frame == 54
     assert start.start_sample == (50 - 15) * FRAME
     assert end.reason == "silence"
 
@@ -65,7 +65,7 @@ def test_custom_endpoint():
     assert [e.reason for e in ends(events)] == ["silence", "silence"]
 
 
-@pytest.mark.parametrize("blip_frames", [1, 2, 3])
+@pytest.mark.parametrize("blip_frames", [1, 2, 4])
 def test_blips_below_min_speech_are_dropped(blip_frames):
     flags = ([False] * 30 + [True] * blip_frames) * 5 + [False] * 30
     _, events = run(flags)
@@ -73,12 +73,12 @@ def test_blips_below_min_speech_are_dropped(blip_frames):
 
 
 def test_scattered_speech_within_onset_window_counts():
-    # 4 speech frames spread inside a 15-frame window confirm the onset
-    flags = [False] * 20 + [True, False, False] * 4 + [False] * 30
+    # 5 speech frames spread inside a 15-frame window confirm the onset
+    flags = [False] * 20 + [True, False, False] * 5 + [False] * 30
     _, events = run(flags)
     assert len(starts(events)) == 1
-    # but 3 spread frames do not
-    flags = [False] * 20 + [True, False, False] * 3 + [False] * 30
+    # but 4 spread frames do not
+    flags = [False] * 20 + [True, False, False] * 4 + [False] * 30
     _, events = run(flags)
     assert events == []
 
