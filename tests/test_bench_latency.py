@@ -362,6 +362,10 @@ def test_table_renders_missing_values() -> None:
     text = report.table(results)
     assert "610" in text and "900" in text and "250 !" in text
     assert report.table(results, markdown=True).startswith("| variant | clients |")
+    busy = {"system_cpu_pct": {"mean": 150.0}, "process_cpu_pct": {"mean": 90.0},
+            "bench_cpu_pct": {"mean": 10.0}}  # fmt: skip
+    assert report.other_cpu_pct(busy) == pytest.approx(50.0)
+    assert report.other_cpu_pct({}) is None
     assert report.carried_lines(results) == [
         "int8: carries at least 2 real-time clients (largest step tried) with final p95 <= 2 s"
     ]
@@ -376,8 +380,9 @@ def test_bench_runs_against_a_real_server(server_url: str, tmp_path: Path) -> No
 
     args = cli.build_parser().parse_args([
         "--url", server_url, "--variants", "server,server:nopartials", "--clients", "1,2",
-        "--compare-clients", "1", "--duration-s", "4", "--stagger-s", "1",
-        "--audio", "recorded", "--out", str(tmp_path), "--drain-timeout-s", "30",
+        "--compare-clients", "1", "--duration-s", "3", "--stagger-s", "0.5",
+        "--audio", "synth", "--out", str(tmp_path), "--drain-timeout-s", "30",
+        "--pause-s", "0.2", "--no-stop-when-saturated",
     ])  # fmt: skip
     results = cli.run(args, [])
     main, nopartials = results["variants"]

@@ -1,0 +1,3 @@
+from bench.latency.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,282 @@
+"""What the bench watches besides its clients: the server process, the GPU, ``/metrics``.
+
+:class:`Monitor` samples in the background of a step (an asyncio task) and returns a
+plain summary; every source is optional (no pid, no GPU, no ``/metrics`` name) and
+missing ones read as ``None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.latency import prom
+from bench.latency.serverproc import http_get
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_INTERVAL_S = 1.0  # process / GPU / gauge sampling period
+
+
+def scrape(http_base: str) -> prom.Samples:
+    """The server's ``/metrics`` parsed; empty when it cannot be read."""
+    status, body = http_get(f"{http_base}/metrics")
+    if status != 200:
+        return {}
+    try:
+        return prom.parse_samples(body)
+    except ValueError:
+        logger.warning("could not parse %s/metrics", http_base, exc_info=True)
+        return {}
+
+
+def find_listening_pid(port: int) -> int | None:
+    """The pid listening on TCP ``port`` on this machine, if it can be seen."""
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return conn.pid
+    except (psutil.AccessDenied, OSError):
+        return None
+    return None
+
+
+def gpu_sample() -> list[dict[str, float]] | None:
+    """Utilization (%) and memory used (MiB) of each GPU via nvidia-smi; None without one."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=utilization.gpu,memory.used",
+                "--format=csv,noheader,nounits",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    rows = []
+    for line in out.strip().splitlines():
+        util, mem = (x.strip() for x in line.split(",")[:2])
+        with contextlib.suppress(ValueError):
+            rows.append({"util_pct": float(util), "mem_mib": float(mem)})
+    return rows or None
+
+
+def _tree_cpu_s(process: psutil.Process | None) -> float:
+    if process is None:
+        return 0.0
+    total = 0.0
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for proc in [process, *process.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = proc.cpu_times()
+                total += times.user + times.system
+    return total
+
+
+def other_cpu_now(pid: int | None, interval_s: float = 2.0) -> float:
+    """CPU used by everything but the server (``pid`` and children) and this process
+    over the next ``interval_s`` (blocking), 100 = one core."""
+    server = psutil.Process(pid) if pid and psutil.pid_exists(pid) else None
+    me = psutil.Process()
+    start = time.monotonic()
+    sys_before = psutil.cpu_times()
+    mine_before = _tree_cpu_s(server) + _tree_cpu_s(me)
+    time.sleep(interval_s)
+    sys_after = psutil.cpu_times()
+    mine_after = _tree_cpu_s(server) + _tree_cpu_s(me)
+    wall = time.monotonic() - start
+    busy = (sys_after.user + sys_after.system + getattr(sys_after, "nice", 0.0)) - (
+        sys_before.user + sys_before.system + getattr(sys_before, "nice", 0.0)
+    )
+    return max(0.0, 100.0 * (busy - (mine_after - mine_before)) / wall)
+
+
+def machine_info() -> dict[str, Any]:
+    """What the plots and the JSON say about where the bench ran."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "gpu": None,
+    }
+    for package in ("torch", "funasr", "websockets"):
+        try:
+            info[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            info[package] = None
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            info["gpu"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout.strip()
+                or None
+            )
+    return info
+
+
+@dataclass
+class _Series:
+    values: list[float] = field(default_factory=list)
+
+    def add(self, value: float | None) -> None:
+        if value is not None:
+            self.values.append(value)
+
+    def summary(self) -> dict[str, float | None]:
+        if not self.values:
+            return {"mean": None, "max": None}
+        return {"mean": sum(self.values) / len(self.values), "max": max(self.values)}
+
+
+class Monitor:
+    """Samples the server process, the GPU and ``/metrics`` gauges while a step runs."""
+
+    def __init__(self, http_base: str, pid: int | None) -> None:
+        self.http_base = http_base
+        self._process = psutil.Process(pid) if pid and psutil.pid_exists(pid) else None
+        self._cpu = _Series()
+        self._rss = _Series()
+        self._gpu_util = _Series()
+        self._gpu_mem = _Series()
+        self._sessions = _Series()
+        self._loop_lag = _Series()
+        self._queue_depth = _Series()
+        self._system_cpu = _Series()  # whole machine, 100 = one core: other load shows here
+        self._bench_cpu = _Series()  # this load generator
+        self._bench = psutil.Process()
+        self._bench.cpu_percent()
+        psutil.cpu_percent()
+        self._task: asyncio.Task[None] | None = None
+        self._before: prom.Samples = {}
+        self._last_cpu: tuple[float, float] | None = None
+
+    def _tree_cpu_s(self) -> float | None:
+        return None if self._process is None else _tree_cpu_s(self._process)
+
+    def _tree_rss_mib(self) -> float | None:
+        if self._process is None:
+            return None
+        try:
+            procs = [self._process, *self._process.children(recursive=True)]
+            total = 0
+            for proc in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    total += proc.memory_info().rss
+            return total / 2**20
+        except psutil.NoSuchProcess:
+            return None
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        cpu_s = self._tree_cpu_s()
+        if cpu_s is not None:
+            if self._last_cpu is not None and now > self._last_cpu[1]:
+                self._cpu.add(100.0 * (cpu_s - self._last_cpu[0]) / (now - self._last_cpu[1]))
+            self._last_cpu = (cpu_s, now)
+        self._rss.add(self._tree_rss_mib())
+        self._system_cpu.add(psutil.cpu_percent() * (psutil.cpu_count() or 1))
+        self._bench_cpu.add(self._bench.cpu_percent())
+        gpus = gpu_sample()
+        if gpus:
+            self._gpu_util.add(max(g["util_pct"] for g in gpus))
+            self._gpu_mem.add(sum(g["mem_mib"] for g in gpus))
+        samples = scrape(self.http_base)
+        self._sessions.add(prom.value(samples, "streamer_sessions_active"))
+        self._loop_lag.add(prom.value(samples, "streamer_event_loop_lag_seconds"))
+        self._queue_depth.add(prom.value(samples, "streamer_worker_queue_depth"))
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.to_thread(self._sample)
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def start(self) -> None:
+        self._before = await asyncio.to_thread(scrape, self.http_base)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> dict[str, Any]:
+        """Stop sampling; the step's summary (server metrics as differences over it)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        after = await asyncio.to_thread(scrape, self.http_base)
+        return {
+            "process_cpu_pct": self._cpu.summary(),  # 100 = one core busy
+            "process_rss_mib": self._rss.summary(),
+            "system_cpu_pct": self._system_cpu.summary(),
+            "bench_cpu_pct": self._bench_cpu.summary(),
+            "loadavg_1m": os.getloadavg()[0],
+            "gpu_util_pct": self._gpu_util.summary(),
+            "gpu_mem_mib": self._gpu_mem.summary(),
+            "sessions_active": self._sessions.summary(),
+            "worker_queue_depth": self._queue_depth.summary(),
+            "server": server_metrics(self._before, after, self._loop_lag),
+        }
+
+
+def server_metrics(
+    before: prom.Samples, after: prom.Samples, loop_lag: _Series | None = None
+) -> dict[str, Any]:
+    """The ``streamer_*`` metrics that moved during a step (missing names are None)."""
+    out: dict[str, Any] = {"metrics_available": bool(after)}
+    for kind in ("partial", "final"):
+        hist = prom.histogram_delta(before, after, "streamer_decode_seconds", {"kind": kind})
+        out[f"decode_{kind}_s"] = _hist_summary(hist)
+    for kind in ("partial", "final"):
+        hist = prom.histogram_delta(before, after, "streamer_queue_wait_seconds", {"kind": kind})
+        out[f"queue_wait_{kind}_s"] = _hist_summary(hist)
+    lag_hist = prom.histogram_delta(before, after, "streamer_event_loop_lag_seconds")
+    out["event_loop_lag_s"] = _hist_summary(lag_hist)
+    if lag_hist is None and loop_lag is not None:
+        out["event_loop_lag_s"] = loop_lag.summary()  # exposed as a gauge instead
+    out["partials_skipped"] = prom.delta(before, after, "streamer_partials_skipped_total")
+    out["partials_sent"] = prom.delta(before, after, "streamer_partials_sent_total")
+    out["server_ttft_s"] = _hist_summary(
+        prom.histogram_delta(before, after, "streamer_time_to_first_partial_seconds")
+    )
+    return out
+
+
+def _hist_summary(hist: prom.HistogramDelta | None) -> dict[str, float | None] | None:
+    if hist is None:
+        return None
+    return {
+        "count": hist.count,
+        "mean": hist.mean,
+        "p50": hist.quantile(0.5),
+        "p95": hist.quantile(0.95),
+        "p99": hist.quantile(0.99),
+    }
