@@ -26,6 +26,7 @@ class DecodeJob:
     language: str  # "auto" or a language code
     itn: bool
     reason: EndReason | None = None  # why the segment ended (finals only)
+    first: bool = False  # the segment's first partial: it decides time-to-first-token
 
 
 @dataclass(frozen=True, eq=False)

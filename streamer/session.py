@@ -325,6 +325,7 @@ class Session:
                 end_sample=position,
                 language=self.stream.language,
                 itn=self.stream.itn,
+                first=self._revision == 0,
             )
         )
 

@@ -7,7 +7,9 @@ callback from its own thread (the server hops back to the loop with
 
 Queue discipline:
 
-* finals before partials, each oldest first;
+* finals before partials; among partials, a segment's first partial (which decides
+  when its speaker sees the first words) before refreshes of segments already shown;
+  oldest first within each class;
 * at most one pending partial per session: a newer one replaces it (the old one is
   answered ``dropped``);
 * a session's pending partial is dropped as soon as one of its finals is queued;
@@ -148,7 +150,11 @@ class ModelWorker:
             if self._finals:
                 item = self._finals.popleft()
             else:
-                _, item = self._partials.popitem(last=False)
+                first = next((k for k, q in self._partials.items() if q.job.first), None)
+                if first is None:
+                    _, item = self._partials.popitem(last=False)
+                else:
+                    item = self._partials.pop(first)
             self._running_session = item.job.session_id
             return item
 

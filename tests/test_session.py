@@ -336,3 +336,16 @@ def test_memory_is_bounded_for_long_streams():
     assert [f.reason for f in finals][:-1] == ["max_duration"] * (len(finals) - 1)
     for a, b in zip(finals, finals[1:], strict=False):
         assert b.start_ms == a.end_ms  # cuts tile the audio
+
+
+def test_first_partial_of_a_segment_is_marked_until_text_is_shown():
+    s = make_session()
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(600)]), respond=False)
+    (first,) = s.jobs_to_submit()
+    assert first.first
+    t = Transcript.from_raw("<|en|>hello", rich="", token_ids=(), audio_ms=0, decode_ms=0)
+    s.decode_finished(DecodeResult(job=first, transcript=t))
+    feed(s, tone(400), respond=False)
+    (refresh,) = s.jobs_to_submit()
+    assert not refresh.first

@@ -1,0 +1,147 @@
+"""The model worker's queue discipline, with a recognizer that can be held busy."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from streamer.jobs import DecodeJob, DecodeResult
+from streamer.worker import ModelWorker
+from tests.fakes import FakeRecognizer
+
+
+class GatedRecognizer(FakeRecognizer):
+    """Blocks every decode until released; records the order of decodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Semaphore(0)
+        self.order: list[tuple[str, int, str]] = []
+        self.started = threading.Event()
+
+    def decode(self, pcm, *, language="auto", use_itn=True):
+        self.started.set()
+        self.gate.acquire(timeout=10)
+        self.order.append((language, int(pcm[0]), "decoded"))
+        return super().decode(pcm, language=language, use_itn=use_itn)
+
+
+def job(session: str, kind: str, tag: int, segment: int = 0, first: bool = False) -> DecodeJob:
+    # the tag rides in the first sample so the recognizer can report what it decoded
+    pcm = np.full(1600, tag, dtype=np.int16)
+    return DecodeJob(session_id=session, segment_id=segment, kind=kind, pcm=pcm,
+                     start_sample=0, end_sample=1600, language=session, itn=True,
+                     reason="silence" if kind == "final" else None, first=first)
+
+
+@pytest.fixture
+def gated():
+    recognizer = GatedRecognizer()
+    worker = ModelWorker(lambda: recognizer)
+    worker.start()
+    assert worker.ready.wait(10)
+    results: list[DecodeResult] = []
+    done = threading.Event()
+
+    def collect(result: DecodeResult) -> None:
+        results.append(result)
+        done.set()
+
+    yield worker, recognizer, results, collect
+    for _ in range(20):
+        recognizer.gate.release()
+    worker.stop()
+
+
+def release_all(recognizer: GatedRecognizer, worker: ModelWorker, n: int) -> None:
+    for _ in range(n):
+        recognizer.gate.release()
+    for _ in range(200):
+        stats = worker.stats()
+        if not (stats.busy or stats.queued_finals or stats.queued_partials):
+            return
+        threading.Event().wait(0.01)
+
+
+def test_finals_first_then_first_partials_then_refreshes(gated):
+    worker, recognizer, results, collect = gated
+    worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
+    assert recognizer.started.wait(5)
+    worker.submit(job("a", "partial", 2), collect)  # a refresh
+    worker.submit(job("b", "partial", 3, first=True), collect)  # a first partial
+    worker.submit(job("c", "final", 4), collect)
+    worker.submit(job("d", "final", 5), collect)
+    release_all(recognizer, worker, 5)
+    assert [tag for _, tag, _ in recognizer.order] == [1, 4, 5, 3, 2]
+    assert all(r.transcript is not None for r in results)
+    assert all(r.queue_ms >= 0 and r.decode_ms >= 0 for r in results)
+
+
+def test_newer_partial_replaces_pending_one_and_final_drops_it(gated):
+    worker, recognizer, results, collect = gated
+    worker.submit(job("busy", "partial", 1), collect)
+    assert recognizer.started.wait(5)
+    worker.submit(job("a", "partial", 2), collect)
+    worker.submit(job("a", "partial", 3), collect)  # replaces 2
+    worker.submit(job("b", "partial", 4), collect)
+    worker.submit(job("b", "final", 5), collect)  # drops 4
+    dropped = sorted(int(r.job.pcm[0]) for r in results if r.dropped)
+    assert dropped == [2, 4]
+    release_all(recognizer, worker, 5)
+    assert [tag for _, tag, _ in recognizer.order] == [1, 5, 3]
+
+
+def test_drop_session_forgets_its_jobs(gated):
+    worker, recognizer, results, collect = gated
+    worker.submit(job("busy", "partial", 1), collect)
+    assert recognizer.started.wait(5)
+    worker.submit(job("gone", "final", 2), collect)
+    worker.submit(job("gone", "partial", 3), collect)
+    worker.submit(job("stays", "final", 4), collect)
+    assert worker.drop_session("gone") == 2
+    release_all(recognizer, worker, 5)
+    assert [tag for _, tag, _ in recognizer.order] == [1, 4]
+
+
+def test_decode_error_is_a_result_and_the_worker_goes_on():
+    recognizer = FakeRecognizer(fail_when=lambda pcm: pcm[0] == 7)
+    worker = ModelWorker(lambda: recognizer)
+    worker.start()
+    results: list[DecodeResult] = []
+    finished = threading.Event()
+
+    def collect(result):
+        results.append(result)
+        if len(results) == 2:
+            finished.set()
+
+    worker.submit(job("s", "final", 7), collect)
+    worker.submit(job("s", "final", 8, segment=1), collect)
+    assert finished.wait(10)
+    worker.stop()
+    assert "injected decode failure" in results[0].error
+    assert results[1].transcript is not None
+    assert recognizer.threads == {"model-worker"}  # every decode on the one worker thread
+
+
+def test_load_error_is_reported():
+    def broken():
+        raise RuntimeError("no weights")
+
+    worker = ModelWorker(broken)
+    worker.start()
+    assert worker.ready.wait(10)
+    assert isinstance(worker.load_error, RuntimeError)
+
+
+def test_stop_answers_queued_jobs_dropped(gated):
+    worker, recognizer, results, collect = gated
+    worker.submit(job("busy", "partial", 1), collect)
+    assert recognizer.started.wait(5)
+    worker.submit(job("a", "final", 2), collect)
+    threading.Timer(0.2, recognizer.gate.release).start()  # lets the busy decode finish
+    worker.stop()  # drops job 2 while the worker is still busy, then joins
+    worker.submit(job("a", "final", 3), collect)  # after stop: answered dropped at once
+    assert [int(r.job.pcm[0]) for r in results if r.dropped] == [2, 3]
