@@ -232,6 +232,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="largest client frame; larger ones close with 1009 [%(default)s]",
     )
     g.add_argument(
+        "--max-backlog-bytes",
+        type=int,
+        default=_env("max_backlog_bytes", 1 << 20, int),
+        help="audio a session may send ahead of the model before the server stops "
+        "reading its socket [%(default)s]",
+    )
+    g.add_argument(
         "--shutdown-grace-s",
         type=float,
         default=_env("shutdown_grace_s", 10.0, float),
@@ -285,6 +292,7 @@ def _server_options(args: argparse.Namespace) -> Any:
         certfile=args.certfile,
         keyfile=args.keyfile,
         max_message_bytes=args.max_message_bytes,
+        max_backlog_bytes=args.max_backlog_bytes,
         idle_timeout_s=args.idle_timeout_s,
         max_session_s=args.max_session_s,
         shutdown_grace_s=args.shutdown_grace_s,
