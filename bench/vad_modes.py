@@ -17,6 +17,8 @@ import numpy as np
 
 from streamer import synth
 from streamer.offline import transcribe_pcm
+from streamer.segmenter import SegmenterOptions
+from streamer.session import SessionOptions
 from streamer.transcript import Transcript
 from streamer.vad import webrtc_classifier
 
@@ -49,6 +51,29 @@ def with_noise(pcm: np.ndarray, kind: str, snr_db: float, seed: int = 3) -> np.n
     return np.clip(speech + noise, -32768, 32767).astype(np.int16)
 
 
+def boundaries_right(finals, truth) -> bool:
+    return len(finals) == len(truth) and all(
+        u.start_sample / 16 - PRE_ROLL_MS - 60 <= f.start_ms <= u.start_sample / 16 + 60
+        and f.end_ms >= u.end_sample / 16 - 60
+        for f, u in zip(finals, truth, strict=True)
+    )
+
+
+def onset_study(pcm: np.ndarray, truth, seeds: int) -> None:
+    """How often white noise at 20 dB SNR starts segments early, per onset threshold."""
+    print(f"\nonset confirmation, white noise 20 dB, mode 2, {seeds} noise seeds")
+    print("| min_speech_ms | seeds with wrong boundaries |")
+    print("|---|---|")
+    for min_speech_ms in (80, 100, 120):
+        options = SessionOptions(segmenter=SegmenterOptions(min_speech_ms=min_speech_ms))
+        wrong = 0
+        for seed in range(seeds):
+            noisy = synth.add_noise(pcm, 20, seed)
+            finals = list(transcribe_pcm(_Echo(), noisy, session_options=options))
+            wrong += not boundaries_right(finals, truth)
+        print(f"| {min_speech_ms} | {wrong} / {seeds} |")
+
+
 def evaluate(pcm: np.ndarray, truth, mode: int) -> dict[str, float]:
     classify = webrtc_classifier(mode)
     n = pcm.size // FRAME
@@ -57,11 +82,7 @@ def evaluate(pcm: np.ndarray, truth, mode: int) -> dict[str, float]:
         labels[u.start_sample // FRAME : u.end_sample // FRAME] = True
     decided = np.array([classify(pcm[i * FRAME : (i + 1) * FRAME]) for i in range(n)])
     finals = list(transcribe_pcm(_Echo(), pcm, vad_aggressiveness=mode))
-    matched = len(finals) == len(truth) and all(
-        u.start_sample / 16 - PRE_ROLL_MS - 60 <= f.start_ms <= u.start_sample / 16 + 60
-        and f.end_ms >= u.end_sample / 16 - 60
-        for f, u in zip(finals, truth, strict=True)
-    )
+    matched = boundaries_right(finals, truth)
     return {
         "agreement": float(np.mean(decided == labels)),
         "false_speech": float(np.mean(decided[~labels])),
@@ -74,6 +95,12 @@ def evaluate(pcm: np.ndarray, truth, mode: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
+    parser.add_argument(
+        "--onset-seeds",
+        type=int,
+        default=20,
+        help="noise seeds for the onset-threshold study (0 skips it)",
+    )
     args = parser.parse_args()
     clips = [(lang, synth.SENTENCES[lang][0]) for lang in ("en", "zh", "yue", "ja", "ko")]
     spoken = [
@@ -98,6 +125,8 @@ def main() -> None:
                 f"{r['missed_speech']:.1%} | {r['segments']} | "
                 f"{'yes' if r['matched'] else 'no'} |"
             )
+    if args.onset_seeds:
+        onset_study(pcm, truth, args.onset_seeds)
 
 
 if __name__ == "__main__":
