@@ -175,6 +175,12 @@ def ensure_random_model(name: str, cache_dir: Path, *, seed: int = 0) -> Path:
     if (target / MARKER_FILE).exists():
         return target
     models_dir.mkdir(parents=True, exist_ok=True)
+    logger.warning(
+        "random model %r is not cached yet: building it in %s (%s; once per cache)",
+        name,
+        target,
+        "1-3 minutes of training on 2 cores" if name == "tagged" else "a few seconds",
+    )
     building = Path(tempfile.mkdtemp(prefix=f".building-{name}-", dir=models_dir))
     try:
         build_random_model(name, building, speech_cache_dir=cache_dir / "speech", seed=seed)
