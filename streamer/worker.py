@@ -28,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from streamer.errors import ConfigError, ModelError
 from streamer.jobs import DecodeJob, DecodeResult
 from streamer.transcript import Transcript
 
@@ -163,6 +164,9 @@ class ModelWorker:
     def _run(self) -> None:
         try:
             self.recognizer = self._load()
+        except (ModelError, ConfigError) as exc:  # a clear message; the CLI reports it
+            self.load_error = exc
+            return
         except BaseException as exc:  # reported to the server, which exits with it
             self.load_error = exc
             logger.exception("loading the model failed")
