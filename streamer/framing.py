@@ -12,6 +12,19 @@ import numpy as np
 BYTES_PER_SAMPLE = 2  # PCM s16le
 
 
+class S16Decoder:
+    """s16le bytes → int16 samples, carrying an odd trailing byte over to the next chunk."""
+
+    def __init__(self) -> None:
+        self._odd_byte = b""
+
+    def push(self, data: bytes) -> np.ndarray:
+        data = self._odd_byte + data
+        usable = len(data) - (len(data) % BYTES_PER_SAMPLE)
+        self._odd_byte = data[usable:]
+        return np.frombuffer(data[:usable], dtype="<i2")
+
+
 class PcmFramer:
     """Cuts a stream of s16le bytes into int16 frames of ``frame_samples`` samples."""
 
@@ -19,7 +32,7 @@ class PcmFramer:
         if frame_samples <= 0:
             raise ValueError("frame_samples must be positive")
         self.frame_samples = frame_samples
-        self._odd_byte = b""
+        self._decoder = S16Decoder()
         self._pending = np.zeros(0, dtype=np.int16)
 
     @property
@@ -29,10 +42,7 @@ class PcmFramer:
 
     def push_bytes(self, data: bytes) -> list[np.ndarray]:
         """Add little-endian s16 bytes; returns the frames they completed."""
-        data = self._odd_byte + data
-        usable = len(data) - (len(data) % BYTES_PER_SAMPLE)
-        self._odd_byte = data[usable:]
-        return self.push_samples(np.frombuffer(data[:usable], dtype="<i2"))
+        return self.push_samples(self._decoder.push(data))
 
     def push_samples(self, samples: np.ndarray) -> list[np.ndarray]:
         """Add int16 samples; returns the frames they completed."""
@@ -49,7 +59,8 @@ class PcmFramer:
 
     def flush(self) -> np.ndarray:
         """The incomplete last frame (end of stream); the framer is empty afterwards."""
-        rest, self._pending, self._odd_byte = self._pending, np.zeros(0, dtype=np.int16), b""
+        rest, self._pending = self._pending, np.zeros(0, dtype=np.int16)
+        self._decoder = S16Decoder()
         return rest
 
 

@@ -25,7 +25,7 @@ from streamer.errors import (
     UnexpectedMessage,
     close_code_for,
 )
-from streamer.framing import AudioBuffer, PcmFramer
+from streamer.framing import AudioBuffer, PcmFramer, S16Decoder
 from streamer.jobs import DecodeJob, DecodeResult
 from streamer.protocol import (
     ConfigMessage,
@@ -152,10 +152,8 @@ class Session:
         if self._resampler is None:
             frames = self._framer.push_bytes(data)
         else:
-            pcm = self._raw.push_bytes(data)
-            frames = [
-                f for chunk in pcm for f in self._framer.push_samples(self._resampler.push(chunk))
-            ]
+            samples = self._decoder.push(data)
+            frames = self._framer.push_samples(self._resampler.push(samples))
         self._process_frames(frames)
 
     def receive_text(self, text: str | bytes) -> None:
@@ -244,8 +242,7 @@ class Session:
             self._resampler: StreamResampler | None = None
         else:
             self._resampler = StreamResampler(stream.sample_rate, SAMPLE_RATE)
-            # chunks of whole input samples for the resampler (odd bytes carried)
-            self._raw = PcmFramer(1)
+            self._decoder = S16Decoder()  # whole input samples for the resampler
         self._open_id: int | None = None
         self._open_start = 0
         self._revision = 0

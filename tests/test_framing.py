@@ -49,3 +49,13 @@ def test_audio_buffer_slices_by_absolute_index_and_discards():
         buffer.slice(100, 130)
     buffer.discard_before(10)  # going backwards is a no-op
     assert buffer.retained_samples == 130
+
+
+def test_s16_decoder_carries_odd_byte():
+    from streamer.framing import S16Decoder
+
+    pcm = np.arange(-50, 50, dtype=np.int16)
+    data = pcm.tobytes()
+    decoder = S16Decoder()
+    parts = [decoder.push(data[i : i + 7]) for i in range(0, len(data), 7)]
+    np.testing.assert_array_equal(np.concatenate(parts), pcm)
