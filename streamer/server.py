@@ -144,6 +144,7 @@ class _Connection:
         if session.close_code is not None and not self._closing:
             self._closing = True
             self._backlog.clear()
+            self._backlog_bytes = 0
             self._backlog_has_room.set()
             self._outbox.put_nowait(None)
 
@@ -159,29 +160,25 @@ class _Connection:
         self.pump()
 
     def _receive(self, data: bytes | str) -> None:
-        """A message from the socket: to the session now, or to the backlog."""
+        """A message from the socket: queued in order, then fed while the session has room."""
         if isinstance(data, bytes):
             rate = self.session.stream.sample_rate
             self.server.metrics.audio_seconds_total.inc(len(data) / 2 / rate)
-            if not self._backlog and self._session_has_room() and len(data) <= BACKLOG_PIECE_BYTES:
-                self._feed(data)
-                return
-            for offset in range(0, len(data), BACKLOG_PIECE_BYTES):
-                piece = data[offset : offset + BACKLOG_PIECE_BYTES]
-                self._backlog.append(piece)
-                self._backlog_bytes += len(piece)
-        elif not self._backlog and self._session_has_room():
-            self._feed(data)
-            return
+            pieces: list[bytes | str] = [
+                data[offset : offset + BACKLOG_PIECE_BYTES]
+                for offset in range(0, len(data), BACKLOG_PIECE_BYTES)
+            ]
         else:
-            self._backlog.append(data)
+            pieces = [data]
+        for piece in pieces:
+            self._backlog.append(piece)
+            self._backlog_bytes += len(piece)
         self._drain_backlog()
 
     def _drain_backlog(self) -> None:
         while self._backlog and self._session_has_room() and not self._closing:
             item = self._backlog.popleft()
-            if isinstance(item, bytes):
-                self._backlog_bytes -= len(item)
+            self._backlog_bytes -= len(item)
             self._feed(item)
         if self._backlog_bytes < self.server.options.max_backlog_bytes:
             self._backlog_has_room.set()
