@@ -11,9 +11,10 @@ The session never reads a clock and never blocks; time is the count of 16 kHz sa
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field, replace
 from enum import Enum
+
+import numpy as np
 
 from streamer import protocol
 from streamer.errors import (
@@ -50,8 +51,6 @@ from streamer.segmenter import (
     SegmentStart,
 )
 from streamer.vad import FrameClassifier, frame_energy
-
-logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = protocol.NATIVE_SAMPLE_RATE
 
@@ -264,7 +263,7 @@ class Session:
 
     # -- audio -----------------------------------------------------------------
 
-    def _process_frames(self, frames: list) -> None:
+    def _process_frames(self, frames: list[np.ndarray]) -> None:
         segmenter = self._segmenter
         for frame in frames:
             self._buffer.append(frame)
