@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from streamer.errors import ConfigError, DecodeError, ModelError
+from streamer.model_builder import LID_ROWS, TEXTNORM_ROWS, prepend_queries
 from streamer.transcript import Transcript
 
 if TYPE_CHECKING:
@@ -43,15 +44,12 @@ SAMPLE_RATE = 16000  # the model's input rate, in Hz
 # Below one 25 ms analysis window the fbank backends fail (generate() raises), and there
 # is nothing to recognise: both decode paths return an empty transcript instead.
 MIN_DECODE_SAMPLES = 400
-LANGUAGES = ("auto", "zh", "en", "yue", "ja", "ko", "nospeech")
+LANGUAGES = tuple(LID_ROWS)  # "auto", "zh", "en", "yue", "ja", "ko", "nospeech"
 RANDOM_PREFIX = "random:"
 HUB_PROBE_TIMEOUT_S = 2.5  # how long an unreachable hub may delay start-up
 WARMUP_SECONDS = (1.0, 3.0, 7.0)  # lengths decoded at start-up
 MAX_DEFAULT_THREADS = 8  # beyond this, torch's intra-op threads stop paying on one decode
 
-# Rows of SenseVoiceSmall.embed that inference() uses as query frames (not token ids).
-_LID_ROWS = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
-_TEXTNORM_ROWS = {"withitn": 14, "woitn": 15}
 _EMO_UNKNOWN_ID = 25009  # what ban_emo_unk suppresses in inference()
 _CTC_HEAD_KEY = "ctc.ctc_lo.weight"
 _HF_ALIASES = {"iic/SenseVoiceSmall": "FunAudioLLM/SenseVoiceSmall"}
@@ -280,9 +278,7 @@ class Recognizer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # As SenseVoiceSmall.inference(): [language, 1, 2, textnorm] + features. New
         # tensors each call: the encoder scales its input in place.
-        from streamer.model_builder import prepend_queries
-
-        textnorm = _TEXTNORM_ROWS["withitn" if use_itn else "woitn"]
+        textnorm = TEXTNORM_ROWS["withitn" if use_itn else "woitn"]
         return prepend_queries(self._model, feats, lengths, [lid], [textnorm])
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -457,7 +453,7 @@ def _waveform(pcm: np.ndarray | bytes) -> np.ndarray:
 
 def _language_row(language: str) -> int:
     try:
-        return _LID_ROWS[language]
+        return LID_ROWS[language]
     except KeyError:
         raise ConfigError(
             f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}"
