@@ -78,8 +78,8 @@ exit codes:
 
 _EMOTION_EMOJI = {
     "HAPPY": "😊",
-    "SAD": "😔",
-    "ANGRY": "😡",
+    "SAD": "😢",
+    "ANGRY": "😠",
     "FEARFUL": "😰",
     "DISGUSTED": "🤢",
     "SURPRISED": "😮",
