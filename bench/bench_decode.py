@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from streamer.synth import SAMPLE_RATE, SENTENCES, speak  # noqa: E402
+from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak  # noqa: E402
 
 logger = logging.getLogger("bench_decode")
 
@@ -57,7 +57,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     """Load once and time both paths (runs in the child process)."""
     import psutil
 
-    from streamer.recognizer import Recognizer, RecognizerOptions, import_funasr
+    from streamer.model.recognizer import Recognizer, RecognizerOptions, import_funasr
 
     process = psutil.Process()
     started = time.perf_counter()
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown modes: {', '.join(unknown)}")
     if args.model.startswith("random:"):  # build it here, not inside a timed child
-        from streamer.model_builder import ensure_random_model
+        from streamer.testkit.models import ensure_random_model
 
         ensure_random_model(args.model.partition(":")[2], args.cache_dir)
     _speech(max(args.seconds), args.cache_dir)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer import synth
+from streamer.core.segmenter import SegmenterOptions
+from streamer.core.session import SessionOptions
+from streamer.core.transcript import Transcript
+from streamer.core.vad import webrtc_classifier
 from streamer.offline import transcribe_pcm
-from streamer.segmenter import SegmenterOptions
-from streamer.session import SessionOptions
-from streamer.transcript import Transcript
-from streamer.vad import webrtc_classifier
+from streamer.testkit import speech as synth
 
 FRAME = 320  # 20 ms
 PRE_ROLL_MS = 300  # a segment may start this much before the speech, no earlier

@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import logging
 
-from streamer.client_cli import add_client_arguments, run_client
+from streamer.client.cli import add_client_arguments, run_client
 
 
 def main() -> int:

@@ -1,13 +1,15 @@
 """sensevoice-streamer: real-time SenseVoiceSmall speech recognition over WebSocket.
 
-The package is layered:
+The package is layered (``docs/architecture.md`` has the picture):
 
-* an I/O-free core (:mod:`streamer.framing`, :mod:`streamer.segmenter`,
-  :mod:`streamer.session`, :mod:`streamer.protocol`, :mod:`streamer.tags`) that never
-  touches sockets, clocks, torch or funasr;
-* thin I/O layers around it: the model worker (:mod:`streamer.worker`, owning
-  :mod:`streamer.recognizer`), the WebSocket server (:mod:`streamer.server`), the
-  async client (:mod:`streamer.client`) and the CLI (:mod:`streamer.cli`).
+* :mod:`streamer.core`: the sans-I/O core (framing, segmenter, session, protocol
+  messages, transcripts) that never touches sockets, clocks, torch or funasr;
+* :mod:`streamer.model`: the only importer of torch and funasr: model files, the
+  recognizer and the worker thread that owns it;
+* :mod:`streamer.server`: the WebSocket server, its HTTP routes and metrics;
+* :mod:`streamer.client`: the async protocol client, caption writers, ``streamer client``;
+* :mod:`streamer.testkit`: random-weight models and synthesised speech for tests;
+* :mod:`streamer.cli`: the ``streamer`` command, the only place logging is configured.
 """
 
 __version__ = "0.1.0"

@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 
 from streamer import __version__
+from streamer.core.protocol import LANGUAGES, StreamOptions
 from streamer.errors import ConfigError, ModelError, StreamerError
-from streamer.protocol import LANGUAGES, StreamOptions
 
 logger = logging.getLogger("streamer.cli")
 
@@ -148,7 +148,7 @@ def _add_logging_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _recognizer_options(args: argparse.Namespace) -> Any:
-    from streamer.recognizer import RecognizerOptions
+    from streamer.model.recognizer import RecognizerOptions
 
     kwargs: dict[str, Any] = dict(
         model=args.model,
@@ -272,9 +272,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _server_options(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
-    from streamer.segmenter import SegmenterOptions
-    from streamer.server import ServerOptions
-    from streamer.session import SessionOptions
+    from streamer.core.segmenter import SegmenterOptions
+    from streamer.core.session import SessionOptions
+    from streamer.server.server import ServerOptions
 
     default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
     segmenter = SegmenterOptions(
@@ -303,9 +303,9 @@ def _server_options(args: argparse.Namespace) -> Any:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from streamer.recognizer import Recognizer
-    from streamer.server import StreamingServer
-    from streamer.worker import ModelWorker
+    from streamer.model.recognizer import Recognizer
+    from streamer.model.worker import ModelWorker
+    from streamer.server.server import StreamingServer
 
     recognizer_options = _recognizer_options(args)
     server_options = _server_options(args)
@@ -373,9 +373,9 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_transcribe(args: argparse.Namespace) -> int:
     from streamer.audio_io import load_audio
+    from streamer.core.protocol import message_dict
+    from streamer.model.recognizer import Recognizer
     from streamer.offline import transcribe_pcm
-    from streamer.protocol import message_dict
-    from streamer.recognizer import Recognizer
 
     recognizer = Recognizer(_recognizer_options(args))
     out = sys.stdout
@@ -425,8 +425,8 @@ def _add_build_model(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_build_model(args: argparse.Namespace) -> int:
-    from streamer.model_builder import ensure_random_model
-    from streamer.recognizer import RecognizerOptions
+    from streamer.model.recognizer import RecognizerOptions
+    from streamer.testkit.models import ensure_random_model
 
     cache_dir = args.cache_dir or RecognizerOptions().cache_dir
     path = ensure_random_model(args.name, cache_dir)
@@ -438,7 +438,7 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def _add_client(sub: argparse._SubParsersAction) -> None:
-    from streamer.client_cli import add_client_arguments
+    from streamer.client.cli import add_client_arguments
 
     p = sub.add_parser("client", help="stream an audio file to a server and show captions")
     add_client_arguments(p)
@@ -446,7 +446,7 @@ def _add_client(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_client(args: argparse.Namespace) -> int:
-    from streamer.client_cli import run_client
+    from streamer.client.cli import run_client
 
     return asyncio.run(run_client(args))
 

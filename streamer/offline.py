@@ -1,6 +1,6 @@
 """Offline transcription of whole recordings with the server's own segmentation.
 
-A :class:`~streamer.session.Session` is driven synchronously: the audio goes in, each
+A :class:`~streamer.core.session.Session` is driven synchronously: the audio goes in, each
 decode job is answered at once by the recognizer, and the finals come out. Files are
 therefore cut exactly as the live server would cut them (VAD, 7 s cap).
 """
@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from streamer.jobs import DecodeResult
-from streamer.protocol import Final, StreamOptions
-from streamer.session import Session, SessionOptions
-from streamer.vad import webrtc_classifier
-from streamer.worker import SpeechRecognizer
+from streamer.core.jobs import DecodeResult
+from streamer.core.protocol import Final, StreamOptions
+from streamer.core.session import Session, SessionOptions
+from streamer.core.vad import webrtc_classifier
+from streamer.model.worker import SpeechRecognizer
 
 CHUNK_SAMPLES = 16000  # feed one second at a time
 

@@ -30,14 +30,14 @@ def cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def speech_cache(cache_dir: Path) -> Path:
-    """Where :func:`streamer.synth.speak` caches its clips."""
+    """Where :func:`streamer.testkit.speech.speak` caches its clips."""
     return cache_dir / "speech"
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(cache_dir: Path) -> Path:
     """random:tiny: 0.8 M parameters, meaningless output, loads in well under a second."""
-    from streamer.model_builder import ensure_random_model
+    from streamer.testkit.models import ensure_random_model
 
     return ensure_random_model("tiny", cache_dir)
 
@@ -45,7 +45,7 @@ def tiny_model_dir(cache_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tagged_model_dir(cache_dir: Path) -> Path:
     """random:tagged: tiny, trained so that its two espeak clips decode to known tags."""
-    from streamer.model_builder import ensure_random_model
+    from streamer.testkit.models import ensure_random_model
 
     return ensure_random_model("tagged", cache_dir)
 
@@ -53,6 +53,6 @@ def tagged_model_dir(cache_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def small_model_dir(cache_dir: Path) -> Path:
     """random:small: the real SenseVoiceSmall size (about 900 MiB, built once)."""
-    from streamer.model_builder import ensure_random_model
+    from streamer.testkit.models import ensure_random_model
 
     return ensure_random_model("small", cache_dir)

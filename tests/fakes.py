@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from streamer.transcript import Transcript
+from streamer.core.transcript import Transcript
 
 
 def loudness_classifier(threshold: float = 500.0):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from streamer.server import ServerOptions, StreamingServer
-from streamer.worker import ModelWorker, SpeechRecognizer
+from streamer.model.worker import ModelWorker, SpeechRecognizer
+from streamer.server.server import ServerOptions, StreamingServer
 
 
 class ServerThread:
@@ -108,7 +108,7 @@ def recognizer_loader(model_dir: Path) -> Callable[[], SpeechRecognizer]:
     """Loads the real recognizer (funasr) from a model directory."""
 
     def load() -> SpeechRecognizer:
-        from streamer.recognizer import Recognizer, RecognizerOptions
+        from streamer.model.recognizer import Recognizer, RecognizerOptions
 
         return Recognizer(RecognizerOptions(model=str(model_dir), device="cpu", threads=2))
 

@@ -24,7 +24,7 @@ from bench.latency.audio import SAMPLE_RATE, Clip, client_track  # noqa: E402
 from bench.latency.metrics import Arrival, SendLog  # noqa: E402
 from bench.latency.serverproc import ServerOptions  # noqa: E402
 from bench.latency.sweep import parse_clients, parse_variant  # noqa: E402
-from streamer.protocol import End, Final, Partial, SpeechStart  # noqa: E402
+from streamer.core.protocol import End, Final, Partial, SpeechStart  # noqa: E402
 
 RATE = 16000
 CHUNK = 1600  # 100 ms

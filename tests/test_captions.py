@@ -7,7 +7,7 @@ import io
 import orjson
 import pytest
 
-from streamer.captions import (
+from streamer.client.captions import (
     caption_cues,
     display_width,
     format_for,
@@ -16,8 +16,8 @@ from streamer.captions import (
     render,
     wrap_caption,
 )
+from streamer.core.protocol import End, Final, Partial, Ready, SpeechStart
 from streamer.errors import ConfigError
-from streamer.protocol import End, Final, Partial, Ready, SpeechStart
 
 
 def final(segment_id: int, start_ms: float, end_ms: float, text: str, **kw: object) -> Final:

@@ -2,7 +2,7 @@
 ``tagged_server_url`` come from conftest.py: a server on port 0 with a tiny model).
 
 The outputs are checked against the server's own finals, obtained independently through
-:func:`streamer.client.transcribe`: segmentation is sample-exact, so every run over the
+:func:`streamer.client.connection.transcribe`: segmentation is sample-exact, so every run over the
 same audio yields the same segments.
 """
 
@@ -19,9 +19,10 @@ import orjson
 import pytest
 import soundfile as sf
 
-from streamer import client_cli, synth
-from streamer.client import ClientOptions, transcribe
-from streamer.protocol import StreamOptions
+from streamer.client import cli as client_cli
+from streamer.client.connection import ClientOptions, transcribe
+from streamer.core.protocol import StreamOptions
+from streamer.testkit import speech as synth
 
 REPO = Path(__file__).resolve().parents[1]
 TTS_CACHE = REPO / ".cache" / "tts"

@@ -1,6 +1,6 @@
 """The client: pure helpers, then the real client against a scripted loopback server.
 
-The scripted server speaks protocol v1 through :mod:`streamer.protocol` but decides
+The scripted server speaks protocol v1 through :mod:`streamer.core.protocol` but decides
 nothing: it answers one final per second of audio, and can drop the connection, refuse
 the handshake or send a fatal error on cue. That is what the reconnect, error and exit
 code paths need; the real server's behaviour is tested in ``test_client_e2e.py``.
@@ -24,8 +24,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from streamer import client_cli
-from streamer.client import (
+from streamer.client import cli as client_cli
+from streamer.client.connection import (
     ClientOptions,
     PaceSchedule,
     Received,
@@ -41,8 +41,7 @@ from streamer.client import (
     stream_pcm,
     transcribe,
 )
-from streamer.errors import ConnectionRefusedByServer, ServerClosed
-from streamer.protocol import (
+from streamer.core.protocol import (
     End,
     Error,
     Final,
@@ -54,6 +53,7 @@ from streamer.protocol import (
     encode,
     parse_client_message,
 )
+from streamer.errors import ConnectionRefusedByServer, ServerClosed
 
 RATE = 16000
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from streamer.framing import AudioBuffer, PcmFramer
+from streamer.core.framing import AudioBuffer, PcmFramer
 
 
 def test_framer_carries_odd_bytes_and_partial_frames():
@@ -52,7 +52,7 @@ def test_audio_buffer_slices_by_absolute_index_and_discards():
 
 
 def test_s16_decoder_carries_odd_byte():
-    from streamer.framing import S16Decoder
+    from streamer.core.framing import S16Decoder
 
     pcm = np.arange(-50, 50, dtype=np.int16)
     data = pcm.tobytes()

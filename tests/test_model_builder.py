@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer import model_builder
 from streamer.errors import ConfigError
-from streamer.model_builder import (
+from streamer.testkit import models as model_builder
+from streamer.testkit.models import (
     KNOWN_SPECIAL_IDS,
     MARKER_FILE,
     OTHER_SPECIALS,
@@ -20,7 +20,7 @@ from streamer.model_builder import (
     ensure_random_model,
     read_build_info,
 )
-from streamer.synth import speak
+from streamer.testkit.speech import speak
 
 MODEL_FILES = ("config.yaml", "model.pt", "bpe.model", "am.mvn", MARKER_FILE)
 
@@ -48,7 +48,7 @@ def test_tiny_directory_layout(tiny_model_dir: Path) -> None:
 
 
 def test_am_mvn_reads_back_through_funasr(tmp_path: Path) -> None:
-    from streamer.recognizer import import_funasr
+    from streamer.model.recognizer import import_funasr
 
     import_funasr()
     from funasr.frontends.wav_frontend import load_cmvn
@@ -111,7 +111,7 @@ def test_main_build_writes_a_directory(tmp_path: Path) -> None:
 
 def test_tagged_model_with_unmodified_generate(tagged_model_dir: Path, speech_cache: Path) -> None:
     """The contract other tests rely on: plain funasr returns these exact strings."""
-    from streamer.recognizer import import_funasr, quiet_funasr
+    from streamer.model.recognizer import import_funasr, quiet_funasr
 
     funasr = import_funasr()
     with quiet_funasr():
@@ -139,7 +139,7 @@ def test_tagged_model_tolerates_silent_margins(
     tagged_model_dir: Path, speech_cache: Path, margins_ms: tuple[int, int]
 ) -> None:
     """Servers decode segments with silence around the speech: the tags and text hold."""
-    from streamer.recognizer import Recognizer, RecognizerOptions
+    from streamer.model.recognizer import Recognizer, RecognizerOptions
 
     recognizer = Recognizer(
         RecognizerOptions(model=str(tagged_model_dir), device="cpu", threads=2, warmup=False)

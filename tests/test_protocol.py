@@ -1,9 +1,8 @@
 import orjson
 import pytest
 
-from streamer import protocol
-from streamer.errors import InvalidOption, MalformedMessage, UnsupportedSampleRate
-from streamer.protocol import (
+from streamer.core import protocol
+from streamer.core.protocol import (
     ConfigMessage,
     Final,
     FinalizeMessage,
@@ -11,7 +10,8 @@ from streamer.protocol import (
     StopMessage,
     StreamOptions,
 )
-from streamer.transcript import parse_tags
+from streamer.core.transcript import parse_tags
+from streamer.errors import InvalidOption, MalformedMessage, UnsupportedSampleRate
 
 
 def test_parse_stream_options_from_query_strings():

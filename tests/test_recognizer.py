@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from streamer.errors import ConfigError, ModelError
-from streamer.recognizer import (
+from streamer.model.recognizer import (
     LANGUAGES,
     MIN_DECODE_SAMPLES,
     Recognizer,
     RecognizerOptions,
 )
-from streamer.synth import SAMPLE_RATE, speak
+from streamer.testkit.speech import SAMPLE_RATE, speak
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 FRONT_CENTER = Path("/usr/share/sounds/alsa/Front_Center.wav")
@@ -131,7 +131,7 @@ def test_default_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 def test_importing_does_not_import_torch() -> None:
     code = (
-        "import sys, streamer.recognizer, streamer.model_builder\n"
+        "import sys, streamer.model.recognizer, streamer.testkit.models\n"
         "assert 'torch' not in sys.modules and 'funasr' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -267,7 +267,7 @@ def test_tagged_fields_through_the_direct_path(tagged: Recognizer, speech_cache:
 def test_properties_and_random_model_warning(
     cache_dir: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="streamer.recognizer")
+    caplog.set_level(logging.INFO, logger="streamer.model.recognizer")
     recognizer = Recognizer(
         RecognizerOptions(model="random:tiny", cache_dir=cache_dir, device="auto", threads=1)
     )
@@ -344,7 +344,7 @@ def test_unreachable_hub(hub: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 def test_missing_fbank_backend(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> None:
-    from streamer.recognizer import import_funasr
+    from streamer.model.recognizer import import_funasr
 
     import_funasr()
     from funasr.utils import fbank

@@ -2,8 +2,8 @@
 
 import pytest
 
+from streamer.core.segmenter import SegmentEnd, Segmenter, SegmenterOptions, SegmentStart
 from streamer.errors import ConfigError
-from streamer.segmenter import SegmentEnd, Segmenter, SegmenterOptions, SegmentStart
 
 FRAME = 320  # samples per 20 ms frame at 16 kHz
 

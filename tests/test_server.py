@@ -17,10 +17,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from streamer import protocol
-from streamer.client import ClientOptions, StreamingClient, transcribe
+from streamer.client.connection import ClientOptions, StreamingClient, transcribe
+from streamer.core import protocol
+from streamer.core.protocol import End, Final, StreamOptions
 from streamer.errors import ConnectionRefusedByServer
-from streamer.protocol import End, Final, StreamOptions
 from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
 from tests.server_fixtures import make_server  # noqa: F401  (fixture)
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from streamer import synth
-from streamer.client import ClientOptions, transcribe
-from streamer.protocol import Final, Partial, StreamOptions
-from streamer.transcript import parse_tags
+from streamer.client.connection import ClientOptions, transcribe
+from streamer.core.protocol import Final, Partial, StreamOptions
+from streamer.core.transcript import parse_tags
+from streamer.testkit import speech as synth
 
 ONSET_TOLERANCE_MS = 60  # webrtcvad finds starts within about 50 ms
 PRE_ROLL_MS = 300

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from streamer.jobs import DecodeResult
-from streamer.protocol import (
+from streamer.core.jobs import DecodeResult
+from streamer.core.protocol import (
     End,
     Error,
     Final,
@@ -13,8 +13,8 @@ from streamer.protocol import (
     SpeechStart,
     StreamOptions,
 )
-from streamer.session import Session, SessionOptions, State
-from streamer.transcript import Transcript
+from streamer.core.session import Session, SessionOptions, State
+from streamer.core.transcript import Transcript
 from tests.fakes import loudness_classifier, silence, tone
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from streamer import synth
+from streamer.testkit import speech as synth
 
 pytestmark = pytest.mark.browser
 

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from streamer.jobs import DecodeJob, DecodeResult
-from streamer.worker import ModelWorker
+from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.model.worker import ModelWorker
 from tests.fakes import FakeRecognizer
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer import synth
 from streamer.audio_io import load_audio
+from streamer.testkit import speech as synth
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class BenchAudio:
 
 
 def synth_clips(cache_dir: Path) -> list[Clip]:
-    """Every sentence of :data:`streamer.synth.SENTENCES`, languages interleaved."""
+    """Every sentence of :data:`streamer.testkit.speech.SENTENCES`, languages interleaved."""
     by_language = [
         [(language, text) for text in texts] for language, texts in synth.SENTENCES.items()
     ]

@@ -19,9 +19,9 @@ import numpy as np
 
 from bench.latency.audio import SAMPLE_RATE, BenchAudio, client_track
 from bench.latency.metrics import Arrival, SendLog
-from streamer.client import ClientOptions, Received, StreamingClient, run_session
+from streamer.client.connection import ClientOptions, Received, StreamingClient, run_session
+from streamer.core.protocol import End, StreamOptions
 from streamer.errors import StreamerError
-from streamer.protocol import End, StreamOptions
 
 logger = logging.getLogger(__name__)
 

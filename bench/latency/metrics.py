@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from streamer.protocol import End, Final, Partial, ServerMessage, SpeechStart
+from streamer.core.protocol import End, Final, Partial, ServerMessage, SpeechStart
 
 PERCENTILES = (50.0, 95.0, 99.0)
 # A segment's start lies before the speech onset (pre-roll) and its end after the last

@@ -20,7 +20,7 @@ from bench.latency.audio import SAMPLE_RATE, BenchAudio
 from bench.latency.load import ClientRecord, StepOptions, chunks_of, plan_clients, run_step, warm_up
 from bench.latency.monitor import Monitor, other_cpu_now, scrape
 from bench.latency.serverproc import ManagedServer, ServerOptions, http_base
-from streamer.protocol import End
+from streamer.core.protocol import End
 
 logger = logging.getLogger(__name__)
 

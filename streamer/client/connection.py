@@ -48,15 +48,7 @@ from websockets.exceptions import (
 )
 
 from streamer.audio_io import load_audio
-from streamer.errors import (
-    ClientError,
-    ConfigError,
-    ConnectionRefusedByServer,
-    MalformedMessage,
-    ServerClosed,
-    ServerUnreachable,
-)
-from streamer.protocol import (
+from streamer.core.protocol import (
     PATH,
     ConfigMessage,
     End,
@@ -73,6 +65,14 @@ from streamer.protocol import (
     client_message_json,
     decode_server_message,
     parse_stream_options,
+)
+from streamer.errors import (
+    ClientError,
+    ConfigError,
+    ConnectionRefusedByServer,
+    MalformedMessage,
+    ServerClosed,
+    ServerUnreachable,
 )
 
 __all__ = [

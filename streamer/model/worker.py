@@ -1,6 +1,6 @@
 """The one model worker: a thread that owns the recognizer and decodes jobs one by one.
 
-The event loop never waits on the model. It submits :class:`~streamer.jobs.DecodeJob`
+The event loop never waits on the model. It submits :class:`~streamer.core.jobs.DecodeJob`
 objects with a callback; the worker thread decodes them at batch size 1 and calls the
 callback from its own thread (the server hops back to the loop with
 ``call_soon_threadsafe``).
@@ -28,9 +28,9 @@ from typing import Protocol
 
 import numpy as np
 
+from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
-from streamer.jobs import DecodeJob, DecodeResult
-from streamer.transcript import Transcript
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ ResultCallback = Callable[[DecodeResult], None]
 
 
 class SpeechRecognizer(Protocol):
-    """What the worker needs of a recognizer (:class:`streamer.recognizer.Recognizer`)."""
+    """What the worker needs of a recognizer (:class:`streamer.model.recognizer.Recognizer`)."""
 
     @property
     def name(self) -> str: ...

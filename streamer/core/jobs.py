@@ -7,8 +7,8 @@ from typing import Literal
 
 import numpy as np
 
-from streamer.segmenter import EndReason
-from streamer.transcript import Transcript
+from streamer.core.segmenter import EndReason
+from streamer.core.transcript import Transcript
 
 JobKind = Literal["final", "partial"]
 

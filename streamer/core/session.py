@@ -16,19 +16,10 @@ from enum import Enum
 
 import numpy as np
 
-from streamer import protocol
-from streamer.errors import (
-    CLOSE_GOING_AWAY,
-    CLOSE_NORMAL,
-    CLOSE_POLICY_VIOLATION,
-    MalformedMessage,
-    ProtocolError,
-    UnexpectedMessage,
-    close_code_for,
-)
-from streamer.framing import AudioBuffer, PcmFramer, S16Decoder
-from streamer.jobs import DecodeJob, DecodeResult
-from streamer.protocol import (
+from streamer.core import protocol
+from streamer.core.framing import AudioBuffer, PcmFramer, S16Decoder
+from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.protocol import (
     ConfigMessage,
     End,
     Error,
@@ -42,15 +33,24 @@ from streamer.protocol import (
     StopMessage,
     StreamOptions,
 )
-from streamer.resample import StreamResampler
-from streamer.segmenter import (
+from streamer.core.resample import StreamResampler
+from streamer.core.segmenter import (
     SegmentEnd,
     Segmenter,
     SegmenterOptions,
     SegmentEvent,
     SegmentStart,
 )
-from streamer.vad import FrameClassifier, frame_energy
+from streamer.core.vad import FrameClassifier, frame_energy
+from streamer.errors import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    CLOSE_POLICY_VIOLATION,
+    MalformedMessage,
+    ProtocolError,
+    UnexpectedMessage,
+    close_code_for,
+)
 
 SAMPLE_RATE = protocol.NATIVE_SAMPLE_RATE
 

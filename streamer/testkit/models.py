@@ -209,7 +209,7 @@ def build_random_model(
         raise ConfigError(f"unknown random model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     import torch
 
-    from streamer.recognizer import import_funasr
+    from streamer.model.recognizer import import_funasr
 
     import_funasr()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -342,7 +342,7 @@ def _special_tokens() -> list[str]:
 
 
 def _corpus(size: str, seed: int) -> Iterator[str]:
-    from streamer.synth import SENTENCES
+    from streamer.testkit.speech import SENTENCES
 
     rng = np.random.default_rng(seed)
     for sentences in SENTENCES.values():
@@ -475,7 +475,7 @@ def _train_tagged(model: Any, out_dir: Path, speech_cache_dir: Path, seed: int) 
     import torch
     from funasr.frontends.wav_frontend import WavFrontend
 
-    from streamer.synth import speak
+    from streamer.testkit.speech import speak
 
     processor = spm.SentencePieceProcessor(model_file=str(out_dir / "bpe.model"))
     speech = {text: speak(text, "en", cache_dir=speech_cache_dir) for text in TAGGED_TRANSCRIPTS}
@@ -595,7 +595,7 @@ def _batch(examples: list[_Example]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _pad(pcm: np.ndarray, lead_ms: int, tail_ms: int) -> np.ndarray:
-    from streamer.synth import SAMPLE_RATE
+    from streamer.testkit.speech import SAMPLE_RATE
 
     lead = np.zeros(lead_ms * SAMPLE_RATE // 1000, np.int16)
     tail = np.zeros(tail_ms * SAMPLE_RATE // 1000, np.int16)

@@ -171,7 +171,7 @@ def parse_client_message(data: str | bytes) -> ClientMessage:
 
 
 def client_message_json(message: ClientMessage) -> bytes:
-    """Encode a client message (used by :mod:`streamer.client`)."""
+    """Encode a client message (used by :mod:`streamer.client.connection`)."""
     if isinstance(message, ConfigMessage):
         return orjson.dumps({"type": "config", **message.params})
     for name, instance in _SIMPLE_CLIENT_MESSAGES.items():

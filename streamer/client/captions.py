@@ -19,8 +19,8 @@ from typing import Protocol, TextIO
 
 import orjson
 
+from streamer.core.protocol import Final, ServerMessage, message_dict
 from streamer.errors import ConfigError
-from streamer.protocol import Final, ServerMessage, message_dict
 
 __all__ = [
     "FORMATS",

@@ -1,6 +1,6 @@
 """SenseVoiceSmall, loaded once and decoding one utterance at a time.
 
-This module and :mod:`streamer.model_builder` are the only ones that import torch and
+This module and :mod:`streamer.testkit.models` are the only ones that import torch and
 funasr, and they do so inside functions, so importing the package stays fast.
 
 :meth:`Recognizer.decode` runs the model directly (features, query frames, encoder, CTC
@@ -31,9 +31,9 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, DecodeError, ModelError
-from streamer.model_builder import LID_ROWS, TEXTNORM_ROWS, prepend_queries
-from streamer.transcript import Transcript
+from streamer.testkit.models import LID_ROWS, TEXTNORM_ROWS, prepend_queries
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +80,7 @@ class RecognizerOptions:
         if not self.model:
             raise ConfigError("model must name a hub id, a directory or random:NAME")
         if self.model.startswith(RANDOM_PREFIX):
-            from streamer.model_builder import MODEL_NAMES
+            from streamer.testkit.models import MODEL_NAMES
 
             name = self.model[len(RANDOM_PREFIX) :]
             if name not in MODEL_NAMES:
@@ -328,7 +328,7 @@ class Recognizer:
         """A checked local directory, or the hub id funasr should download."""
         model = self.options.model
         if self._random:
-            from streamer.model_builder import ensure_random_model
+            from streamer.testkit.models import ensure_random_model
 
             name = model[len(RANDOM_PREFIX) :]
             directory = ensure_random_model(name, self.options.cache_dir)
@@ -350,7 +350,7 @@ class Recognizer:
         files = _model_files(directory)
         _check_vocabulary(files)
         if not self._random:
-            from streamer.model_builder import read_build_info
+            from streamer.testkit.models import read_build_info
 
             if read_build_info(directory) is not None:
                 logger.warning(

@@ -21,8 +21,8 @@ from typing import TextIO
 import orjson
 
 from streamer.audio_io import load_audio
-from streamer.captions import FORMATS, CaptionWriter, display_width, format_for, make_writer
-from streamer.client import (
+from streamer.client.captions import FORMATS, CaptionWriter, display_width, format_for, make_writer
+from streamer.client.connection import (
     DEFAULT_URL,
     ClientOptions,
     Received,
@@ -30,14 +30,7 @@ from streamer.client import (
     SessionResult,
     stream_file,
 )
-from streamer.errors import (
-    ClientError,
-    ConfigError,
-    ConnectionRefusedByServer,
-    InvalidOption,
-    ServerClosed,
-)
-from streamer.protocol import (
+from streamer.core.protocol import (
     LANGUAGES,
     End,
     Error,
@@ -46,6 +39,13 @@ from streamer.protocol import (
     StreamOptions,
     message_dict,
     parse_stream_options,
+)
+from streamer.errors import (
+    ClientError,
+    ConfigError,
+    ConnectionRefusedByServer,
+    InvalidOption,
+    ServerClosed,
 )
 
 __all__ = [

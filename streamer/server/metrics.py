@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from streamer.jobs import DecodeResult
+from streamer.core.jobs import DecodeResult
 
 # Buckets in seconds: decodes take 10 ms (GPU) to 1 s (CPU, 7 s of audio).
 LATENCY_BUCKETS_S = (

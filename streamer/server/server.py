@@ -1,6 +1,6 @@
 """The WebSocket server: moves bytes between sockets, sessions and the model worker.
 
-Everything protocol-related happens in :class:`streamer.session.Session`; this module
+Everything protocol-related happens in :class:`streamer.core.session.Session`; this module
 only does I/O: the handshake (auth, origin, admission), reading frames with
 back-pressure, writing messages in order, timers, plain HTTP routes on the same port
 (``/``, ``/healthz``, ``/readyz``, ``/metrics``) and graceful shutdown.
@@ -30,7 +30,11 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from streamer import protocol
+from streamer.core import protocol
+from streamer.core.jobs import DecodeResult
+from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechStart, StreamOptions
+from streamer.core.session import Session, SessionOptions, State
+from streamer.core.vad import DEFAULT_AGGRESSIVENESS, FrameClassifier, webrtc_classifier
 from streamer.errors import (
     CLOSE_TRY_AGAIN_LATER,
     ConfigError,
@@ -38,13 +42,9 @@ from streamer.errors import (
     ProtocolError,
     close_code_for,
 )
-from streamer.jobs import DecodeResult
-from streamer.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from streamer.metrics import Metrics
-from streamer.protocol import Error, Final, Partial, ServerMessage, SpeechStart, StreamOptions
-from streamer.session import Session, SessionOptions, State
-from streamer.vad import DEFAULT_AGGRESSIVENESS, FrameClassifier, webrtc_classifier
-from streamer.worker import ModelWorker
+from streamer.model.worker import ModelWorker
+from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from streamer.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,3 @@
+"""The protocol v1 client: one async implementation used by ``streamer client``, the
+examples, the bench and the tests.
+"""
