@@ -1,38 +1,30 @@
-"""The WebSocket server: moves bytes between sockets, sessions and the model worker.
+"""The server's lifecycle: bind, admit sessions, shut down gracefully.
 
-Everything protocol-related happens in :class:`streamer.core.session.Session`; this module
-only does I/O: the handshake (auth, origin, admission), reading frames with
-back-pressure, writing messages in order, timers, plain HTTP routes on the same port
-(``/``, ``/healthz``, ``/readyz``, ``/metrics``) and graceful shutdown.
+Protocol logic lives in :mod:`streamer.core` (one :class:`Session` per connection, behind
+a :class:`~streamer.core.wire.WireAdapter`); :mod:`streamer.server.connection` moves one
+socket's frames; :mod:`streamer.server.http` answers plain HTTP on the same port
+(``/``, ``/healthz``, ``/readyz``, ``/metrics``) and holds the admission rules.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import http
 import importlib.resources
 import logging
-import mimetypes
 import secrets
 import ssl
-import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-import orjson
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from streamer.core import protocol
-from streamer.core.jobs import DecodeResult
-from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechStart, StreamOptions
+from streamer.core.protocol import Error, StreamOptions
 from streamer.core.session import Session, SessionOptions, State
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS, FrameClassifier, webrtc_classifier
 from streamer.errors import (
@@ -43,13 +35,21 @@ from streamer.errors import (
     close_code_for,
 )
 from streamer.model.worker import ModelWorker
+from streamer.server.connection import Connection, ConnectionLimits
+from streamer.server.http import (
+    V1_ENDPOINT,
+    Endpoint,
+    StaticFiles,
+    bytes_response,
+    json_response,
+    token_matches,
+)
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
 LOOP_LAG_PROBE_S = 0.1  # how often the event-loop lag is sampled
-BACKLOG_PIECE_BYTES = 32000  # backlogged audio is fed to the session in 1 s pieces (16 kHz)
 
 
 @dataclass(frozen=True)
@@ -90,206 +90,6 @@ class ServerOptions:
             raise ConfigError("max_backlog_bytes must be positive")
 
 
-def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
-    headers = Headers()
-    headers["Content-Type"] = "application/json"
-    headers["Cache-Control"] = "no-store"
-    return Response(status.value, status.phrase, headers, orjson.dumps(body))
-
-
-def _bytes_response(status: http.HTTPStatus, content_type: str, body: bytes) -> Response:
-    headers = Headers()
-    headers["Content-Type"] = content_type
-    headers["Cache-Control"] = "no-cache"
-    return Response(status.value, status.phrase, headers, body)
-
-
-class _Connection:
-    """One accepted WebSocket: the session, its writer and its reader."""
-
-    def __init__(self, server: StreamingServer, ws: ServerConnection, session: Session) -> None:
-        self.server = server
-        self.ws = ws
-        self.session = session
-        self.log = logging.LoggerAdapter(logger, {"session_id": session.session_id})
-        self._loop = asyncio.get_running_loop()
-        self._outbox: asyncio.Queue[ServerMessage | None] = asyncio.Queue()
-        # Back-pressure: while the session has max_pending_finals finals waiting for the
-        # model, what the client sends waits here instead of in the session, and once this
-        # backlog reaches max_backlog_bytes the reader stops reading the socket. Reading
-        # goes on until then, so keepalive pongs keep flowing while a fast client waits.
-        self._backlog: deque[bytes | str] = deque()
-        self._backlog_bytes = 0
-        self._backlog_has_room = asyncio.Event()
-        self._backlog_has_room.set()
-        self._closing = False
-        self._gone = False  # the client disconnected: ignore late worker results
-        self._speech_started: dict[int, float] = {}  # segment_id -> perf_counter()
-        self._skipped_seen = 0
-
-    # -- glue between the session and the world --------------------------------
-
-    def pump(self) -> None:
-        """Move the session's outputs to the writer and the worker."""
-        session = self.session
-        for message in session.messages_to_send():
-            self._outbox.put_nowait(message)
-        for job in session.jobs_to_submit():
-            self.server.worker.submit(job, self._result_from_worker)
-        metrics = self.server.metrics
-        skipped = session.stats.partials_skipped
-        if skipped > self._skipped_seen:
-            metrics.partials_skipped_total.inc(skipped - self._skipped_seen)
-            self._skipped_seen = skipped
-        if session.close_code is not None and not self._closing:
-            self._closing = True
-            self._backlog.clear()
-            self._backlog_bytes = 0
-            self._backlog_has_room.set()
-            self._outbox.put_nowait(None)
-
-    def _session_has_room(self) -> bool:
-        return self.session.pending_finals < self.server.options.max_pending_finals
-
-    def _feed(self, item: bytes | str) -> None:
-        """Hand one client message (or a piece of one) to the session."""
-        if isinstance(item, bytes):
-            self.session.receive_audio(item)
-        else:
-            self.session.receive_text(item)
-        self.pump()
-
-    def _receive(self, data: bytes | str) -> None:
-        """A message from the socket: queued in order, then fed while the session has room."""
-        if isinstance(data, bytes):
-            rate = self.session.stream.sample_rate
-            self.server.metrics.audio_seconds_total.inc(len(data) / 2 / rate)
-            pieces: list[bytes | str] = [
-                data[offset : offset + BACKLOG_PIECE_BYTES]
-                for offset in range(0, len(data), BACKLOG_PIECE_BYTES)
-            ]
-        else:
-            pieces = [data]
-        for piece in pieces:
-            self._backlog.append(piece)
-            self._backlog_bytes += len(piece)
-        self._drain_backlog()
-
-    def _drain_backlog(self) -> None:
-        while self._backlog and self._session_has_room() and not self._closing:
-            item = self._backlog.popleft()
-            self._backlog_bytes -= len(item)
-            self._feed(item)
-        if self._backlog_bytes < self.server.options.max_backlog_bytes:
-            self._backlog_has_room.set()
-        else:
-            self._backlog_has_room.clear()
-
-    def _result_from_worker(self, result: DecodeResult) -> None:
-        # called in the worker thread
-        self._loop.call_soon_threadsafe(self._on_result, result)
-
-    def _on_result(self, result: DecodeResult) -> None:
-        if self._gone:
-            return
-        self.session.decode_finished(result)
-        self.pump()
-        self._drain_backlog()
-
-    # -- tasks -----------------------------------------------------------------
-
-    async def run(self) -> None:
-        self.pump()
-        sid = self.session.session_id
-        writer = asyncio.create_task(self._write(), name=f"write-{sid}")
-        reader = asyncio.create_task(self._read(), name=f"read-{sid}")
-        # noticed even while reading is paused for back-pressure: a dropped connection
-        # must free its slot and its queued jobs at once
-        closed = asyncio.create_task(self.ws.wait_closed(), name=f"closed-{sid}")
-        limit = self._loop.call_later(
-            self.server.options.max_session_s,
-            self._expire,
-            "max_session_duration",
-            "the session reached the server's maximum duration",
-        )
-        try:
-            done, _ = await asyncio.wait(
-                {writer, reader, closed}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if writer in done and not writer.cancelled():
-                writer.result()  # the session ended and the close handshake was sent
-                await asyncio.wait({reader, closed}, timeout=self.server.options.close_timeout_s)
-            elif reader in done:
-                reader.result()
-        finally:
-            limit.cancel()
-            self._gone = True  # late worker results have nowhere to go
-            for task in (writer, reader, closed):
-                task.cancel()
-            self.server.worker.drop_session(sid)
-
-    def _expire(self, code: str, message: str) -> None:
-        self.session.expire(code, message)
-        self.pump()
-
-    def shutdown(self) -> None:
-        self.session.shutdown()
-        self.pump()
-
-    async def _read(self) -> None:
-        session = self.session
-        idle_s = self.server.options.idle_timeout_s
-        try:
-            while not self._closing:
-                await self._backlog_has_room.wait()
-                if self._closing:
-                    break
-                timeout = idle_s if session.state in (State.CONFIGURING, State.STREAMING) else None
-                try:
-                    async with asyncio.timeout(timeout):
-                        data = await self.ws.recv()
-                except TimeoutError:
-                    self._expire("idle_timeout", f"no audio or keepalive for {idle_s:g} s")
-                    continue
-                self._receive(data)
-            # keep reading until the peer acknowledges the close
-            while True:
-                await self.ws.recv()
-        except ConnectionClosed:
-            pass
-
-    async def _write(self) -> None:
-        session = self.session
-        metrics = self.server.metrics
-        while True:
-            message = await self._outbox.get()
-            if message is None:
-                await self.ws.close(session.close_code or 1000, session.close_reason[:120])
-                return
-            self._account(message, metrics)
-            try:
-                await self.ws.send(protocol.encode(message), text=True)
-            except ConnectionClosed:
-                self._gone = True
-                return
-
-    def _account(self, message: ServerMessage, metrics: Metrics) -> None:
-        if isinstance(message, SpeechStart):
-            self._speech_started[message.segment_id] = time.perf_counter()
-        elif isinstance(message, Partial | Final):
-            started = self._speech_started.get(message.segment_id)
-            if started is not None and message.text:
-                metrics.first_partial_seconds.observe(time.perf_counter() - started)
-                del self._speech_started[message.segment_id]
-            if isinstance(message, Final):
-                self._speech_started.pop(message.segment_id, None)
-                metrics.segments_total.labels(message.reason).inc()
-            else:
-                metrics.partials_sent_total.inc()
-        elif isinstance(message, Error):
-            metrics.errors_total.labels(message.code).inc()
-
-
 class StreamingServer:
     """The server's lifecycle: :meth:`start`, then :meth:`shutdown` (or ``async with``).
 
@@ -311,14 +111,22 @@ class StreamingServer:
         self._classifier_factory = classifier_factory or (
             lambda: webrtc_classifier(options.vad_aggressiveness)
         )
-        self._connections: set[_Connection] = set()
+        self._connections: set[Connection] = set()
+        self._no_connections = asyncio.Event()
+        self._no_connections.set()
         self._server: Server | None = None
         self._shutting_down = False
         self._lag_task: asyncio.Task[None] | None = None
-        self._web_root = options.web_root or Path(
-            str(importlib.resources.files("streamer.web_demo"))
+        web_root = options.web_root or Path(str(importlib.resources.files("streamer.web_demo")))
+        self._static = StaticFiles(web_root)
+        self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT}
+        self._limits = ConnectionLimits(
+            max_pending_finals=options.max_pending_finals,
+            max_backlog_bytes=options.max_backlog_bytes,
+            idle_timeout_s=options.idle_timeout_s,
+            max_session_s=options.max_session_s,
+            close_timeout_s=options.close_timeout_s,
         )
-        self.max_loop_lag_s = 0.0
         worker.on_decoded = self.metrics.observe_decode
 
     # -- lifecycle -------------------------------------------------------------
@@ -326,7 +134,8 @@ class StreamingServer:
     @property
     def port(self) -> int:
         assert self._server is not None, "start() first"
-        return self._server.sockets[0].getsockname()[1]
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     @property
     def ready(self) -> bool:
@@ -359,7 +168,13 @@ class StreamingServer:
         )
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
         scheme = "wss" if ssl_context else "ws"
-        logger.info("listening on %s://%s:%d%s", scheme, o.host, self.port, protocol.PATH)
+        logger.info(
+            "listening on %s://%s:%d%s (sessions wait for the model to be ready)",
+            scheme,
+            o.host,
+            self.port,
+            protocol.PATH,
+        )
 
     async def wait_ready(self) -> None:
         """Wait until the model is loaded and warmed; raises its loading error."""
@@ -382,10 +197,10 @@ class StreamingServer:
             self._server.close(close_connections=False)
         for connection in list(self._connections):
             connection.shutdown()
-        deadline = time.monotonic() + self.options.shutdown_grace_s
-        while self._connections and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self._connections:
+        try:
+            async with asyncio.timeout(self.options.shutdown_grace_s):
+                await self._no_connections.wait()
+        except TimeoutError:
             logger.warning("grace period over: closing %d sessions", len(self._connections))
         if self._server is not None:
             self._server.close(close_connections=True)
@@ -407,7 +222,6 @@ class StreamingServer:
             before = loop.time()
             await asyncio.sleep(LOOP_LAG_PROBE_S)
             lag = max(0.0, loop.time() - before - LOOP_LAG_PROBE_S)
-            self.max_loop_lag_s = max(self.max_loop_lag_s, lag)
             self.metrics.loop_lag_seconds.observe(lag)
             stats = self.worker.stats()
             self.metrics.queue_depth.labels("final").set(stats.queued_finals)
@@ -419,37 +233,39 @@ class StreamingServer:
         url = urlsplit(request.path)
         path = url.path
         if path == "/healthz":
-            return _json_response(http.HTTPStatus.OK, {"status": "ok"})
+            return json_response(http.HTTPStatus.OK, {"status": "ok"})
         if path == "/readyz":
             if self.ready and not self._shutting_down:
-                return _json_response(
+                return json_response(
                     http.HTTPStatus.OK, {"status": "ready", "model": self.worker.model_name}
                 )
             state = "shutting_down" if self._shutting_down else "loading"
-            return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"status": state})
+            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"status": state})
         if path == "/metrics":
-            return _bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
-        if path == protocol.PATH:
-            return self._admit(request, url.query)
-        return self._static(path)
+            return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
+        endpoint = self._endpoints.get(path)
+        if endpoint is not None:
+            return self._admit(request, endpoint, dict(parse_qsl(url.query)))
+        found = self._static.response(path)
+        if found is None:
+            return json_response(
+                http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
+            )
+        return found
 
     def _refuse(self, status: http.HTTPStatus, code: str, message: str) -> Response:
         self.metrics.rejected_total.labels(code).inc()
         logger.info("refused a session: %s (%s)", code, message)
-        return _json_response(status, {"error": code, "message": message})
+        return json_response(status, {"error": code, "message": message})
 
-    def _admit(self, request: Request, query: str) -> Response | None:
+    def _admit(
+        self, request: Request, endpoint: Endpoint, query: dict[str, str]
+    ) -> Response | None:
         o = self.options
         if o.token is not None:
-            presented = dict(parse_qsl(query)).get("token")
-            auth = request.headers.get("Authorization", "")
-            if auth.lower().startswith("bearer "):
-                presented = auth[7:].strip()
-            if presented is None or not hmac.compare_digest(presented.encode(), o.token.encode()):
+            if not token_matches(endpoint.presented_token(request, query), o.token):
                 return self._refuse(
-                    http.HTTPStatus.UNAUTHORIZED,
-                    "unauthorized",
-                    "a valid token is required (Authorization: Bearer or ?token=)",
+                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint
                 )
         origin = request.headers.get("Origin")
         if o.allowed_origins and origin is not None and origin not in o.allowed_origins:
@@ -474,22 +290,6 @@ class StreamingServer:
             )
         return None
 
-    def _static(self, path: str) -> Response:
-        name = "index.html" if path in ("", "/") else path.lstrip("/")
-        root = self._web_root.resolve()
-        target = (root / name).resolve()
-        if root not in target.parents or not target.is_file() or target.suffix == ".py":
-            return _json_response(
-                http.HTTPStatus.NOT_FOUND,
-                {"error": "not_found", "message": f"no such path: {path}"},
-            )
-        content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
-        if target.suffix == ".js":
-            content_type = "text/javascript"
-        if content_type.startswith("text/"):
-            content_type += "; charset=utf-8"
-        return _bytes_response(http.HTTPStatus.OK, content_type, target.read_bytes())
-
     # -- WebSocket -------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
@@ -499,15 +299,12 @@ class StreamingServer:
             await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
             return
         session_id = secrets.token_hex(6)
-        query = dict(parse_qsl(urlsplit(ws.request.path).query)) if ws.request else {}
-        session_options = SessionOptions(
-            model_name=self.worker.model_name,
-            segmenter=self.options.session.segmenter,
-            partial_interval_ms=self.options.session.partial_interval_ms,
-            max_text_message_bytes=self.options.session.max_text_message_bytes,
-        )
+        url = urlsplit(ws.request.path) if ws.request else urlsplit("/")
+        endpoint = self._endpoints.get(url.path, V1_ENDPOINT)
+        query = dict(parse_qsl(url.query))
+        session_options = replace(self.options.session, model_name=self.worker.model_name)
         try:
-            stream = protocol.parse_stream_options(query, self.options.default_stream)
+            stream = endpoint.stream_options(query, self.options.default_stream)
         except ProtocolError as error:
             logger.info("session %s refused: %s", session_id, error.message)
             self.metrics.errors_total.labels(error.code).inc()
@@ -519,26 +316,31 @@ class StreamingServer:
                 pass
             return
         session = Session(session_id, session_options, stream, self._classifier_factory())
-        session.start()
-        connection = _Connection(self, ws, session)
+        adapter = endpoint.make_adapter(session)
+        adapter.start()
+        connection = Connection(ws, adapter, self.worker, self.metrics, self._limits)
         self._connections.add(connection)
+        self._no_connections.clear()
         self.metrics.sessions_total.inc()
         self.metrics.sessions_active.set(len(self._connections))
         peer = ws.remote_address[0] if ws.remote_address else "?"
         connection.log.info(
-            "session %s opened from %s (%s)",
+            "session %s opened from %s (%s: %s)",
             session_id,
             peer,
+            endpoint.name,
             ", ".join(f"{k}={v}" for k, v in stream.to_dict().items()),
         )
-        if self._shutting_down:
-            connection.shutdown()
         try:
+            if self._shutting_down:
+                connection.shutdown()
             await connection.run()
         except Exception:
             connection.log.exception("session %s failed", session_id)
         finally:
             self._connections.discard(connection)
+            if not self._connections:
+                self._no_connections.set()
             self.metrics.sessions_active.set(len(self._connections))
             stats = session.stats
             connection.log.info(

@@ -1,0 +1,115 @@
+"""Plain HTTP on the WebSocket port: health, readiness, metrics, the web demo, admission.
+
+Everything here answers a :class:`websockets.http11.Request` with a ``Response`` (or
+``None`` to go on with the WebSocket handshake) and never blocks: static files are read
+once and kept in memory.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http
+import logging
+import mimetypes
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from streamer.core.protocol import StreamOptions
+from streamer.core.session import Session
+from streamer.core.wire import V1Adapter, WireAdapter
+
+logger = logging.getLogger(__name__)
+
+STATIC_SUFFIXES = frozenset({".html", ".css", ".js", ".svg", ".png", ".ico", ".json", ".wav"})
+
+
+def json_response(status: http.HTTPStatus, body: Mapping[str, Any]) -> Response:
+    headers = Headers()
+    headers["Content-Type"] = "application/json"
+    headers["Cache-Control"] = "no-store"
+    return Response(status.value, status.phrase, headers, orjson.dumps(dict(body)))
+
+
+def bytes_response(status: http.HTTPStatus, content_type: str, body: bytes) -> Response:
+    headers = Headers()
+    headers["Content-Type"] = content_type
+    headers["Cache-Control"] = "no-cache"
+    return Response(status.value, status.phrase, headers, body)
+
+
+def bearer_or_query_token(request: Request, query: Mapping[str, str]) -> str | None:
+    """Protocol v1's token: ``Authorization: Bearer T`` or ``?token=T``."""
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return query.get("token")
+
+
+def token_matches(presented: str | None, expected: str) -> bool:
+    return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A WebSocket path and the wire protocol spoken there."""
+
+    name: str  # metrics label and log name ("v1", "deepgram", ...)
+    presented_token: Callable[[Request, Mapping[str, str]], str | None]  # its auth scheme
+    auth_hint: str  # what a refused client is told to send
+    make_adapter: Callable[[Session], WireAdapter]  # wraps a new session
+
+    def stream_options(self, query: Mapping[str, str], defaults: StreamOptions) -> StreamOptions:
+        """The session's stream options from the handshake's query (raises ProtocolError)."""
+        from streamer.core import protocol
+
+        return protocol.parse_stream_options(dict(query), defaults)
+
+
+V1_ENDPOINT = Endpoint(
+    name="v1",
+    presented_token=bearer_or_query_token,
+    auth_hint="a valid token is required (Authorization: Bearer or ?token=)",
+    make_adapter=V1Adapter,
+)
+
+
+class StaticFiles:
+    """The files of one folder, read once on first request and kept in memory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self._cache: dict[str, Response] = {}  # only files that exist: bounded by the folder
+
+    def response(self, path: str) -> Response | None:
+        """The file at URL ``path`` ("/" is index.html), or None when there is none."""
+        name = "index.html" if path in ("", "/") else path.lstrip("/")
+        cached = self._cache.get(name)
+        if cached is None:
+            cached = self._load(name)
+            if cached is not None:
+                self._cache[name] = cached
+        return cached
+
+    def _load(self, name: str) -> Response | None:
+        try:
+            target = (self.root / name).resolve()
+        except (OSError, ValueError):  # NUL bytes, names too long for the file system
+            return None
+        if self.root not in target.parents or target.suffix not in STATIC_SUFFIXES:
+            return None
+        try:
+            body = target.read_bytes()
+        except OSError:
+            return None
+        content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        if target.suffix == ".js":
+            content_type = "text/javascript"
+        if content_type.startswith("text/"):
+            content_type += "; charset=utf-8"
+        return bytes_response(http.HTTPStatus.OK, content_type, body)
