@@ -205,24 +205,36 @@ class Session:
         self.close_reason = "server shutting down"
         self._stop()
 
+    def configure(self, params: dict[str, object]) -> None:
+        """Change stream options before the first audio (raises ProtocolError)."""
+        if self.state is not State.CONFIGURING:
+            raise UnexpectedMessage("config is only accepted before the first audio frame")
+        self._configure(protocol.parse_stream_options(params, self.stream))
+        self._send_ready()
+
+    def finalize(self) -> None:
+        """End the open segment now (its final follows); raises UnexpectedMessage after stop."""
+        if self.state in (State.STOPPING, State.ENDED):
+            raise UnexpectedMessage("finalize after stop is ignored")
+        self._handle_events(self._segmenter.flush("finalize"))
+
+    def stop(self) -> None:
+        """End of stream: finish every open segment, then ``end`` (raises after a stop)."""
+        if self.state in (State.STOPPING, State.ENDED):
+            raise UnexpectedMessage("the stream is already stopped")
+        self._stop()
+
     # -- control ---------------------------------------------------------------
 
     def _handle_control(self, message: protocol.ClientMessage) -> None:
         if isinstance(message, KeepaliveMessage):
             return
         if isinstance(message, ConfigMessage):
-            if self.state is not State.CONFIGURING:
-                raise UnexpectedMessage("config is only accepted before the first audio frame")
-            self._configure(protocol.parse_stream_options(message.params, self.stream))
-            self._send_ready()
+            self.configure(message.params)
         elif isinstance(message, FinalizeMessage):
-            if self.state in (State.STOPPING, State.ENDED):
-                raise UnexpectedMessage("finalize after stop is ignored")
-            self._handle_events(self._segmenter.flush("finalize"))
+            self.finalize()
         elif isinstance(message, StopMessage):
-            if self.state in (State.STOPPING, State.ENDED):
-                raise UnexpectedMessage("the stream is already stopped")
-            self._stop()
+            self.stop()
 
     def _configure(self, stream: StreamOptions) -> None:
         self.stream = stream
