@@ -13,6 +13,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.server_fixtures"]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU-only tests skip at collection, before any of their fixtures builds a model."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA device (torch {torch.__version__} sees none)")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
 # --- models and speech (recognizer, model builder) -----------------------------------------
 # Random-weight models are built once per cache directory (atomically, keyed by the builder
 # version) and reused by every later session. Synthesised speech needs espeak-ng and sox,
@@ -44,7 +58,8 @@ def tiny_model_dir(cache_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tagged_model_dir(cache_dir: Path) -> Path:
-    """random:tagged: tiny, trained so that its two espeak clips decode to known tags."""
+    """random:tagged: tiny, trained once so that its two espeak clips decode to known tags
+    (shipped in ``streamer/testkit/tagged_model`` with checksums)."""
     from streamer.testkit.models import ensure_random_model
 
     return ensure_random_model("tagged", cache_dir)
