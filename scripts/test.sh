@@ -20,7 +20,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
 
 # pytest exits 5 when it collected no test: that is a failure here, as is any other non-zero
 exec .venv/bin/python -m pytest "$@"

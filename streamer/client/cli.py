@@ -467,5 +467,10 @@ async def run_client(args: argparse.Namespace) -> int:
         return EXIT_SERVER_ERROR
     if not args.quiet:
         err.write(_summary(result, time.monotonic() - started_s) + "\n")
+        segments = sum(1 for f in result.finals if f.text.strip())
+        for path in args.output:
+            if path != "-":
+                fmt = format_for(path, args.format)
+                err.write(f"wrote {segments} captioned segments to {path} ({fmt})\n")
         err.flush()
     return EXIT_OK

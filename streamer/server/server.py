@@ -9,14 +9,18 @@ socket's frames; :mod:`streamer.server.http` answers plain HTTP on the same port
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import http
 import importlib.resources
 import logging
 import secrets
 import ssl
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -46,6 +50,9 @@ from streamer.server.http import (
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from streamer.model.loading import LoadProgress
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +111,10 @@ class StreamingServer:
         *,
         metrics: Metrics | None = None,
         classifier_factory: Callable[[], FrameClassifier] | None = None,
+        loading: LoadProgress | None = None,
     ) -> None:
         self.options = options
+        self._loading = loading  # the model's loading stage, shown by /readyz until ready
         self.worker = worker
         self.metrics = metrics or Metrics()
         self._classifier_factory = classifier_factory or (
@@ -151,21 +160,37 @@ class StreamingServer:
         ssl_context = None
         if o.certfile is not None and o.keyfile is not None:
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ssl_context.load_cert_chain(o.certfile, o.keyfile)
-        self._server = await serve(
-            self._handle,
-            o.host,
-            o.port,
-            ssl=ssl_context,
-            process_request=self._process_request,
-            compression=None,  # PCM does not compress; deflate would only cost CPU
-            max_size=o.max_message_bytes,
-            max_queue=16,
-            ping_interval=o.ping_interval_s,
-            ping_timeout=o.ping_timeout_s,
-            close_timeout=o.close_timeout_s,
-            server_header="sensevoice-streamer",
-        )
+            try:
+                ssl_context.load_cert_chain(o.certfile, o.keyfile)
+            except (OSError, ssl.SSLError) as error:
+                raise ConfigError(
+                    f"cannot load the TLS certificate {o.certfile} and key {o.keyfile}: "
+                    f"{getattr(error, 'strerror', None) or error}"
+                ) from error
+        try:
+            self._server = await serve(
+                self._handle,
+                o.host,
+                o.port,
+                ssl=ssl_context,
+                process_request=self._process_request,
+                compression=None,  # PCM does not compress; deflate would only cost CPU
+                max_size=o.max_message_bytes,
+                max_queue=16,
+                ping_interval=o.ping_interval_s,
+                ping_timeout=o.ping_timeout_s,
+                close_timeout=o.close_timeout_s,
+                server_header="sensevoice-streamer",
+            )
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"cannot listen on {o.host}:{o.port}: the port is already in use "
+                    "(another server is running there?); choose another with --port"
+                ) from error
+            raise ConfigError(
+                f"cannot listen on {o.host}:{o.port}: {error.strerror or error}"
+            ) from error
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
         scheme = "wss" if ssl_context else "ws"
         logger.info(
@@ -178,7 +203,18 @@ class StreamingServer:
 
     async def wait_ready(self) -> None:
         """Wait until the model is loaded and warmed; raises its loading error."""
-        await asyncio.to_thread(self.worker.ready.wait)
+        loop = asyncio.get_running_loop()
+        loaded = asyncio.Event()
+
+        def wait_in_thread() -> None:
+            self.worker.ready.wait()
+            with contextlib.suppress(RuntimeError):  # the loop closed first: nobody waits
+                loop.call_soon_threadsafe(loaded.set)
+
+        # a daemon thread, not the loop's executor: the executor would make the loop's
+        # shutdown wait for a model that is still loading
+        threading.Thread(target=wait_in_thread, name="wait-ready", daemon=True).start()
+        await loaded.wait()
         if self.worker.load_error is not None:
             error = self.worker.load_error
             if isinstance(error, ModelError | ConfigError):
@@ -239,8 +275,14 @@ class StreamingServer:
                 return json_response(
                     http.HTTPStatus.OK, {"status": "ready", "model": self.worker.model_name}
                 )
-            state = "shutting_down" if self._shutting_down else "loading"
-            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"status": state})
+            body: dict[str, object] = {"status": "loading"}
+            if self._shutting_down:
+                body = {"status": "shutting_down"}
+            elif self.worker.ready.is_set():
+                body = {"status": "failed", "message": "the model failed to load"}
+            elif self._loading is not None:
+                body.update(self._loading.snapshot())
+            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, body)
         if path == "/metrics":
             return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
         endpoint = self._endpoints.get(path)
