@@ -502,4 +502,3 @@ def entry() -> None:
         sys.stderr.flush()
         os._exit(code)
     raise SystemExit(code)
-

@@ -21,8 +21,19 @@ MODEL_LIBRARIES = {"torch", "funasr", "onnxruntime", "sentencepiece", "modelscop
 # What a core module may import besides the standard library's pure modules.
 CORE_THIRD_PARTY = {"numpy", "soxr", "webrtcvad", "orjson"}
 CORE_FORBIDDEN_STDLIB = {
-    "time", "datetime", "asyncio", "socket", "threading", "subprocess", "ssl", "selectors",
-    "http", "urllib.request", "os", "io", "logging.handlers",
+    "time",
+    "datetime",
+    "asyncio",
+    "socket",
+    "threading",
+    "subprocess",
+    "ssl",
+    "selectors",
+    "http",
+    "urllib.request",
+    "os",
+    "io",
+    "logging.handlers",
 }
 
 
@@ -116,8 +127,7 @@ def test_importing_the_core_loads_no_io_or_model_library() -> None:
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)
         + "bad = [m for m in ('asyncio', 'websockets', 'torch', 'funasr', 'onnxruntime')"
-        " if m in sys.modules]\n"
-        + "print(','.join(bad))\n"
+        " if m in sys.modules]\n" + "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
