@@ -32,6 +32,30 @@ EVENT_TAGS = frozenset(
 )
 ITN_TAGS = {"withitn": True, "woitn": False}
 
+# How clients show the tags: (emoji, words). The one table; web_demo/captions.js holds a
+# copy for the browser, and tests/test_transcript_display.py checks that they agree.
+# Tags missing here (EMO_UNKNOWN, Speech, Event_UNK) are shown as nothing.
+EMOTION_BADGES = {
+    "HAPPY": ("😊", "happy"),
+    "SAD": ("😢", "sad"),
+    "ANGRY": ("😠", "angry"),
+    "NEUTRAL": ("😐", "neutral"),
+    "FEARFUL": ("😨", "fearful"),
+    "DISGUSTED": ("🤢", "disgusted"),
+    "SURPRISED": ("😮", "surprised"),
+}
+EVENT_BADGES = {
+    "BGM": ("🎼", "background music"),
+    "Applause": ("👏", "applause"),
+    "Laughter": ("😀", "laughter"),
+    "Cry": ("😭", "crying"),
+    "Sneeze": ("🤧", "sneeze"),
+    "Cough": ("😷", "cough"),
+    "Breath": ("💨", "breath"),
+    "Sing": ("🎤", "singing"),
+    "Speech_Noise": ("🔊", "noise"),
+}
+
 _TAG_RE = re.compile(r"<\|([^|<>]*)\|>")
 
 

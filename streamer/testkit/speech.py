@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import ConfigError
-
-SAMPLE_RATE = 16000
 
 # espeak-ng voice for each SenseVoice language; the ja voice reads kanji as Mandarin,
 # so Japanese sentences are written in kana.
