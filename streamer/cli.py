@@ -277,11 +277,8 @@ def _server_options(args: argparse.Namespace) -> Any:
     from streamer.server.server import ServerOptions
 
     default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
-    segmenter = SegmenterOptions(
-        endpoint_ms=args.endpoint_ms,
-        end_pad_ms=min(200, args.endpoint_ms),
-        max_utterance_ms=args.max_utterance_ms,
-    )
+    # endpoint_ms is a stream option (clients may choose theirs); this is its default
+    segmenter = SegmenterOptions(max_utterance_ms=args.max_utterance_ms)
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     return ServerOptions(
         host=args.host,

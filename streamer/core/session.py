@@ -238,13 +238,8 @@ class Session:
 
     def _configure(self, stream: StreamOptions) -> None:
         self.stream = stream
-        seg_options = self.options.segmenter
-        if seg_options.endpoint_ms != stream.endpoint_ms:
-            seg_options = replace(
-                seg_options,
-                endpoint_ms=stream.endpoint_ms,
-                end_pad_ms=min(seg_options.end_pad_ms, stream.endpoint_ms),
-            )
+        # the client's endpoint wins; the segmenter keeps its end padding within it
+        seg_options = replace(self.options.segmenter, endpoint_ms=stream.endpoint_ms)
         self._segmenter = Segmenter(seg_options)
         self._framer = PcmFramer(seg_options.frame_samples)
         self._buffer = AudioBuffer()
