@@ -276,7 +276,8 @@ def decode_server_message(data: str | bytes) -> ServerMessage:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise MalformedMessage(f"not JSON: {exc}") from None
-    cls = _SERVER_TYPES.get(obj.get("type")) if isinstance(obj, dict) else None
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    cls = _SERVER_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise MalformedMessage(f"not a protocol v1 server message: {data[:200]!r}")
     names = {f.name for f in dataclasses.fields(cls)}
