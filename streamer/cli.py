@@ -20,6 +20,8 @@ import orjson
 
 from streamer import __version__
 from streamer.core.protocol import LANGUAGES, StreamOptions
+from streamer.core.segmenter import SegmenterOptions
+from streamer.core.session import SessionOptions
 from streamer.errors import ConfigError, ModelError, StreamerError
 
 logger = logging.getLogger("streamer.cli")
@@ -208,6 +210,20 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="hard cap on an utterance [%(default)s]",
     )
     g.add_argument(
+        "--long-segment-ms",
+        type=int,
+        default=_env("long_segment_ms", SegmenterOptions().long_segment_ms, int),
+        help="from this length on, a short pause (about 230 ms) ends an utterance; "
+        "--max-utterance-ms turns it off [%(default)s]",
+    )
+    g.add_argument(
+        "--speculative-finals",
+        action=argparse.BooleanOptionalAction,
+        default=_env("speculative_finals", SessionOptions().speculative_finals, _bool),
+        help="decode an utterance during its final pause, so its final is sent the moment "
+        "the endpoint is reached [%(default)s]",
+    )
+    g.add_argument(
         "--partial-interval-ms",
         type=int,
         default=_env("partial_interval_ms", 300, int),
@@ -272,13 +288,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _server_options(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
-    from streamer.core.segmenter import SegmenterOptions
-    from streamer.core.session import SessionOptions
     from streamer.server.server import ServerOptions
 
     default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
     # endpoint_ms is a stream option (clients may choose theirs); this is its default
-    segmenter = SegmenterOptions(max_utterance_ms=args.max_utterance_ms)
+    segmenter = SegmenterOptions(
+        max_utterance_ms=args.max_utterance_ms,
+        long_segment_ms=min(args.long_segment_ms, args.max_utterance_ms),
+    )
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     return ServerOptions(
         host=args.host,
@@ -295,7 +312,11 @@ def _server_options(args: argparse.Namespace) -> Any:
         shutdown_grace_s=args.shutdown_grace_s,
         vad_aggressiveness=args.vad_aggressiveness,
         default_stream=default_stream,
-        session=SessionOptions(segmenter=segmenter, partial_interval_ms=args.partial_interval_ms),
+        session=SessionOptions(
+            segmenter=segmenter,
+            partial_interval_ms=args.partial_interval_ms,
+            speculative_finals=args.speculative_finals,
+        ),
     )
 
 
