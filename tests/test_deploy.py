@@ -8,7 +8,13 @@ it copies. The proxies themselves run in ``test_balancer.py``.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import re
+import socket
+import subprocess
+import sys
 import tomllib
 import urllib.error
 import urllib.request
@@ -60,7 +66,7 @@ def quantity_bytes(quantity: str) -> int:
 def serve_flags() -> dict[str, str]:
     """``streamer serve``'s long flags, by their STREAMER_* environment name."""
     parser = build_parser()
-    serve = parser._subparsers._group_actions[0].choices["serve"]  # noqa: SLF001
+    serve = parser._subparsers._group_actions[0].choices["serve"]
     flags = [s for action in serve._actions for s in action.option_strings if s[:2] == "--"]
     return {"STREAMER_" + f[2:].upper().replace("-", "_"): f for f in flags}
 
@@ -107,8 +113,6 @@ def http_status(url: str) -> int:
 
 
 async def test_probe_paths_are_answered_by_the_server(make_server) -> None:  # noqa: F811
-    import asyncio
-
     server = make_server(FakeRecognizer, max_sessions=1)
     readiness = CONTAINER["readinessProbe"]["httpGet"]
     liveness = CONTAINER["livenessProbe"]["httpGet"]
@@ -116,15 +120,28 @@ async def test_probe_paths_are_answered_by_the_server(make_server) -> None:  # n
     assert await asyncio.to_thread(http_status, server.http_url + readiness["path"]) == 200
     assert await asyncio.to_thread(http_status, server.http_url + liveness["path"]) == 200
     assert readiness["path"] == "/readyz" and liveness["path"] == "/healthz"
-    # a container HEALTHCHECK on the same liveness path
-    healthcheck = re.search(r"^HEALTHCHECK .*?(?<!\\)$", DOCKERFILE, re.M | re.S)
-    assert healthcheck and liveness["path"] in healthcheck.group(0)
+    # the image's HEALTHCHECK command, run here against the same server: it asks the
+    # liveness path on STREAMER_PORT and fails when nothing answers
+    healthcheck = re.search(r"^HEALTHCHECK .*?CMD (\[.*?\])$", DOCKERFILE, re.M | re.S)
+    assert healthcheck and liveness["path"] in healthcheck.group(1)
+    command = json.loads(healthcheck.group(1))
+    assert command[0] == "python"
+
+    def run_check(port: int) -> int:
+        env = {**os.environ, "STREAMER_PORT": str(port)}
+        argv = [sys.executable, *command[1:]]
+        return subprocess.run(argv, env=env, capture_output=True, timeout=30).returncode
+
+    assert await asyncio.to_thread(run_check, server.port) == 0
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))  # bound, not listening: connection refused
+        assert await asyncio.to_thread(run_check, unused.getsockname()[1]) != 0
 
 
 def test_shutdown_fits_in_the_termination_grace_period() -> None:
     command = CONTAINER["lifecycle"]["preStop"]["exec"]["command"]
     script = command[-1]
-    assert "kill -USR1 1" in script  # the CLI drains on SIGUSR1 (test_readiness.py)
+    assert "kill -s USR1 1" in script  # the CLI drains on SIGUSR1 (test_readiness.py)
     (sleep_s,) = (float(w) for w in re.findall(r"sleep (\d+(?:\.\d+)?)", script))
     drain_s = float(ENV["STREAMER_DRAIN_S"])
     grace_s = float(ENV["STREAMER_SHUTDOWN_GRACE_S"])
