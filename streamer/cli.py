@@ -335,7 +335,7 @@ async def _serve(args: argparse.Namespace) -> int:
         signal.SIGTERM: lambda: on_signal(signal.SIGTERM),
         # drain by hand (a blue-green switch, a host going into maintenance), then undo
         signal.SIGUSR1: server.start_draining,
-        signal.SIGUSR2: server.stop_draining,
+        signal.SIGUSR2: lambda: None if stop.is_set() else server.stop_draining(),
     }
     for sig, handler in handlers.items():
         loop.add_signal_handler(sig, handler)
