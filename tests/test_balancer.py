@@ -224,7 +224,7 @@ async def test_nginx_sends_new_sessions_past_a_full_or_draining_server(
         # there); `a` answers 503 and nginx retries `b`: the client sees no refusal
         clients = [await _hold_session(base + "/v1/asr") for _ in range(4)]
         assert b.server.session_count == 4 and a.server.session_count == 1
-        assert rejected(a, "server_full" if state == "full" else "draining") == 1
+        assert rejected(a, "server_full" if state == "full" else "draining") >= 1
         for client in clients:
             await client.close()
     await held.close()
