@@ -260,6 +260,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         default=_env("shutdown_grace_s", 10.0, float),
         help="time to finish open utterances on SIGTERM [%(default)s]",
     )
+    g.add_argument(
+        "--drain-s",
+        type=float,
+        default=_env("drain_s", 5.0, float),
+        help="on SIGTERM, first refuse new sessions (/readyz 503 draining) and serve open "
+        "ones up to this long, so a load balancer moves new sessions elsewhere; then shut "
+        "down. SIGUSR1 drains without exiting, SIGUSR2 admits again [%(default)s]",
+    )
     s = p.add_argument_group("security")
     s.add_argument(
         "--token",
@@ -310,6 +318,7 @@ def _server_options(args: argparse.Namespace) -> Any:
         idle_timeout_s=args.idle_timeout_s,
         max_session_s=args.max_session_s,
         shutdown_grace_s=args.shutdown_grace_s,
+        drain_s=args.drain_s,
         vad_aggressiveness=args.vad_aggressiveness,
         default_stream=default_stream,
         session=SessionOptions(
@@ -335,8 +344,22 @@ async def _serve(args: argparse.Namespace) -> int:
     worker.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop_now = asyncio.Event()  # SIGINT, or SIGTERM again: no drain (or cut it short)
+
+    def on_signal(sig: signal.Signals) -> None:
+        if sig is signal.SIGINT or stop.is_set():
+            stop_now.set()
+        stop.set()
+
+    handlers: dict[signal.Signals, Callable[[], None]] = {
+        signal.SIGINT: lambda: on_signal(signal.SIGINT),
+        signal.SIGTERM: lambda: on_signal(signal.SIGTERM),
+        # drain by hand (a blue-green switch, a host going into maintenance), then undo
+        signal.SIGUSR1: server.start_draining,
+        signal.SIGUSR2: lambda: None if stop.is_set() else server.stop_draining(),
+    }
+    for sig, handler in handlers.items():
+        loop.add_signal_handler(sig, handler)
     ready = asyncio.create_task(server.wait_ready())
     stopped = asyncio.create_task(stop.wait())
     try:
@@ -352,8 +375,15 @@ async def _serve(args: argparse.Namespace) -> int:
             logger.info("ready: open %s://%s:%d/ for live captions", scheme, host, server.port)
             await stopped
         logger.info("signal received: stopping")
+        if not stop_now.is_set():
+            # SIGTERM (an orchestrator, systemd): let the balancer notice before we go
+            drained = asyncio.create_task(server.drain())
+            interrupted = asyncio.create_task(stop_now.wait())
+            await asyncio.wait({drained, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            drained.cancel()
+            interrupted.cancel()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in handlers:
             loop.remove_signal_handler(sig)
         ready.cancel()
         stopped.cancel()

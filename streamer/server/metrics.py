@@ -37,6 +37,13 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.sessions_active = Gauge("streamer_sessions_active", "Open sessions", registry=r)
+        # active / capacity is the utilisation an autoscaler targets (deploy/k8s/)
+        self.sessions_capacity = Gauge(
+            "streamer_sessions_capacity", "Most sessions admitted at once", registry=r
+        )
+        self.draining = Gauge(
+            "streamer_draining", "1 while new sessions are refused before a restart", registry=r
+        )
         self.sessions_total = Counter("streamer_sessions", "Sessions accepted", registry=r)
         self.rejected_total = Counter(
             "streamer_handshakes_rejected", "Handshakes refused", ["reason"], registry=r

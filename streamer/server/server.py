@@ -75,6 +75,7 @@ class ServerOptions:
     idle_timeout_s: float = 60.0  # no audio or keepalive for this long ends the session
     max_session_s: float = 4 * 3600.0  # longest session
     shutdown_grace_s: float = 10.0  # time to finish open segments when stopping
+    drain_s: float = 5.0  # drain(): refuse new sessions, serve open ones this long at most
     max_backlog_bytes: int = 1 << 20  # per session, audio read ahead of the model (32 s)
     ping_interval_s: float = 20.0  # keepalive pings detect vanished clients
     ping_timeout_s: float = 20.0  # a pong must arrive within this
@@ -95,6 +96,8 @@ class ServerOptions:
             raise ConfigError("max_pending_finals must be at least 1")
         if self.max_backlog_bytes < 1:
             raise ConfigError("max_backlog_bytes must be positive")
+        if self.drain_s < 0 or self.shutdown_grace_s < 0:
+            raise ConfigError("drain_s and shutdown_grace_s must not be negative")
 
 
 class StreamingServer:
@@ -125,6 +128,7 @@ class StreamingServer:
         self._no_connections.set()
         self._server: Server | None = None
         self._shutting_down = False
+        self._draining = False  # new sessions refused, open ones served (start_draining)
         self._lag_task: asyncio.Task[None] | None = None
         web_root = options.web_root or Path(str(importlib.resources.files("streamer.web_demo")))
         self._static = StaticFiles(web_root)
@@ -137,6 +141,7 @@ class StreamingServer:
             close_timeout_s=options.close_timeout_s,
         )
         worker.on_decoded = self.metrics.observe_decode
+        self.metrics.sessions_capacity.set(options.max_sessions)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -223,6 +228,40 @@ class StreamingServer:
         self.metrics.model_ready.set(1)
         logger.info("model ready: %s", self.worker.model_name)
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start_draining(self) -> None:
+        """Refuse new sessions (HTTP 503 ``draining``; ``/readyz`` 503) and serve open ones.
+
+        A load balancer that checks ``/readyz``, or retries a 503 on another server,
+        sends new sessions elsewhere meanwhile. :meth:`stop_draining` undoes it.
+        """
+        if not self._draining:
+            logger.info("draining: refusing new sessions; %d open", len(self._connections))
+        self._draining = True
+        self.metrics.draining.set(1)
+
+    def stop_draining(self) -> None:
+        """Admit new sessions again (after :meth:`start_draining`; not once shutting down)."""
+        if self._draining and not self._shutting_down:
+            logger.info("no longer draining: admitting new sessions")
+            self._draining = False
+            self.metrics.draining.set(0)
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """:meth:`start_draining`, then wait until every open session has ended by itself
+        or ``timeout_s`` (default ``options.drain_s``) has passed. :meth:`shutdown` next."""
+        timeout_s = self.options.drain_s if timeout_s is None else timeout_s
+        self.start_draining()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._no_connections.wait()
+            logger.info("drained: no session is open")
+        except TimeoutError:
+            logger.info("drain period over: %d sessions still open", len(self._connections))
+
     async def shutdown(self) -> None:
         """Refuse new sessions, finish open segments, send ``end``, close with 1001."""
         if self._shutting_down:
@@ -272,9 +311,7 @@ class StreamingServer:
             return json_response(http.HTTPStatus.OK, {"status": "ok"})
         if path == "/readyz":
             if self.ready and not self._shutting_down:
-                return json_response(
-                    http.HTTPStatus.OK, {"status": "ready", "model": self.worker.model_name}
-                )
+                return self._readiness()
             body: dict[str, object] = {"status": "loading"}
             if self._shutting_down:
                 body = {"status": "shutting_down"}
@@ -294,6 +331,20 @@ class StreamingServer:
                 http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
             )
         return found
+
+    def _readiness(self) -> Response:
+        """``/readyz`` once the model is ready: 200 only while a new session is admitted."""
+        counts = {"sessions": len(self._connections), "max_sessions": self.options.max_sessions}
+        status = "ready"
+        if self._draining:
+            status = "draining"
+        elif len(self._connections) >= self.options.max_sessions:
+            status = "full"
+        if status != "ready":
+            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"status": status, **counts})
+        return json_response(
+            http.HTTPStatus.OK, {"status": status, "model": self.worker.model_name, **counts}
+        )
 
     def _refuse(self, status: http.HTTPStatus, code: str, message: str) -> Response:
         self.metrics.rejected_total.labels(code).inc()
@@ -317,6 +368,12 @@ class StreamingServer:
         if self._shutting_down:
             return self._refuse(
                 http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "the server is shutting down"
+            )
+        if self._draining:
+            return self._refuse(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "draining",
+                "the server is draining before a restart; connect again (another server)",
             )
         if not self.ready:
             return self._refuse(
@@ -366,6 +423,9 @@ class StreamingServer:
         self.metrics.sessions_total.inc()
         self.metrics.sessions_active.set(len(self._connections))
         peer = ws.remote_address[0] if ws.remote_address else "?"
+        forwarded = ws.request.headers.get("X-Forwarded-For") if ws.request else None
+        if forwarded:  # behind a proxy (deploy/nginx.conf); logged, never trusted for limits
+            peer = f"{peer} for {forwarded[:200]}"
         connection.log.info(
             "session %s opened from %s (%s: %s)",
             session_id,
