@@ -12,9 +12,11 @@ the bench maps each utterance's server-reported start and end onto the client's 
 
 The protocols ask for the same thing: 16 kHz PCM (OpenAI's ``audio/pcm`` at 16000, so no
 protocol resamples), server VAD with a 500 ms endpoint, partials on, language detection.
-Steps run one protocol at a time, in a rotating order, ``--rounds`` times per client
-count, so a noisy machine spreads over all three. OpenAI's ttft is later by design: its
-deltas are append-only, so the first one waits for two partial decodes to agree.
+A step of N clients runs N clients *of each protocol at once* (3N sessions, starts
+staggered, protocols assigned round-robin and rotated every round so each protocol gets
+each track), so all three see the same machine: on a shared machine, steps run one after
+the other would differ by more than the adapters do. OpenAI's ttft is later by design:
+its deltas are append-only, so the first one waits for two partial decodes to agree.
 
     python -m bench.compat_latency --model random:small --quantize int8 --clients 1,8 \
         --duration-s 20 --rounds 2 --out bench/out/compat
@@ -252,9 +254,13 @@ async def run_client(port: int, protocol: str, track: np.ndarray, delay_s: float
     return run
 
 
-async def run_step(port: int, protocol: str, plans: list) -> list[ClientRun]:
+async def run_step(port: int, protocols: list[str], plans: list) -> list[ClientRun]:
+    """Client ``j`` streams ``plans[j]`` in ``protocols[j]``, all at once."""
     return await asyncio.gather(
-        *(run_client(port, protocol, plan.track, plan.delay_s) for plan in plans)
+        *(
+            run_client(port, p, plan.track, plan.delay_s)
+            for p, plan in zip(protocols, plans, strict=True)
+        )
     )
 
 
@@ -303,21 +309,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     results: dict[str, Any] = {"command": args.command, "steps": {}}
     with ManagedServer(options, out / "server.log") as server:
-        warm = plan_clients(StepOptions(url="", clients=1, duration_s=4, stagger_s=0), audio)
-        for protocol in PROTOCOLS:  # first decodes and first connections are slower
-            await run_step(server.port, protocol, warm)
+        warm = plan_clients(StepOptions(url="", clients=3, duration_s=4, stagger_s=0), audio)
+        await run_step(server.port, list(PROTOCOLS), warm)  # first decodes are slower
         for clients in args.clients:
             step = StepOptions(
-                url="", clients=clients, duration_s=args.duration_s, stagger_s=args.stagger_s,
-                endpoint_ms=ENDPOINT_MS, chunk_ms=CHUNK_MS,
+                url="", clients=3 * clients, duration_s=args.duration_s,
+                stagger_s=args.stagger_s, endpoint_ms=ENDPOINT_MS, chunk_ms=CHUNK_MS,
             )  # fmt: skip
             plans = plan_clients(step, audio)
             runs: dict[str, list[ClientRun]] = {p: [] for p in PROTOCOLS}
             for r in range(args.rounds):
-                order = PROTOCOLS[r % 3 :] + PROTOCOLS[: r % 3]
-                for protocol in order:
-                    logger.info("%d clients, round %d: %s", clients, r + 1, protocol)
-                    runs[protocol] += await run_step(server.port, protocol, plans)
+                logger.info("%d clients of each protocol, round %d", clients, r + 1)
+                protocols = [PROTOCOLS[(j + r) % 3] for j in range(len(plans))]
+                for run in await run_step(server.port, protocols, plans):
+                    runs[run.protocol].append(run)
             results["steps"][clients] = {p: summarize(runs[p]) for p in PROTOCOLS}
     return results
 
@@ -331,7 +336,7 @@ def main() -> int:
                         default=[1, 8])  # fmt: skip
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--stagger-s", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--audio", default="auto")
     parser.add_argument("--cache-dir", default=".cache")
     parser.add_argument("--out", default="bench/out/compat")

@@ -9,11 +9,10 @@ import pytest
 
 from streamer.core.compat import openai_realtime as oa
 from streamer.core.compat.openai_realtime import RealtimeAdapter, RealtimeOptions
-from streamer.core.protocol import StreamOptions
 from streamer.core.session import State
 from streamer.core.wire import V1Adapter
 from streamer.errors import InvalidOption
-from tests.compat_harness import Harness, make_session, words_for
+from tests.compat_harness import Harness, make_session
 from tests.fakes import silence, tone
 from tests.test_compat_deepgram import ulaw_encode
 
@@ -382,10 +381,3 @@ def test_a_server_limit_sends_the_transcripts_first() -> None:
     assert h.types()[-2:] == ["conversation.item.input_audio_transcription.completed", "error"]
     assert h.sent[-1]["error"]["code"] == "session_expired"
     assert h.session.close_code == 1008
-
-
-def test_words_for_is_deterministic() -> None:
-    """The harness's transcripts depend on the audio only (the v1 comparison relies on it)."""
-    session = make_session(sample_rate=16000)
-    assert session.stream == StreamOptions(sample_rate=16000)
-    assert callable(words_for)

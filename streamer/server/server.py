@@ -178,7 +178,7 @@ class StreamingServer:
             scheme,
             o.host,
             self.port,
-            protocol.PATH,
+            ", ".join(self._endpoints),
         )
 
     async def wait_ready(self) -> None:
