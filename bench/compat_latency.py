@@ -35,13 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from bench.latency.audio import SAMPLE_RATE, load_bench_audio
-from bench.latency.load import StepOptions, plan_clients
+from bench.latency.load import ClientPlan, StepOptions, plan_clients
 from bench.latency.metrics import SendLog, percentiles
 from bench.latency.serverproc import ManagedServer, ServerOptions
 
@@ -89,8 +88,9 @@ class Protocol:
 
     path = ""
 
-    def __init__(self, run: ClientRun) -> None:
+    def __init__(self, run: ClientRun, utterances: int) -> None:
         self.run = run
+        self.expected = utterances  # speech clips in the track
         self.done = asyncio.Event()  # the session is over (closed, or every final in)
 
     async def open(self, ws: ClientConnection) -> None:
@@ -155,10 +155,11 @@ class Deepgram(Protocol):
 class OpenAI(Protocol):
     path = "/v1/realtime?intent=transcription"
 
-    def __init__(self, run: ClientRun) -> None:
-        super().__init__(run)
+    def __init__(self, run: ClientRun, utterances: int) -> None:
+        super().__init__(run, utterances)
         self.ended = False
         self.open_items: set[str] = set()
+        self.completed = 0
 
     async def open(self, ws: ClientConnection) -> None:
         update = {
@@ -184,8 +185,13 @@ class OpenAI(Protocol):
         ).decode()
 
     async def end(self, ws: ClientConnection) -> None:
-        self.ended = True  # every track ends in silence: the VAD closes the last item
-        if not self.open_items:
+        # The protocol has no end of stream: the last item is over once the VAD has closed
+        # it (every track ends in silence) and at least one item per clip has completed.
+        self.ended = True
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self.ended and not self.open_items and self.completed >= self.expected:
             self.done.set()
 
     def on_message(self, m: dict[str, Any], t: float) -> None:
@@ -208,23 +214,24 @@ class OpenAI(Protocol):
                     u.first_text_t = t
                 u.final_t = t
             self.open_items.discard(m["item_id"])
-            if self.ended and not self.open_items:
-                self.done.set()
+            self.completed += 1
+            self._maybe_done()
         elif kind == "error":
             self.run.error = m["error"]["message"]
 
 
-CLIENTS: dict[str, Callable[[ClientRun], Protocol]] = {
+CLIENTS: dict[str, Callable[[ClientRun, int], Protocol]] = {
     "v1": V1,
     "deepgram": Deepgram,
     "openai": OpenAI,
 }
 
 
-async def run_client(port: int, protocol: str, track: np.ndarray, delay_s: float) -> ClientRun:
-    await asyncio.sleep(delay_s)
+async def run_client(port: int, protocol: str, plan: ClientPlan) -> ClientRun:
+    await asyncio.sleep(plan.delay_s)
+    track = plan.track
     run = ClientRun(protocol)
-    client = CLIENTS[protocol](run)
+    client = CLIENTS[protocol](run, len(plan.speech_spans))
     chunk = SAMPLE_RATE * CHUNK_MS // 1000
     try:
         async with connect(f"ws://127.0.0.1:{port}{client.path}", max_size=None) as ws:
@@ -254,13 +261,10 @@ async def run_client(port: int, protocol: str, track: np.ndarray, delay_s: float
     return run
 
 
-async def run_step(port: int, protocols: list[str], plans: list) -> list[ClientRun]:
+async def run_step(port: int, protocols: list[str], plans: list[ClientPlan]) -> list[ClientRun]:
     """Client ``j`` streams ``plans[j]`` in ``protocols[j]``, all at once."""
     return await asyncio.gather(
-        *(
-            run_client(port, p, plan.track, plan.delay_s)
-            for p, plan in zip(protocols, plans, strict=True)
-        )
+        *(run_client(port, p, plan) for p, plan in zip(protocols, plans, strict=True))
     )
 
 

@@ -11,7 +11,14 @@ from streamer.core.compat.audio import ALAW_TO_S16, ULAW_TO_S16, AudioDecoder
 
 def test_g711_tables() -> None:
     # ITU-T G.711 reference points: silence, both extremes, the smallest steps
-    assert ULAW_TO_S16[[0xFF, 0x7F, 0x00, 0x80, 0xFE, 0x7E]].tolist() == [0, 0, -32124, 32124, 8, -8]
+    assert ULAW_TO_S16[[0xFF, 0x7F, 0x00, 0x80, 0xFE, 0x7E]].tolist() == [
+        0,
+        0,
+        -32124,
+        32124,
+        8,
+        -8,
+    ]
     assert ALAW_TO_S16[[0xD5, 0x55, 0xAA, 0x2A]].tolist() == [8, -8, 32256, -32256]
     for table in (ULAW_TO_S16, ALAW_TO_S16):  # odd symmetric, monotonic per sign half
         assert sorted(table.tolist()) == sorted((-table).tolist())

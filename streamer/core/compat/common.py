@@ -9,7 +9,6 @@ booleans fall back to the default.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,9 +80,27 @@ def clamp_endpoint_ms(ms: int) -> int:
     return max(protocol.MIN_ENDPOINT_MS, min(protocol.MAX_ENDPOINT_MS, ms))
 
 
-def _is_cjk(char: str) -> bool:
-    name = unicodedata.name(char, "")
-    return name.startswith(("CJK", "HIRAGANA", "KATAKANA", "HANGUL SYLLABLE"))
+# Scripts written without spaces between words: CJK ideographs (with their extensions and
+# compatibility forms), hiragana, katakana, hangul syllables; and their punctuation.
+_CJK_LETTERS = (
+    (0x3040, 0x30FF),
+    (0x31F0, 0x31FF),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7AF),
+    (0xF900, 0xFAFF),
+    (0x20000, 0x2FA1F),
+)
+_CJK_PUNCTUATION = ((0x3000, 0x303F), (0xFF00, 0xFFEF))
+
+
+def _is_cjk(char: str, ranges: tuple[tuple[int, int], ...] = _CJK_LETTERS) -> bool:
+    code = ord(char)
+    return code >= 0x3000 and any(lo <= code <= hi for lo, hi in ranges)
+
+
+def _no_space(char: str) -> bool:
+    return _is_cjk(char) or _is_cjk(char, _CJK_PUNCTUATION)
 
 
 def join_texts(texts: Sequence[str]) -> str:
@@ -94,13 +111,13 @@ def join_texts(texts: Sequence[str]) -> str:
         text = text.strip()
         if not text:
             continue
-        if out and not (_is_cjk(out[-1]) or _is_cjk(text[0])):
+        if out and not (_no_space(out[-1]) or _no_space(text[0])):
             out += " "
         out += text
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Word:
     """One word of a transcript with its time in the client's audio."""
 
@@ -122,6 +139,8 @@ UNKNOWN_CONFIDENCE = 1.0
 def split_words(text: str) -> list[str]:
     """The words of a transcript: space-separated tokens, and each CJK character alone
     (punctuation stays attached to the word or character before it)."""
+    if text.isascii():
+        return text.split()
     words: list[str] = []
     for token in text.split():
         current = ""
