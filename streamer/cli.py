@@ -272,7 +272,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--token",
         default=_env("token", None),
-        help="require this token (Authorization: Bearer, or ?token=)",
+        help="require this token (v1: Authorization: Bearer or ?token=; Deepgram: "
+        "Authorization: Token; OpenAI Realtime: Authorization: Bearer)",
     )
     s.add_argument(
         "--certfile",

@@ -190,7 +190,7 @@ def haproxy_server_status(stats: Path) -> dict[str, str]:
 
 
 def rejected(server: ServerThread, reason: str) -> float:
-    value = server.server.metrics.rejected_total.labels(reason)._value.get()
+    value = server.server.metrics.rejected_total.labels(reason, "v1")._value.get()
     return float(value)
 
 

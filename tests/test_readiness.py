@@ -100,7 +100,7 @@ async def test_readyz_says_full_at_max_sessions_and_counts(make_fake_server):
         lambda: urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
     )
     assert "streamer_sessions_capacity 2.0" in metrics
-    assert "streamer_sessions_active 2.0" in metrics
+    assert 'streamer_sessions_active{protocol="v1"} 2.0' in metrics
     await clients[0].close()
     await eventually(lambda: server.server.session_count == 1)
     assert (await get(base + "/readyz"))[0] == 200

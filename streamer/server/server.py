@@ -17,7 +17,7 @@ import logging
 import secrets
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from streamer.core import protocol
 from streamer.core.protocol import Error, StreamOptions
@@ -39,6 +40,7 @@ from streamer.errors import (
     close_code_for,
 )
 from streamer.model.worker import ModelWorker
+from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import Connection, ConnectionLimits
 from streamer.server.http import (
     V1_ENDPOINT,
@@ -132,7 +134,9 @@ class StreamingServer:
         self._lag_task: asyncio.Task[None] | None = None
         web_root = options.web_root or Path(str(importlib.resources.files("streamer.web_demo")))
         self._static = StaticFiles(web_root)
-        self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT}
+        self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT, **COMPAT_ENDPOINTS}
+        for endpoint in self._endpoints.values():
+            self.metrics.sessions_active.labels(endpoint.name)  # exported at 0 from the start
         self._limits = ConnectionLimits(
             max_pending_finals=options.max_pending_finals,
             max_backlog_bytes=options.max_backlog_bytes,
@@ -179,6 +183,7 @@ class StreamingServer:
                 o.port,
                 ssl=ssl_context,
                 process_request=self._process_request,
+                select_subprotocol=self._select_subprotocol,
                 compression=None,  # PCM does not compress; deflate would only cost CPU
                 max_size=o.max_message_bytes,
                 max_queue=16,
@@ -203,7 +208,7 @@ class StreamingServer:
             scheme,
             o.host,
             self.port,
-            protocol.PATH,
+            ", ".join(self._endpoints),
         )
 
     async def wait_ready(self) -> None:
@@ -346,10 +351,22 @@ class StreamingServer:
             http.HTTPStatus.OK, {"status": status, "model": self.worker.model_name, **counts}
         )
 
-    def _refuse(self, status: http.HTTPStatus, code: str, message: str) -> Response:
-        self.metrics.rejected_total.labels(code).inc()
-        logger.info("refused a session: %s (%s)", code, message)
-        return json_response(status, {"error": code, "message": message})
+    def _refuse(
+        self, status: http.HTTPStatus, code: str, message: str, endpoint: Endpoint
+    ) -> Response:
+        self.metrics.rejected_total.labels(code, endpoint.name).inc()
+        logger.info("refused a %s session: %s (%s)", endpoint.name, code, message)
+        return endpoint.refuse(status, code, message)
+
+    def _select_subprotocol(
+        self, connection: ServerConnection, offered: Sequence[Subprotocol]
+    ) -> Subprotocol | None:
+        request = connection.request
+        endpoint = self._endpoints.get(urlsplit(request.path).path) if request else None
+        if endpoint is None or endpoint.select_subprotocol is None:
+            return None  # proceed without one, whatever the client offered
+        chosen = endpoint.select_subprotocol(offered)
+        return Subprotocol(chosen) if chosen is not None else None
 
     def _admit(
         self, request: Request, endpoint: Endpoint, query: dict[str, str]
@@ -358,70 +375,91 @@ class StreamingServer:
         if o.token is not None:
             if not token_matches(endpoint.presented_token(request, query), o.token):
                 return self._refuse(
-                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint
+                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint, endpoint
                 )
         origin = request.headers.get("Origin")
         if o.allowed_origins and origin is not None and origin not in o.allowed_origins:
             return self._refuse(
-                http.HTTPStatus.FORBIDDEN, "origin_not_allowed", f"origin {origin!r} is not allowed"
+                http.HTTPStatus.FORBIDDEN,
+                "origin_not_allowed",
+                f"origin {origin!r} is not allowed",
+                endpoint,
             )
+        if endpoint.negotiate is not None:
+            # options we cannot serve are refused before the upgrade: a 4xx tells the
+            # clients not to retry
+            try:
+                endpoint.negotiation(request, query, o.default_stream)
+            except ProtocolError as error:
+                return self._refuse(
+                    http.HTTPStatus.BAD_REQUEST, error.code, error.message, endpoint
+                )
         if self._shutting_down:
             return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "the server is shutting down"
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the server is shutting down",
+                endpoint,
             )
         if self._draining:
             return self._refuse(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 "draining",
                 "the server is draining before a restart; connect again (another server)",
+                endpoint,
             )
         if not self.ready:
             return self._refuse(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 "not_ready",
                 "the model is still loading; retry shortly",
+                endpoint,
             )
         if len(self._connections) >= o.max_sessions:
             return self._refuse(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 "server_full",
                 f"the server is at its limit of {o.max_sessions} sessions",
+                endpoint,
             )
         return None
 
     # -- WebSocket -------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None  # the handshake is over
+        url = urlsplit(ws.request.path)
+        endpoint = self._endpoints.get(url.path, V1_ENDPOINT)
         if len(self._connections) >= self.options.max_sessions or self._shutting_down:
             # lost a race with other handshakes admitted at the same time
-            self.metrics.rejected_total.labels("server_full").inc()
+            self.metrics.rejected_total.labels("server_full", endpoint.name).inc()
             await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
             return
         session_id = secrets.token_hex(6)
-        url = urlsplit(ws.request.path) if ws.request else urlsplit("/")
-        endpoint = self._endpoints.get(url.path, V1_ENDPOINT)
         query = dict(parse_qsl(url.query))
         session_options = replace(self.options.session, model_name=self.worker.model_name)
         try:
-            stream = endpoint.stream_options(query, self.options.default_stream)
+            negotiation = endpoint.negotiation(ws.request, query, self.options.default_stream)
         except ProtocolError as error:
             logger.info("session %s refused: %s", session_id, error.message)
             self.metrics.errors_total.labels(error.code).inc()
             message = Error(code=error.code, message=error.message, fatal=True)
             try:
-                await ws.send(protocol.encode(message), text=True)
+                if endpoint.negotiate is None:  # the others refused it before the upgrade
+                    await ws.send(protocol.encode(message), text=True)
                 await ws.close(close_code_for(error), error.code)
             except ConnectionClosed:
                 pass
             return
+        stream = negotiation.stream
         session = Session(session_id, session_options, stream, self._classifier_factory())
-        adapter = endpoint.make_adapter(session)
+        adapter = negotiation.make_adapter(session)
         adapter.start()
         connection = Connection(ws, adapter, self.worker, self.metrics, self._limits)
         self._connections.add(connection)
         self._no_connections.clear()
-        self.metrics.sessions_total.inc()
-        self.metrics.sessions_active.set(len(self._connections))
+        self.metrics.sessions_total.labels(endpoint.name).inc()
+        self.metrics.sessions_active.labels(endpoint.name).inc()
         peer = ws.remote_address[0] if ws.remote_address else "?"
         forwarded = ws.request.headers.get("X-Forwarded-For") if ws.request else None
         if forwarded:  # behind a proxy (deploy/nginx.conf); logged, never trusted for limits
@@ -443,7 +481,7 @@ class StreamingServer:
             self._connections.discard(connection)
             if not self._connections:
                 self._no_connections.set()
-            self.metrics.sessions_active.set(len(self._connections))
+            self.metrics.sessions_active.labels(endpoint.name).dec()
             stats = session.stats
             connection.log.info(
                 "session %s closed: %d segments, %.1f s audio, %d partials (%d skipped), %s",

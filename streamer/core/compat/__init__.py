@@ -1,0 +1,9 @@
+"""Adapters for wire protocols that existing clients speak (I/O-free, like the core).
+
+Each module translates one protocol to and from the core :class:`~streamer.core.session.Session`
+as a :class:`~streamer.core.wire.WireAdapter`: :mod:`.deepgram` (``GET /v1/listen``) and
+:mod:`.openai_realtime` (``GET /v1/realtime?intent=transcription``). :mod:`.audio` decodes
+G.711 and downmixes channels; :mod:`.common` holds what the protocols share (language
+tags, lenient option parsing, word lists). ``docs/deepgram.md`` and
+``docs/openai-realtime.md`` describe what each client sees.
+"""
