@@ -22,6 +22,7 @@ from streamer.errors import ModelError
 logger = logging.getLogger(__name__)
 
 HUB_PROBE_TIMEOUT_S = 2.5  # how long an unreachable hub may delay start-up
+RANDOM_PREFIX = "random:"  # model names built by streamer.testkit.models
 
 _CTC_HEAD_KEY = "ctc.ctc_lo.weight"
 _HF_ALIASES = {"iic/SenseVoiceSmall": "FunAudioLLM/SenseVoiceSmall"}
@@ -44,14 +45,53 @@ class ModelFiles:
     cmvn: Path  # am.mvn
 
 
-def _looks_like_path(model: str) -> bool:
+def locate_model(model: str, hub: str, cache_dir: Path) -> Path | str:
+    """A checked local model directory, or the hub id funasr should download.
+
+    ``random:NAME`` is built (once) under ``cache_dir`` by the test-model builder; a
+    directory is checked for missing files and a tokenizer that does not fit the weights;
+    a hub id is looked up in the local hub cache, and when it is not there the hub must
+    answer within :data:`HUB_PROBE_TIMEOUT_S`. Raises ModelError otherwise.
+    """
+    if model.startswith(RANDOM_PREFIX):
+        from streamer.testkit.models import ensure_random_model
+
+        directory = ensure_random_model(model[len(RANDOM_PREFIX) :], cache_dir)
+        logger.warning(
+            "MODEL %s HAS RANDOM WEIGHTS: every transcript it produces is meaningless. "
+            "Use it for tests and timing only.",
+            model,
+        )
+    else:
+        path = Path(model).expanduser()
+        if path.exists() or looks_like_path(model):
+            directory = path
+        else:
+            cached = hub_cache_dir(model, hub)
+            if cached is None:
+                require_hub(model, hub)
+                return model
+            directory = cached
+    check_vocabulary(model_files(directory))
+    if not model.startswith(RANDOM_PREFIX):
+        from streamer.testkit.models import read_build_info
+
+        if read_build_info(directory) is not None:
+            logger.warning(
+                "model directory %s was built with random weights: its transcripts are meaningless",
+                directory,
+            )
+    return directory
+
+
+def looks_like_path(model: str) -> bool:
     """Hub ids are ``owner/name``; anything else that does not exist is a missing path."""
     if model.startswith(("/", "./", "../", "~")) or Path(model).is_absolute():
         return True
     return model.count("/") != 1
 
 
-def _model_files(directory: Path) -> ModelFiles:
+def model_files(directory: Path) -> ModelFiles:
     """The files funasr will read from ``directory``; ModelError naming any missing one."""
     if not directory.is_dir():
         raise ModelError(
@@ -95,7 +135,7 @@ def _model_files(directory: Path) -> ModelFiles:
     )
 
 
-def _check_vocabulary(files: ModelFiles) -> None:
+def check_vocabulary(files: ModelFiles) -> None:
     """ModelError when the tokenizer and the checkpoint's CTC head disagree in size.
 
     funasr would skip loading the mismatched head and decode garbage without a warning.
@@ -144,7 +184,7 @@ def _find_tensor(state: Any, key: str) -> Any:
     return state.get(key, state.get("module." + key))
 
 
-def _hub_cache_dir(model: str, hub: str) -> Path | None:
+def hub_cache_dir(model: str, hub: str) -> Path | None:
     """The locally cached snapshot of hub id ``model``, found without network access."""
     try:
         if hub == "ms":
@@ -169,7 +209,7 @@ def _hub_host(hub: str) -> str:
     return urlparse(endpoint).hostname or "huggingface.co"
 
 
-def _require_hub(model: str, hub: str) -> None:
+def require_hub(model: str, hub: str) -> None:
     """ModelError within a few seconds when the hub cannot be reached."""
     host = _hub_host(hub)
     problem = _probe(host, 443, HUB_PROBE_TIMEOUT_S)

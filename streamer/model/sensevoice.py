@@ -1,4 +1,4 @@
-"""SenseVoiceSmall's own layout: query rows, special-token ids, frontend settings.
+"""SenseVoiceSmall's own layout: query rows, special-token ids, frontend, tag rendering.
 
 Facts of the model itself, shared by the recognizer backends and the random-model builder
 in :mod:`streamer.testkit.models` (which imports them from here, never the reverse).
@@ -9,13 +9,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from streamer.core.audio import SAMPLE_RATE
+
 if TYPE_CHECKING:
     import torch
 
-SAMPLE_RATE = 16000  # the model's input rate, in Hz
+__all__ = ["SAMPLE_RATE"]  # the model's input rate is the server's (core.audio owns it)
+
 # Below one 25 ms analysis window the fbank backends fail (generate() raises), and there
 # is nothing to recognise: both decode paths return an empty transcript instead.
 MIN_DECODE_SAMPLES = 400
+QUERY_FRAMES = 4  # encoder frames 0-3: language, emotion, event, ITN; audio starts at 4
+FRAME_MS = 60  # audio per encoder frame after the query frames (one LFR frame: 6 x 10 ms)
+BLANK_ID = 0  # the CTC blank (<unk> in the tokenizer)
+EMO_UNKNOWN_ID = 25009  # what inference()'s ban_emo_unk suppresses (real vocabulary)
 
 # Rows of SenseVoiceSmall.embed used as query frames (not token ids), as in inference().
 LID_ROWS = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
@@ -76,3 +83,93 @@ def prepend_queries(
     speech = torch.cat((textnorm, speech), dim=1)
     speech = torch.cat((torch.cat((language, event_emo), dim=1), speech), dim=1)
     return speech, lengths + 4
+
+
+# --- rich transcription: tags rendered as emoji, as funasr's rich_transcription_postprocess
+
+_LANGUAGE_TAGS = ("<|zh|>", "<|en|>", "<|yue|>", "<|ja|>", "<|ko|>", "<|nospeech|>")
+_EMOTION_EMOJI = {  # in funasr's order: the first of equally frequent emotions wins
+    "<|HAPPY|>": "😊",
+    "<|SAD|>": "😔",
+    "<|ANGRY|>": "😡",
+    "<|NEUTRAL|>": "",
+    "<|FEARFUL|>": "😰",
+    "<|DISGUSTED|>": "🤢",
+    "<|SURPRISED|>": "😮",
+}
+_EVENT_EMOJI = {  # prefixed in this order, so the last present ends up first
+    "<|BGM|>": "🎼",
+    "<|Speech|>": "",
+    "<|Applause|>": "👏",
+    "<|Laughter|>": "😀",
+    "<|Cry|>": "😭",
+    "<|Sneeze|>": "🤧",
+    "<|Breath|>": "",
+    "<|Cough|>": "🤧",
+}
+_REMOVED_TAGS = (  # every tag counted and removed from the text
+    *_LANGUAGE_TAGS,
+    *_EMOTION_EMOJI,
+    *_EVENT_EMOJI,
+    "<|EMO_UNKNOWN|>",
+    "<|Sing|>",
+    "<|Speech_Noise|>",
+    "<|withitn|>",
+    "<|woitn|>",
+    "<|GBG|>",
+    "<|Event_UNK|>",
+)
+_EMOTION_CHARS = "😊😔😡😰🤢😮"
+_EVENT_CHARS = "🎼👏😀😭🤧😷"
+_LANGUAGE_MARK = "<|lang|>"
+
+
+def rich_text(raw: str) -> str:
+    """SenseVoice output with its tags rendered as emoji: ``"😀hello there😊"``.
+
+    Gives what funasr's ``rich_transcription_postprocess`` gives (the tests compare them),
+    without importing funasr: the ONNX backend runs without it.
+    """
+    s = raw.replace("<|nospeech|><|Event_UNK|>", "❓")
+    for tag in _LANGUAGE_TAGS:
+        s = s.replace(tag, _LANGUAGE_MARK)
+    parts = [_render_part(part).strip(" ") for part in s.split(_LANGUAGE_MARK)]
+    out = " " + parts[0]
+    event = _leading_event(out)
+    for part in parts[1:]:
+        if part and _leading_event(part) is not None and _leading_event(part) == event:
+            part = part[1:]  # the same event as the previous language segment: shown once
+        if not part:
+            continue
+        event = _leading_event(part)
+        emotion = _trailing_emotion(part)
+        if emotion is not None and emotion == _trailing_emotion(out):
+            out = out[:-1]  # the same emotion: shown once, at the end
+        out += part.strip()
+    return out.replace("The.", " ").strip()
+
+
+def _render_part(s: str) -> str:
+    counts = {}
+    for tag in _REMOVED_TAGS:
+        counts[tag] = counts.get(tag, 0) + s.count(tag)
+        s = s.replace(tag, "")
+    emotion = "<|NEUTRAL|>"
+    for tag in _EMOTION_EMOJI:
+        if counts[tag] > counts[emotion]:
+            emotion = tag
+    for tag, emoji in _EVENT_EMOJI.items():
+        if counts[tag] > 0:
+            s = emoji + s
+    s += _EMOTION_EMOJI[emotion]
+    for emoji in _EMOTION_CHARS + _EVENT_CHARS:
+        s = s.replace(" " + emoji, emoji).replace(emoji + " ", emoji)
+    return s.strip()
+
+
+def _leading_event(s: str) -> str | None:
+    return s[0] if s[0] in _EVENT_CHARS else None
+
+
+def _trailing_emotion(s: str) -> str | None:
+    return s[-1] if s[-1] in _EMOTION_CHARS else None
