@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from streamer.core.audio import SAMPLE_RATE
+from streamer.core.audio import SAMPLE_RATE as SAMPLE_RATE  # the model's input rate
 
 if TYPE_CHECKING:
     import torch
-
-__all__ = ["SAMPLE_RATE"]  # the model's input rate is the server's (core.audio owns it)
 
 # Below one 25 ms analysis window the fbank backends fail (generate() raises), and there
 # is nothing to recognise: both decode paths return an empty transcript instead.
