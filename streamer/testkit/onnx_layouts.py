@@ -96,9 +96,7 @@ def rewrite_graph(
         lengths = renames.get("x_length", "x_length")
         four = helper.make_tensor("query_frames", TensorProto.INT32, [], [4])
         graph.initializer.append(four)
-        graph.node.append(
-            helper.make_node("Add", [lengths, "query_frames"], ["encoder_out_lens"])
-        )
+        graph.node.append(helper.make_node("Add", [lengths, "query_frames"], ["encoder_out_lens"]))
         graph.output.append(
             helper.make_tensor_value_info("encoder_out_lens", TensorProto.INT32, ["N"])
         )
