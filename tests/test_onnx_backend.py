@@ -169,13 +169,13 @@ def test_manifest_and_files(tiny_export: Path, tiny_model_dir: Path) -> None:
     manifest = read_manifest(tiny_export)
     assert manifest is not None
     assert manifest.opset == onnx_export.ONNX_OPSET
-    assert manifest.int8_weight_type == "QUInt8"
+    assert manifest.int8_weight_type == onnx_export.default_int8_weight_type()
     assert manifest.vocab_size == 400
     assert len(manifest.source_sha256) == 64
     assert {"torch", "funasr", "onnx", "onnxruntime"} <= set(manifest.versions)
     for name in manifest.files.values():
         assert (tiny_export / name).is_file(), name
-    assert tiny_export.name == manifest.source_sha256[:16]
+    assert tiny_export.name == f"{manifest.source_sha256[:16]}-{manifest.int8_weight_type.lower()}"
     lines = (tiny_export / "tokens.txt").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 400 and lines[0] == "<unk> 0"
 
@@ -211,13 +211,11 @@ def test_cli_export(tiny_model_dir: Path, tmp_path: Path) -> None:
     from streamer.cli import main
 
     out = tmp_path / "export"
-    assert (
-        main(["export-onnx", str(tiny_model_dir), "--out", str(out), "--int8-weight-type", "QInt8"])
-        == 0
-    )
+    command = ["export-onnx", str(tiny_model_dir), "--out", str(out)]
+    assert main([*command, "--int8-weight-type", "QUInt8"]) == 0
     manifest = read_manifest(out)
-    assert manifest is not None and manifest.int8_weight_type == "QInt8"
-    assert main(["export-onnx", str(tiny_model_dir), "--out", str(out)]) == 2  # not empty
+    assert manifest is not None and manifest.int8_weight_type == "QUInt8"
+    assert main(command) == 2  # not empty
 
 
 # --- published layouts ---------------------------------------------------------------------------

@@ -15,7 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from streamer.errors import ModelError
-from streamer.model.sensevoice import FRONTEND_CONF, SAMPLE_RATE
+from streamer.model.sensevoice import (
+    FRAME_LENGTH_MS,
+    FRAME_SHIFT_MS,
+    LFR_M,
+    LFR_N,
+    N_MELS,
+    SAMPLE_RATE,
+    WINDOW,
+)
 
 
 @dataclass(frozen=True)
@@ -55,8 +63,8 @@ class Frontend:
         self,
         cmvn: Cmvn,
         *,
-        lfr_m: int = int(FRONTEND_CONF["lfr_m"]),
-        lfr_n: int = int(FRONTEND_CONF["lfr_n"]),
+        lfr_m: int = LFR_M,
+        lfr_n: int = LFR_N,
     ) -> None:
         import kaldi_native_fbank as knf
 
@@ -64,7 +72,7 @@ class Frontend:
         self.lfr_m = lfr_m
         self.lfr_n = lfr_n
         self.cmvn = cmvn
-        self.n_mels = int(FRONTEND_CONF["n_mels"])
+        self.n_mels = N_MELS
         if cmvn.shift.size != self.n_mels * lfr_m:
             raise ModelError(
                 f"CMVN has {cmvn.shift.size} dimensions but {self.n_mels} mel bins stacked "
@@ -88,16 +96,15 @@ class Frontend:
     def fbank(self, waveform: np.ndarray) -> np.ndarray:
         """80-bin log-mel filterbank, (frames, 80) float32, as funasr's knf fallback."""
         knf = self._knf
-        frame_length_ms = float(FRONTEND_CONF["frame_length"])
         options = knf.FbankOptions()
         frame = options.frame_opts
         frame.samp_freq = float(SAMPLE_RATE)
         # WavFrontend shortens the window for audio shorter than one window
-        frame.frame_length_ms = min(frame_length_ms, waveform.size / SAMPLE_RATE * 1000)
-        frame.frame_shift_ms = float(FRONTEND_CONF["frame_shift"])
+        frame.frame_length_ms = min(float(FRAME_LENGTH_MS), waveform.size / SAMPLE_RATE * 1000)
+        frame.frame_shift_ms = float(FRAME_SHIFT_MS)
         frame.dither = 0.0
         frame.snip_edges = True
-        frame.window_type = str(FRONTEND_CONF["window"])
+        frame.window_type = WINDOW
         frame.preemph_coeff = 0.97
         frame.remove_dc_offset = True
         frame.round_to_power_of_two = True

@@ -110,8 +110,9 @@ def preflight(options: RecognizerOptions) -> None:
         return
     path = Path(model).expanduser()
     if path.exists() or looks_like_path(model):
+        checked: list[Path | None]
         if backend == "onnx" and path.is_dir() and any(path.glob("*.onnx")):
-            checked = sorted(path.glob("*.onnx"))  # the ONNX loader checks the layout
+            checked = list(sorted(path.glob("*.onnx")))  # the ONNX loader checks the layout
         else:
             files = model_files(path)
             checked = [files.config, files.checkpoint, files.cmvn, files.tokenizer]
@@ -226,7 +227,8 @@ def _load_onnx(options: RecognizerOptions, progress: LoadProgress) -> CtcRecogni
         from streamer.model.onnx_backend import OnnxRecognizer, locate_onnx_model
     with progress.stage_of("build", f"locating model {options.model} (exported to ONNX once)"):
         model_dir = locate_onnx_model(options)
-    with progress.stage_of("load", f"loading {model_dir.graph} with ONNX Runtime"):
+    what = f"loading model {options.model} with ONNX Runtime ({model_dir.graph.name})"
+    with progress.stage_of("load", what):
         recognizer = OnnxRecognizer(replace(options, warmup=False), model_dir=model_dir)
     if options.warmup:
         with progress.stage_of("warmup", "warming up (decoding 1, 3 and 7 s)"):

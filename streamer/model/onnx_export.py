@@ -11,7 +11,8 @@ The graph is SenseVoiceSmall's embedding, encoder and CTC head::
 N and T are dynamic, so one call can decode a padded batch. The names and the metadata
 are sherpa-onnx's (scripts/sense-voice/export-onnx.py), so an export made here is also a
 sherpa-onnx model. ``model.int8.onnx`` holds the same graph with MatMul weights quantized
-dynamically to 8 bits. ``manifest.json`` records where it came from.
+dynamically to 8 bits (QInt8 on CPUs with an int8 dot-product unit, QUInt8 elsewhere:
+:func:`default_int8_weight_type`). ``manifest.json`` records where it came from.
 
 torch, funasr, onnx and onnxruntime are imported inside functions only.
 """
@@ -37,7 +38,8 @@ from streamer.model.frontend import read_am_mvn
 from streamer.model.sensevoice import (
     EVENT_EMO_ROWS,
     FEATURE_DIM,
-    FRONTEND_CONF,
+    LFR_M,
+    LFR_N,
     LID_ROWS,
     QUERY_FRAMES,
     TEXTNORM_ROWS,
@@ -48,10 +50,13 @@ logger = logging.getLogger(__name__)
 # Bump when the exported graph or the directory layout changes: the cache is keyed by it.
 EXPORT_VERSION = 1
 ONNX_OPSET = 13
-# Measured on random:small (bench/RESULTS.md): QUInt8 weights agree with fp32 more often
-# than QInt8, and sherpa-onnx reports wrong results from QInt8 with its C++ runtime.
-DEFAULT_INT8_WEIGHT_TYPE = "QUInt8"
-INT8_WEIGHT_TYPES = ("QUInt8", "QInt8")
+INT8_WEIGHT_TYPES = ("QInt8", "QUInt8")
+# CPU flags of an int8 dot-product unit (x86 VNNI, Arm dotprod): with one, ONNX Runtime's
+# u8 x s8 kernels are exact and 2-3x faster than u8 x u8 (bench/RESULTS.md); without one,
+# u8 x s8 may saturate (what onnxruntime's reduce_range and sherpa-onnx's choice of QUInt8
+# work around), so QUInt8 is the safe choice there.
+_DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "avx512vnni", "asimddp"})
+_CPUINFO = Path("/proc/cpuinfo")
 
 MANIFEST_FILE = "manifest.json"
 FP32_FILE = "model.onnx"
@@ -143,16 +148,37 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def cached_export(model_dir: Path, cache_dir: Path, *, name: str | None = None) -> Path:
+def default_int8_weight_type() -> str:
+    """QInt8 on CPUs with an int8 dot-product unit, else QUInt8 (see _DOT_PRODUCT_FLAGS)."""
+    try:
+        text = _CPUINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "QUInt8"
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.partition(":")[2].split())
+    return "QInt8" if flags & _DOT_PRODUCT_FLAGS else "QUInt8"
+
+
+def cached_export(
+    model_dir: Path,
+    cache_dir: Path,
+    *,
+    name: str | None = None,
+    int8_weight_type: str | None = None,
+) -> Path:
     """The export of torch model ``model_dir`` under ``cache_dir/onnx``, made if needed.
 
-    Keyed by :func:`source_sha256`: a changed model gets a new export, an unchanged one
+    Keyed by :func:`source_sha256` and the int8 weight type (default:
+    :func:`default_int8_weight_type`): a changed model gets a new export, an unchanged one
     is found in milliseconds. The directory appears atomically, as random models do.
     """
+    weight_type = int8_weight_type or default_int8_weight_type()
     files = model_files(model_dir)
     onnx_dir = cache_dir / "onnx"
     digest = source_sha256(files, onnx_dir)
-    target = onnx_dir / digest[:16]
+    target = onnx_dir / f"{digest[:16]}-{weight_type.lower()}"
     if (target / MANIFEST_FILE).is_file():
         logger.info("using the cached ONNX export %s of %s", target, model_dir)
         return target
@@ -164,7 +190,7 @@ def cached_export(model_dir: Path, cache_dir: Path, *, name: str | None = None) 
     )
     building = Path(tempfile.mkdtemp(prefix=".exporting-", dir=onnx_dir))
     try:
-        export_onnx(model_dir, building, name=name, digest=digest)
+        export_onnx(model_dir, building, int8_weight_type=weight_type, name=name, digest=digest)
         building.chmod(0o755)
         try:
             building.rename(target)
@@ -182,7 +208,7 @@ def export_onnx(
     model_dir: Path,
     out_dir: Path,
     *,
-    int8_weight_type: str = DEFAULT_INT8_WEIGHT_TYPE,
+    int8_weight_type: str | None = None,
     name: str | None = None,
     digest: str | None = None,
     threads: int = 0,
@@ -192,6 +218,7 @@ def export_onnx(
     ``model_dir`` is a torch/funasr SenseVoiceSmall directory (as ``streamer serve`` takes
     it). Loads the model with torch on the CPU (seconds; about 2 GiB for the real size).
     """
+    int8_weight_type = int8_weight_type or default_int8_weight_type()
     if int8_weight_type not in INT8_WEIGHT_TYPES:
         raise ConfigError(
             f"int8 weight type must be one of {', '.join(INT8_WEIGHT_TYPES)}, "
@@ -223,7 +250,7 @@ def export_onnx(
     write_tokens_txt(out_dir / TOKENS_FILE, pieces)
     shutil.copyfile(files.cmvn, out_dir / CMVN_FILE)
     roles = {"fp32": FP32_FILE, "int8": INT8_FILE, "tokens": TOKENS_FILE, "cmvn": CMVN_FILE}
-    tokenizer_file = recognizer.tokenizer.sentencepiece_file
+    tokenizer_file = recognizer.tokenizer_file
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, out_dir / TOKENIZER_FILE)
         roles["tokenizer"] = TOKENIZER_FILE
@@ -309,8 +336,8 @@ def _metadata(cmvn: Any, vocab_size: int, source: str, digest: str) -> dict[str,
     metadata = {
         "model_type": "sense_voice_ctc",
         "version": "2",
-        "lfr_window_size": str(FRONTEND_CONF["lfr_m"]),
-        "lfr_window_shift": str(FRONTEND_CONF["lfr_n"]),
+        "lfr_window_size": str(LFR_M),
+        "lfr_window_shift": str(LFR_N),
         "normalize_samples": "0",
         "neg_mean": ",".join(f"{v:.8g}" for v in cmvn.shift.tolist()),
         "inv_stddev": ",".join(f"{v:.8g}" for v in cmvn.scale.tolist()),

@@ -167,7 +167,7 @@ class Recognizer(CtcRecognizer):
         self._model = self._automodel.model
         self._frontend = kwargs["frontend"]
         self._funasr_tokenizer = kwargs["tokenizer"]
-        self.tokenizer = _FunasrTokenizer(self._funasr_tokenizer)
+        self.tokenizer: _FunasrTokenizer = _FunasrTokenizer(self._funasr_tokenizer)
         if kwargs.get("ban_emo_unk", False):
             self.banned_ids = (EMO_UNKNOWN_ID,)
         self._dtype = next(self._model.parameters()).dtype
@@ -204,6 +204,11 @@ class Recognizer(CtcRecognizer):
     def device(self) -> str:
         """Where the model runs: "cpu" or "cuda:N"."""
         return self._device
+
+    @property
+    def tokenizer_file(self) -> Path | None:
+        """The sentencepiece model funasr decodes with (None for other tokenizers)."""
+        return self.tokenizer.sentencepiece_file
 
     # --- decoding -----------------------------------------------------------------------
 

@@ -45,16 +45,23 @@ KNOWN_SPECIAL_IDS = {
 }
 REAL_VOCAB_SIZE = 25055
 
-FRONTEND_CONF = {
-    "fs": 16000,
-    "window": "hamming",
-    "n_mels": 80,
-    "frame_length": 25,
-    "frame_shift": 10,
-    "lfr_m": 7,
-    "lfr_n": 6,
+# WavFrontend's settings in the real model's config.yaml
+N_MELS = 80  # mel bins per 10 ms frame
+FRAME_LENGTH_MS = 25  # analysis window
+FRAME_SHIFT_MS = 10  # between windows
+WINDOW = "hamming"
+LFR_M = 7  # low frame rate: frames stacked into one feature vector
+LFR_N = 6  # frames between stacked vectors (one every 60 ms)
+FRONTEND_CONF: dict[str, int | str] = {
+    "fs": SAMPLE_RATE,
+    "window": WINDOW,
+    "n_mels": N_MELS,
+    "frame_length": FRAME_LENGTH_MS,
+    "frame_shift": FRAME_SHIFT_MS,
+    "lfr_m": LFR_M,
+    "lfr_n": LFR_N,
 }
-FEATURE_DIM = 560  # n_mels * lfr_m
+FEATURE_DIM = N_MELS * LFR_M  # 560
 LANGUAGES = tuple(LID_ROWS)  # "auto", "zh", "en", "yue", "ja", "ko", "nospeech"
 
 
@@ -148,7 +155,7 @@ def rich_text(raw: str) -> str:
 
 
 def _render_part(s: str) -> str:
-    counts = {}
+    counts: dict[str, int] = {}
     for tag in _REMOVED_TAGS:
         counts[tag] = counts.get(tag, 0) + s.count(tag)
         s = s.replace(tag, "")

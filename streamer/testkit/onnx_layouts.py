@@ -19,6 +19,7 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 FUNASR_TOKENIZER = "chn_jpn_yue_eng_ko_spectok.bpe.model"
 FUNASR_NAMES = {
@@ -40,7 +41,7 @@ def funasr_layout(export_dir: Path, out_dir: Path, *, tokenizer: str = "bpe") ->
     for source, target in (("model.onnx", "model.onnx"), ("model.int8.onnx", "model_quant.onnx")):
         rewrite_graph(export_dir / source, out_dir / target, FUNASR_NAMES, lengths_output=True)
     shutil.copyfile(export_dir / "am.mvn", out_dir / "am.mvn")
-    config = {
+    config: dict[str, Any] = {
         "model": "SenseVoiceSmall",
         "frontend": "WavFrontend",
         "frontend_conf": {**FRONTEND_CONF, "cmvn_file": "am.mvn"},
