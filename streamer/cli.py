@@ -1,4 +1,4 @@
-"""The ``streamer`` command: serve, transcribe, client, build-model.
+"""The ``streamer`` command: serve, transcribe, client, build-model, export-onnx.
 
 This is the only module that reads argv and the environment and configures logging.
 Heavy imports (torch, funasr) happen inside the commands, so ``--help`` is instant.
@@ -94,6 +94,14 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "[STREAMER_MODEL, default %(default)s]",
     )
     g.add_argument(
+        "--backend",
+        choices=("auto", "torch", "onnx"),
+        default=_env("backend", "auto"),
+        help="what runs the model: torch (funasr) or onnx (ONNX Runtime; a torch model "
+        "is exported once and cached); auto = onnx on the CPU, torch on CUDA "
+        "[STREAMER_BACKEND, %(default)s]",
+    )
+    g.add_argument(
         "--hub",
         choices=("ms", "hf"),
         default=_env("hub", "ms"),
@@ -112,13 +120,13 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=("none", "int8"),
         default=_env("quantize", "none"),
-        help="int8 dynamic quantization (CPU only; decodes about 1.7x faster) [%(default)s]",
+        help="int8 weights (CPU only; torch: dynamic Linear, onnx: model.int8.onnx) [%(default)s]",
     )
     g.add_argument(
         "--threads",
         type=int,
         default=_env("threads", 0, int),
-        help="torch CPU threads; 0 = all cores [%(default)s]",
+        help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores [%(default)s]",
     )
     g.add_argument(
         "--no-warmup",
@@ -130,7 +138,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-dir",
         type=Path,
         default=_env("cache_dir", None, Path),
-        help="where random models are built and cached [~/.cache/sensevoice-streamer]",
+        help="where random models and ONNX exports are cached "
+        "[STREAMER_CACHE_DIR, ~/.cache/sensevoice-streamer]",
     )
 
 
@@ -154,6 +163,7 @@ def _recognizer_options(args: argparse.Namespace) -> Any:
 
     kwargs: dict[str, Any] = dict(
         model=args.model,
+        backend=args.backend,
         hub=args.hub,
         device=args.device,
         dtype=args.dtype,
@@ -490,6 +500,56 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- export-onnx -----------------------------------------------------------------
+
+
+def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export-onnx",
+        help="export a torch/funasr model to ONNX",
+        description="Write model.onnx (fp32), model.int8.onnx (MatMul weights quantized "
+        "dynamically), tokens.txt, bpe.model, am.mvn and manifest.json for --backend "
+        "onnx. Without --out the export goes to the cache that serve --backend onnx "
+        "reads, keyed by the model's content hash.",
+    )
+    p.add_argument("model", help="torch/funasr model directory, cached hub id, or random:NAME")
+    p.add_argument("--out", type=Path, default=None, help="directory to create")
+    p.add_argument(
+        "--int8-weight-type",
+        choices=("QInt8", "QUInt8"),
+        default=None,
+        help="weights of model.int8.onnx [QInt8 on CPUs with VNNI/dotprod, where it is as "
+        "accurate and 2-3x faster; else QUInt8, which cannot saturate]",
+    )
+    p.add_argument("--hub", choices=("ms", "hf"), default=_env("hub", "ms"))
+    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
+    _add_logging_arguments(p)
+    p.set_defaults(func=_cmd_export_onnx)
+
+
+def _cmd_export_onnx(args: argparse.Namespace) -> int:
+    from streamer.model.files import locate_model
+    from streamer.model.onnx_export import cached_export, export_onnx
+    from streamer.model.recognizer import RecognizerOptions
+
+    options = RecognizerOptions(model=args.model, hub=args.hub, backend="torch")
+    cache_dir = args.cache_dir or options.cache_dir
+    source = locate_model(args.model, args.hub, cache_dir)
+    if not isinstance(source, Path):
+        raise ConfigError(f"{args.model} is not downloaded yet; run streamer serve with it once")
+    if args.out is None:
+        out = cached_export(
+            source, cache_dir, name=args.model, int8_weight_type=args.int8_weight_type
+        )
+    else:
+        if args.out.exists() and any(args.out.iterdir()):
+            raise ConfigError(f"{args.out} exists and is not empty")
+        export_onnx(source, args.out, int8_weight_type=args.int8_weight_type, name=args.model)
+        out = args.out
+    sys.stdout.write(f"{out}\n")
+    return 0
+
+
 # -- client --------------------------------------------------------------------
 
 
@@ -521,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_transcribe(sub)
     _add_client(sub)
     _add_build_model(sub)
+    _add_export_onnx(sub)
     return parser
 
 

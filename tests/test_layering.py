@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "streamer"
-MODEL_LIBRARIES = {"torch", "funasr", "onnxruntime", "sentencepiece", "modelscope"}
+MODEL_LIBRARIES = {
+    "torch",
+    "funasr",
+    "onnxruntime",
+    "onnx",
+    "sentencepiece",
+    "modelscope",
+    "kaldi_native_fbank",
+}
 # What a core module may import besides the standard library's pure modules.
 CORE_THIRD_PARTY = {"numpy", "soxr", "webrtcvad", "orjson"}
 CORE_FORBIDDEN_STDLIB = {

@@ -104,13 +104,20 @@ def test_bad_certificate_path_is_one_clear_line(cache_dir: Path, tmp_path: Path)
     assert "TLS certificate" in _one_error_line(result.stderr)
 
 
-def test_readyz_reports_the_loading_stage_then_ready_and_sigint_exits(cache_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("backend", "imported"),
+    [("torch", "importing torch and funasr"), ("onnx", "importing onnxruntime")],
+)
+def test_readyz_reports_the_loading_stage_then_ready_and_sigint_exits(
+    cache_dir: Path, backend: str, imported: str
+) -> None:
     """Bound first, /readyz says which stage is loading, every stage is logged with its
     duration, and SIGINT with no session open ends the process at once."""
     port = _free_port()
     env = {**os.environ, "STREAMER_CACHE_DIR": str(cache_dir)}
+    command = [sys.executable, "-m", "streamer", "serve", "--model", "random:tiny"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "streamer", "serve", "--model", "random:tiny", "--port", str(port)],
+        [*command, "--backend", backend, "--port", str(port)],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
@@ -152,8 +159,8 @@ def test_readyz_reports_the_loading_stage_then_ready_and_sigint_exits(cache_dir:
         "warmup",
     }
     for stage in (
-        "importing torch and funasr: done in",
-        "loading model random:tiny: done in",
+        f"{imported}: done in",
+        "loading model random:tiny",
         "warming up (decoding 1, 3 and 7 s): done in",
         "model ready after",
     ):

@@ -105,6 +105,11 @@ class Transcript:
     token_ids: tuple[int, ...]  # CTC output tokens after collapsing repeats and blanks
     audio_ms: float  # length of the decoded audio
     decode_ms: float  # wall time the model spent on it
+    # Per token (empty when the recognizer does not report them): the encoder frame where
+    # its CTC run starts (frames 0-3 are the query frames; frame f >= 4 starts at
+    # (f - 4) * 60 ms of the audio), and its softmax posterior at that frame.
+    token_frames: tuple[int, ...] = ()
+    token_confidences: tuple[float, ...] = ()
 
     @classmethod
     def from_raw(
@@ -115,6 +120,8 @@ class Transcript:
         token_ids: tuple[int, ...],
         audio_ms: float,
         decode_ms: float,
+        token_frames: tuple[int, ...] = (),
+        token_confidences: tuple[float, ...] = (),
     ) -> Transcript:
         tags = parse_tags(raw)
         return cls(
@@ -128,4 +135,6 @@ class Transcript:
             token_ids=token_ids,
             audio_ms=audio_ms,
             decode_ms=decode_ms,
+            token_frames=token_frames,
+            token_confidences=token_confidences,
         )

@@ -3,10 +3,10 @@
 :func:`preflight` runs in the CLI before the port is bound: it refuses impossible
 hardware requests (``--device cuda`` without CUDA, half precision on the CPU) and model
 directories that are missing files, within a couple of seconds. :func:`load_recognizer`
-runs in the worker thread and loads in stages (import, build or locate, load and
-quantize, warm-up), logging each with its real duration, a heartbeat while a stage takes
-long, and publishing the current stage in a :class:`LoadProgress` that ``/readyz``
-reports while the model loads.
+runs in the worker thread and loads the backend :func:`resolve_backend` picks in stages
+(import, build or locate, export to ONNX once, load and quantize, warm-up), logging each
+with its real duration, a heartbeat while a stage takes long, and publishing the current
+stage in a :class:`LoadProgress` that ``/readyz`` reports while the model loads.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from streamer.errors import ConfigError, ModelError
-from streamer.model.recognizer import RANDOM_PREFIX, Recognizer, RecognizerOptions
+from streamer.model.decoding import CtcRecognizer
+from streamer.model.files import RANDOM_PREFIX, looks_like_path, model_files
+from streamer.model.recognizer import Recognizer, RecognizerOptions
 
 logger = logging.getLogger(__name__)
 
@@ -96,19 +98,50 @@ def preflight(options: RecognizerOptions) -> None:
     asked for) and that a local model directory has every file. Hub ids are checked
     while loading (the hub look-up may need the network).
     """
-    if options.device.startswith("cuda") or options.dtype != "fp32":
+    backend = resolve_backend(options)
+    if backend == "onnx" and options.device.startswith("cuda"):
+        from streamer.model.onnx_backend import check_cuda_provider
+
+        check_cuda_provider(options.device)
+    elif options.device.startswith("cuda") or options.dtype != "fp32":
         _check_cuda(options)
     model = options.model
     if model.startswith(RANDOM_PREFIX):
         return
     path = Path(model).expanduser()
-    from streamer.model.recognizer import _looks_like_path, _model_files
-
-    if path.exists() or _looks_like_path(model):
-        files = _model_files(path)
-        for file in (files.config, files.checkpoint, files.cmvn, files.tokenizer):
+    if path.exists() or looks_like_path(model):
+        checked: list[Path | None]
+        if backend == "onnx" and path.is_dir() and any(path.glob("*.onnx")):
+            checked = list(sorted(path.glob("*.onnx")))  # the ONNX loader checks the layout
+        else:
+            files = model_files(path)
+            checked = [files.config, files.checkpoint, files.cmvn, files.tokenizer]
+        for file in checked:
             if file is not None and not _readable(file):
                 raise ModelError(f"model file {file} cannot be read (check its permissions)")
+
+
+def resolve_backend(options: RecognizerOptions) -> str:
+    """The backend ``options`` get: "torch" or "onnx".
+
+    ``auto`` takes ONNX Runtime on the CPU, where it decodes faster than torch with the
+    same tokens, loads in seconds and holds a fraction of the memory (bench/RESULTS.md),
+    and torch where only torch was measured or can run: half precision, a CUDA device
+    asked for, or ``device=auto`` on a machine that may have an NVIDIA GPU. Without
+    onnxruntime installed, torch.
+    """
+    if options.backend != "auto":
+        return options.backend
+    if options.dtype != "fp32" or options.device.startswith("cuda"):
+        return "torch"
+    if options.device == "auto" and not _no_gpu_visible():
+        return "torch"
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        logger.info("onnxruntime is not installed: using the torch backend")
+        return "torch"
+    return "onnx"
 
 
 def _readable(path: Path) -> bool:
@@ -157,8 +190,13 @@ def _check_cuda(options: RecognizerOptions) -> None:
         )
 
 
-def load_recognizer(options: RecognizerOptions, progress: LoadProgress) -> Recognizer:
+def load_recognizer(
+    options: RecognizerOptions, progress: LoadProgress | None = None
+) -> CtcRecognizer:
     """Load in timed stages (call in the thread that will decode)."""
+    progress = progress or LoadProgress()
+    if resolve_backend(options) == "onnx":
+        return _load_onnx(options, progress)
     with progress.stage_of("import", "importing torch and funasr"):
         from streamer.model.recognizer import import_funasr
 
@@ -175,6 +213,23 @@ def load_recognizer(options: RecognizerOptions, progress: LoadProgress) -> Recog
             ensure_random_model(name, options.cache_dir)
     with progress.stage_of("load", f"loading model {options.model}"):
         recognizer = Recognizer(replace(options, warmup=False))
+    if options.warmup:
+        with progress.stage_of("warmup", "warming up (decoding 1, 3 and 7 s)"):
+            recognizer.warmup()
+    progress.finish()
+    return recognizer
+
+
+def _load_onnx(options: RecognizerOptions, progress: LoadProgress) -> CtcRecognizer:
+    with progress.stage_of("import", "importing onnxruntime"):
+        import onnxruntime  # noqa: F401
+
+        from streamer.model.onnx_backend import OnnxRecognizer, locate_onnx_model
+    with progress.stage_of("build", f"locating model {options.model} (exported to ONNX once)"):
+        model_dir = locate_onnx_model(options)
+    what = f"loading model {options.model} with ONNX Runtime ({model_dir.graph.name})"
+    with progress.stage_of("load", what):
+        recognizer = OnnxRecognizer(replace(options, warmup=False), model_dir=model_dir)
     if options.warmup:
         with progress.stage_of("warmup", "warming up (decoding 1, 3 and 7 s)"):
             recognizer.warmup()
