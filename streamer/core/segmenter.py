@@ -13,6 +13,12 @@ Rules:
   window (never before the previous segment's end), so the first syllable is kept.
 * **Endpoint**: ``endpoint_ms`` of consecutive non-speech ends the segment, which then
   ends ``end_pad_ms`` after its last speech frame.
+* **Finalize**: the client says the utterance is over. The open segment ends as soon as
+  the audio shows ``end_pad_ms`` of non-speech after its last speech (at once when it
+  already does), at the sample where the silence endpoint would have ended it: a
+  ``finalize`` sent while the speaker is still talking never splits a word, and spamming
+  it changes no segment. With no segment open it does nothing (speech that has begun but
+  is not confirmed yet stays in the onset window).
 * **Hard cap**: a segment reaching ``max_utterance_ms`` is cut at the quietest point of
   its last ``cut_search_ms``; the next segment starts at exactly that sample, so
   consecutive segments tile the audio.
@@ -113,6 +119,7 @@ class Segmenter:
         self._last_speech_frame = 0  # index of the last speech frame + 1
         self._silence_frames = 0
         self._energies: list[float] = []  # per frame since _start_frame
+        self._finalize_pending = False  # end the open segment at its next end_pad pause
 
     # -- queries ---------------------------------------------------------------
 
@@ -168,6 +175,10 @@ class Segmenter:
             self._silence_frames = 0
         else:
             self._silence_frames += 1
+            if self._finalize_pending and self._silence_frames >= self._end_pad_frames:
+                end = self._last_speech_frame + self._end_pad_frames
+                events.append(self._close(end * self._frame, "finalize"))
+                return events
             if self._silence_frames >= self._endpoint_frames:
                 end = min(self._last_speech_frame + self._end_pad_frames, self._frame_index)
                 events.append(self._close(end * self._frame, "silence"))
@@ -176,8 +187,22 @@ class Segmenter:
             events.extend(self._cut())
         return events
 
+    def finalize(self) -> list[SegmentEvent]:
+        """The client ended the utterance: see *Finalize* in the module docstring.
+
+        Returns the segment's end when the audio so far already ends in ``end_pad_ms``
+        of non-speech; otherwise the end comes from a later :meth:`push`.
+        """
+        if self._open_id is None:
+            return []
+        self._finalize_pending = True
+        if self._silence_frames >= self._end_pad_frames:
+            end = self._last_speech_frame + self._end_pad_frames
+            return [self._close(end * self._frame, "finalize")]
+        return []
+
     def flush(self, reason: EndReason, end_sample: int | None = None) -> list[SegmentEvent]:
-        """End the open segment now (``finalize`` or ``stop``); no-op when none is open.
+        """End the open segment now, at the current position (``stop``); no-op when none is open.
 
         ``end_sample`` may extend the segment past the last whole frame (the stream's
         final partial frame on ``stop``).
@@ -204,6 +229,7 @@ class Segmenter:
         assert self._open_id is not None
         event = SegmentEnd(self._open_id, self._start_frame * self._frame, end_sample, reason)
         self._open_id = None
+        self._finalize_pending = False
         self._floor_frame = -(-end_sample // self._frame)  # ceil: whole frames after the end
         self._window.clear()
         self._energies = []
