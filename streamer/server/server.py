@@ -28,6 +28,7 @@ from streamer.core.protocol import Error, StreamOptions
 from streamer.core.session import Session, SessionOptions, State
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS, FrameClassifier, webrtc_classifier
 from streamer.errors import (
+    CLOSE_INTERNAL_ERROR,
     CLOSE_TRY_AGAIN_LATER,
     ConfigError,
     ModelError,
@@ -35,14 +36,24 @@ from streamer.errors import (
     close_code_for,
 )
 from streamer.model.worker import ModelWorker
-from streamer.server.connection import Connection, ConnectionLimits
+from streamer.server.connection import (
+    WS_MAX_QUEUE_FRAMES,
+    Connection,
+    ConnectionLimits,
+    session_memory_bound_bytes,
+)
 from streamer.server.http import (
     V1_ENDPOINT,
+    BadRequest,
     Endpoint,
     StaticFiles,
     bytes_response,
     json_response,
+    safe_response,
+    single_header,
     token_matches,
+    unavailable_response,
+    without_body,
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
@@ -50,6 +61,8 @@ from streamer.server.metrics import Metrics
 logger = logging.getLogger(__name__)
 
 LOOP_LAG_PROBE_S = 0.1  # how often the event-loop lag is sampled
+RETRY_AFTER_S = 5  # what 503 answers tell clients to wait
+SERVED_METHODS = ("GET", "HEAD")
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,9 @@ class ServerOptions:
     ping_interval_s: float = 20.0  # keepalive pings detect vanished clients
     ping_timeout_s: float = 20.0  # a pong must arrive within this
     close_timeout_s: float = 5.0  # wait this long for the client's close acknowledgement
+    max_outbox_bytes: int = 1 << 20  # per session, frames waiting to be sent (else 1008)
+    write_timeout_s: float = 15.0  # a client that reads nothing for this long is closed (1008)
+    public_metrics: bool = False  # serve /metrics without the token when one is set
     vad_aggressiveness: int = DEFAULT_AGGRESSIVENESS  # webrtcvad mode 0..3
     default_stream: StreamOptions = field(default_factory=StreamOptions)  # client defaults
     session: SessionOptions = field(default_factory=SessionOptions)  # VAD and partial timing
@@ -88,6 +104,18 @@ class ServerOptions:
             raise ConfigError("max_pending_finals must be at least 1")
         if self.max_backlog_bytes < 1:
             raise ConfigError("max_backlog_bytes must be positive")
+        if self.max_outbox_bytes < 1 or self.write_timeout_s <= 0:
+            raise ConfigError("max_outbox_bytes and write_timeout_s must be positive")
+
+    @property
+    def session_memory_bound_bytes(self) -> int:
+        """The most client-controlled memory one session can hold."""
+        return session_memory_bound_bytes(
+            self.max_backlog_bytes,
+            self.max_message_bytes,
+            self.max_outbox_bytes,
+            self.max_pending_finals,
+        )
 
 
 class StreamingServer:
@@ -126,8 +154,16 @@ class StreamingServer:
             idle_timeout_s=options.idle_timeout_s,
             max_session_s=options.max_session_s,
             close_timeout_s=options.close_timeout_s,
+            max_outbox_bytes=options.max_outbox_bytes,
+            write_timeout_s=options.write_timeout_s,
+            ping_interval_s=options.ping_interval_s,
+            ping_timeout_s=options.ping_timeout_s,
         )
         worker.on_decoded = self.metrics.observe_decode
+        self._failure: str | None = None  # why the model failed; the process must restart
+        self._failed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        worker.on_failure = lambda reason: loop.call_soon_threadsafe(self._model_failed, reason)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -139,7 +175,30 @@ class StreamingServer:
 
     @property
     def ready(self) -> bool:
-        return self.worker.ready.is_set() and self.worker.load_error is None
+        return (
+            self.worker.ready.is_set() and self.worker.load_error is None and self._failure is None
+        )
+
+    @property
+    def failure(self) -> str | None:
+        """Why the model failed for good (a hung decode, a dead worker); None while healthy."""
+        return self._failure
+
+    async def wait_failed(self) -> str:
+        """Wait until the model fails for good; returns why. The caller should exit non-zero."""
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
+
+    def _model_failed(self, reason: str) -> None:
+        if self._failure is not None:
+            return
+        self._failure = reason
+        self.metrics.model_ready.set(0)
+        logger.error("model failed (%s): unready; every session is told and closed", reason)
+        for connection in list(self._connections):
+            self._model_failed_for(connection)
+        self._failed.set()
 
     @property
     def session_count(self) -> int:
@@ -159,10 +218,10 @@ class StreamingServer:
             ssl=ssl_context,
             process_request=self._process_request,
             compression=None,  # PCM does not compress; deflate would only cost CPU
+            process_response=self._process_response,
             max_size=o.max_message_bytes,
-            max_queue=16,
-            ping_interval=o.ping_interval_s,
-            ping_timeout=o.ping_timeout_s,
+            max_queue=WS_MAX_QUEUE_FRAMES,
+            ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
             close_timeout=o.close_timeout_s,
             server_header="sensevoice-streamer",
         )
@@ -201,10 +260,20 @@ class StreamingServer:
             async with asyncio.timeout(self.options.shutdown_grace_s):
                 await self._no_connections.wait()
         except TimeoutError:
-            logger.warning("grace period over: closing %d sessions", len(self._connections))
+            logger.warning("grace period over: aborting %d sessions", len(self._connections))
+        # Nothing below waits on a peer: what is left is aborted, not closed politely
+        # (a client that does not read would block a close handshake forever).
+        for connection in list(self._connections):
+            connection.abort()
         if self._server is not None:
-            self._server.close(close_connections=True)
-            await self._server.wait_closed()
+            for ws in list(self._server.connections):
+                ws.transport.abort()
+            self._server.close(close_connections=False)
+            try:
+                async with asyncio.timeout(self.options.close_timeout_s):
+                    await self._server.wait_closed()
+            except TimeoutError:
+                logger.warning("connections still open after the grace period; exiting anyway")
         if self._lag_task is not None:
             self._lag_task.cancel()
         self.metrics.model_ready.set(0)
@@ -230,8 +299,47 @@ class StreamingServer:
     # -- HTTP ------------------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
+        """Every plain HTTP answer; None goes on with a WebSocket handshake.
+
+        Malformed requests get 400 and nothing of the request is echoed back; anything
+        unexpected is logged with its traceback and answered 500 without details.
+        """
+        try:
+            return self._route(request)
+        except BadRequest as error:
+            return json_response(
+                http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": error.message}
+            )
+        except Exception:
+            logger.exception("answering an HTTP request failed")
+            return json_response(
+                http.HTTPStatus.INTERNAL_SERVER_ERROR,
+                {"error": "internal_error", "message": "see the server log"},
+            )
+
+    def _process_response(
+        self, connection: ServerConnection, request: Request, response: Response
+    ) -> Response | None:
+        """websockets' own refusals (426, ...) are replaced by ours; HEAD gets no body."""
+        response = safe_response(response)
+        return without_body(response) if request.method == "HEAD" else response
+
+    def _route(self, request: Request) -> Response | None:
+        if request.method not in SERVED_METHODS:
+            response = json_response(
+                http.HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": "method_not_allowed", "message": "only GET and HEAD are served"},
+            )
+            response.headers["Allow"] = ", ".join(SERVED_METHODS)
+            return response
+        try:
+            url = urlsplit(request.path)
+        except ValueError:
+            raise BadRequest("the request target is not a valid URL") from None
         path = url.path
+        if "\x00" in path or any(len(part) > 255 for part in path.split("/")):
+            raise BadRequest("the request path is not valid")
+        query = dict(parse_qsl(url.query))
         if path == "/healthz":
             return json_response(http.HTTPStatus.OK, {"status": "ok"})
         if path == "/readyz":
@@ -239,13 +347,32 @@ class StreamingServer:
                 return json_response(
                     http.HTTPStatus.OK, {"status": "ready", "model": self.worker.model_name}
                 )
-            state = "shutting_down" if self._shutting_down else "loading"
-            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"status": state})
+            if self._failure is not None:
+                body = {"status": "model_stalled", "reason": self._failure}
+            else:
+                body = {"status": "shutting_down" if self._shutting_down else "loading"}
+            return unavailable_response(body, RETRY_AFTER_S)
         if path == "/metrics":
+            token = self.options.token
+            if (
+                token is not None
+                and not self.options.public_metrics
+                and not token_matches(V1_ENDPOINT.presented_token(request, query), token)
+            ):
+                return self._refuse(
+                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", V1_ENDPOINT.auth_hint
+                )
             return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
         endpoint = self._endpoints.get(path)
         if endpoint is not None:
-            return self._admit(request, endpoint, dict(parse_qsl(url.query)))
+            if request.method != "GET":
+                response = json_response(
+                    http.HTTPStatus.METHOD_NOT_ALLOWED,
+                    {"error": "method_not_allowed", "message": "WebSocket handshakes use GET"},
+                )
+                response.headers["Allow"] = "GET"
+                return response
+            return self._admit(request, endpoint, query)
         found = self._static.response(path)
         if found is None:
             return json_response(
@@ -256,6 +383,8 @@ class StreamingServer:
     def _refuse(self, status: http.HTTPStatus, code: str, message: str) -> Response:
         self.metrics.rejected_total.labels(code).inc()
         logger.info("refused a session: %s (%s)", code, message)
+        if status is http.HTTPStatus.SERVICE_UNAVAILABLE:
+            return unavailable_response({"error": code, "message": message}, RETRY_AFTER_S)
         return json_response(status, {"error": code, "message": message})
 
     def _admit(
@@ -267,14 +396,20 @@ class StreamingServer:
                 return self._refuse(
                     http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint
                 )
-        origin = request.headers.get("Origin")
+        origin = single_header(request, "Origin")
         if o.allowed_origins and origin is not None and origin not in o.allowed_origins:
             return self._refuse(
-                http.HTTPStatus.FORBIDDEN, "origin_not_allowed", f"origin {origin!r} is not allowed"
+                http.HTTPStatus.FORBIDDEN, "origin_not_allowed", "this origin is not allowed"
             )
         if self._shutting_down:
             return self._refuse(
                 http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "the server is shutting down"
+            )
+        if self._failure is not None:
+            return self._refuse(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "model_stalled",
+                "the model stopped answering; the server is restarting",
             )
         if not self.ready:
             return self._refuse(
@@ -291,6 +426,13 @@ class StreamingServer:
         return None
 
     # -- WebSocket -------------------------------------------------------------
+
+    def _model_failed_for(self, connection: Connection) -> None:
+        connection.expire(
+            "model_stalled",
+            "the model stopped answering; the server is restarting (retry shortly)",
+            CLOSE_INTERNAL_ERROR,
+        )
 
     async def _handle(self, ws: ServerConnection) -> None:
         if len(self._connections) >= self.options.max_sessions or self._shutting_down:
@@ -310,10 +452,11 @@ class StreamingServer:
             self.metrics.errors_total.labels(error.code).inc()
             message = Error(code=error.code, message=error.message, fatal=True)
             try:
-                await ws.send(protocol.encode(message), text=True)
-                await ws.close(close_code_for(error), error.code)
-            except ConnectionClosed:
-                pass
+                async with asyncio.timeout(self.options.close_timeout_s):
+                    await ws.send(protocol.encode(message), text=True)
+                    await ws.close(close_code_for(error), error.code)
+            except (ConnectionClosed, TimeoutError):
+                ws.transport.abort()
             return
         session = Session(session_id, session_options, stream, self._classifier_factory())
         adapter = endpoint.make_adapter(session)
@@ -332,7 +475,9 @@ class StreamingServer:
             ", ".join(f"{k}={v}" for k, v in stream.to_dict().items()),
         )
         try:
-            if self._shutting_down:
+            if self._failure is not None:
+                self._model_failed_for(connection)
+            elif self._shutting_down:
                 connection.shutdown()
             await connection.run()
         except Exception:
