@@ -25,6 +25,7 @@ from streamer.errors import ConfigError, ModelError, StreamerError
 logger = logging.getLogger("streamer.cli")
 
 ENV_PREFIX = "STREAMER_"
+EXIT_MODEL_FAILED = 3  # serve: the model stalled or its worker died; restart the process
 
 
 def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
@@ -244,6 +245,20 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         default=_env("shutdown_grace_s", 10.0, float),
         help="time to finish open utterances on SIGTERM [%(default)s]",
     )
+    g.add_argument(
+        "--write-timeout-s",
+        type=float,
+        default=_env("write_timeout_s", 15.0, float),
+        help="close (1008) a client that reads nothing for this long [%(default)s]",
+    )
+    g.add_argument(
+        "--decode-timeout-s",
+        type=float,
+        default=_env("decode_timeout_s", 30.0, float),
+        help="a decode running longer means the model is stalled: the server turns "
+        "unready, tells every session and exits with status 3 for its supervisor to "
+        "restart it [%(default)s]",
+    )
     s = p.add_argument_group("security")
     s.add_argument(
         "--token",
@@ -263,6 +278,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--allowed-origins",
         default=_env("allowed_origins", ""),
         help="comma-separated Origin values browsers may connect from; empty allows any",
+    )
+    s.add_argument(
+        "--public-metrics",
+        action="store_true",
+        default=_env("public_metrics", False, _bool),
+        help="serve /metrics without --token (it requires the token by default)",
     )
     _add_logging_arguments(p)
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
@@ -296,6 +317,8 @@ def _server_options(args: argparse.Namespace) -> Any:
         idle_timeout_s=args.idle_timeout_s,
         max_session_s=args.max_session_s,
         shutdown_grace_s=args.shutdown_grace_s,
+        write_timeout_s=args.write_timeout_s,
+        public_metrics=args.public_metrics,
         vad_aggressiveness=args.vad_aggressiveness,
         default_stream=default_stream,
         session=SessionOptions(segmenter=segmenter, partial_interval_ms=args.partial_interval_ms),
@@ -309,7 +332,11 @@ async def _serve(args: argparse.Namespace) -> int:
 
     recognizer_options = _recognizer_options(args)
     server_options = _server_options(args)
-    worker = ModelWorker(lambda: Recognizer(recognizer_options))
+    if args.decode_timeout_s <= 0:
+        raise ConfigError("--decode-timeout-s must be positive")
+    worker = ModelWorker(
+        lambda: Recognizer(recognizer_options), decode_timeout_s=args.decode_timeout_s
+    )
     worker.start()
     server = StreamingServer(server_options, worker)
     await server.start()
@@ -319,6 +346,8 @@ async def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     ready = asyncio.create_task(server.wait_ready())
     stopped = asyncio.create_task(stop.wait())
+    failed = asyncio.create_task(server.wait_failed())
+    failed.add_done_callback(lambda _: stop.set())
     try:
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
@@ -331,14 +360,20 @@ async def _serve(args: argparse.Namespace) -> int:
             )
             logger.info("ready: open %s://%s:%d/ for live captions", scheme, host, server.port)
             await stopped
-        logger.info("signal received: stopping")
+        if server.failure is None:
+            logger.info("signal received: stopping")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         ready.cancel()
         stopped.cancel()
+        failed.cancel()
         await server.shutdown()
-        await asyncio.to_thread(worker.stop)
+        # a stalled decode cannot be interrupted: do not wait for that thread
+        await asyncio.to_thread(worker.stop, 0.0 if server.failure else 5.0)
+    if server.failure is not None:
+        logger.error("exiting with status %d: %s", EXIT_MODEL_FAILED, server.failure)
+        return EXIT_MODEL_FAILED
     return 0
 
 

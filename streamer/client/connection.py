@@ -27,7 +27,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -120,11 +120,14 @@ class ClientOptions:
     insecure: bool = False  # wss:// without certificate checks (self-signed test servers)
     open_timeout_s: float = 10.0  # TCP + TLS + WebSocket handshake + the `ready` message
     close_timeout_s: float = 5.0  # wait for the server's close frame
-    connect_attempts: int = 5  # attempts per reconnection (stream_file, connect_with_backoff)
+    connect_attempts: int = 5  # attempts of connect_with_backoff without a timeout
     initial_backoff_s: float = 0.25  # first delay between attempts, doubled after each
     max_backoff_s: float = 5.0  # cap on that delay (before jitter)
-    max_reconnects: int = 5  # reconnections stream_file makes before giving up
+    reconnect_timeout_s: float = 120.0  # stream_file retries a lost server this long
+    max_reconnects: int = 20  # reconnections stream_file makes before giving up
     max_message_bytes: int = MAX_SERVER_MESSAGE_BYTES  # largest server frame accepted
+    ping_interval_s: float | None = 20.0  # keepalive pings; None sends none
+    ping_timeout_s: float | None = 20.0  # time a pong may take while no send is blocked
 
 
 @dataclass(frozen=True)
@@ -364,6 +367,18 @@ class StreamingClient:
         self.started_s = started_s  # time.monotonic() when connecting began
         self.end: End | None = None  # the end message, once received
         self.stop_sent = False
+        # keepalive: a pong queued behind our own audio (the server is applying
+        # back-pressure) is not late. Time with a send blocked does not count, and any
+        # message from the server proves it alive (a ping sent while the server's socket
+        # buffers hold seconds of our audio is answered only after that audio).
+        self._heard_s = started_s  # time.monotonic() of the last frame from the server
+        self._blocked_at_heard_s = 0.0
+        self._sends_blocked = 0
+        self._blocked_since = 0.0
+        self._blocked_total_s = 0.0
+        self._keepalive: asyncio.Task[None] | None = None
+        if options.ping_interval_s is not None:
+            self._keepalive = asyncio.create_task(self._keep_alive(), name="client-keepalive")
 
     @classmethod
     async def connect(cls, options: ClientOptions | None = None) -> StreamingClient:
@@ -390,6 +405,7 @@ class StreamingClient:
                 max_size=options.max_message_bytes,
                 open_timeout=options.open_timeout_s,
                 close_timeout=options.close_timeout_s,
+                ping_interval=None,  # our own keepalive knows about back-pressure
                 proxy=None,
                 user_agent_header="sensevoice-streamer-client",
                 **kwargs,
@@ -460,10 +476,46 @@ class StreamingClient:
         self.stop_sent = True
 
     async def _send(self, data: str | bytes | bytearray | memoryview) -> None:
+        if self._sends_blocked == 0:
+            self._blocked_since = time.monotonic()
+        self._sends_blocked += 1
         try:
             await self._connection.send(data)
         except ConnectionClosed as exc:
             raise _server_closed(exc) from None
+        finally:
+            self._sends_blocked -= 1
+            if self._sends_blocked == 0:
+                self._blocked_total_s += time.monotonic() - self._blocked_since
+
+    def _blocked_s(self, now: float) -> float:
+        current = now - self._blocked_since if self._sends_blocked else 0.0
+        return self._blocked_total_s + current
+
+    async def _keep_alive(self) -> None:
+        interval_s, timeout_s = self.options.ping_interval_s, self.options.ping_timeout_s
+        assert interval_s is not None
+        try:
+            while True:
+                await asyncio.sleep(interval_s)
+                pong = await self._connection.ping()
+                if timeout_s is None:
+                    continue
+                sent = time.monotonic()
+                blocked_at_ping = self._blocked_s(sent)
+                while not pong.done():
+                    now = time.monotonic()
+                    since, blocked_since = sent, blocked_at_ping
+                    if self._heard_s > sent:
+                        since, blocked_since = self._heard_s, self._blocked_at_heard_s
+                    waited_s = (now - since) - (self._blocked_s(now) - blocked_since)
+                    if waited_s >= timeout_s:
+                        logger.warning("no pong from the server for %g s: closing", timeout_s)
+                        self._connection.transport.abort()  # recv() raises: 1006
+                        return
+                    await asyncio.wait({pong}, timeout=timeout_s - waited_s)
+        except ConnectionClosed:
+            pass
 
     async def received(self) -> AsyncIterator[Received]:
         """Server messages with their arrival times, until ``end`` or the close.
@@ -486,6 +538,8 @@ class StreamingClient:
             except ConnectionClosed as exc:
                 raise _server_closed(exc) from None
             arrival_s = time.monotonic()
+            self._heard_s = arrival_s
+            self._blocked_at_heard_s = self._blocked_s(arrival_s)
             if not isinstance(data, str):
                 logger.warning("ignoring a %d-byte binary frame from the server", len(data))
                 continue
@@ -507,7 +561,13 @@ class StreamingClient:
 
     async def close(self) -> None:
         """Close the connection (waits up to ``close_timeout_s`` for the server)."""
-        await self._connection.close()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        try:
+            async with asyncio.timeout(self.options.close_timeout_s + 1):
+                await self._connection.close()
+        except TimeoutError:
+            self._connection.transport.abort()
 
     async def __aenter__(self) -> StreamingClient:
         return self
@@ -549,6 +609,7 @@ async def connect_with_backoff(
     options: ClientOptions,
     *,
     attempts: int | None = None,
+    timeout_s: float | None = None,
     rng: random.Random | None = None,
     on_retry: Callable[[int, BaseException, float], None] | None = None,
 ) -> StreamingClient:
@@ -556,12 +617,22 @@ async def connect_with_backoff(
 
     Retries when the server is unreachable or answers 502/503/504 (full, loading,
     restarting); a 401/403/404 is raised at once. ``on_retry(attempt, error, delay_s)``
-    is called before each wait. After ``attempts`` (default ``options.connect_attempts``)
-    the last error is raised.
+    is called before each wait. With ``timeout_s`` it keeps trying (delays capped at
+    ``options.max_backoff_s``) until that much time has passed, which outlasts a server
+    restart; else after ``attempts`` (default ``options.connect_attempts``). Then the
+    last error is raised.
     """
+    rng = rng or random.Random()
+    deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
+    if deadline_s is not None:
+        attempts = 1 << 30  # bounded by the deadline instead
     attempts = max(1, attempts if attempts is not None else options.connect_attempts)
-    delays = backoff_delays(attempts, options.initial_backoff_s, options.max_backoff_s, rng)
-    for attempt, delay_s in enumerate([*delays, None], start=1):
+    delays = _delays(attempts, options, rng)
+    for attempt in range(1, attempts + 1):
+        delay_s = next(delays) if attempt < attempts else None
+        if delay_s is not None and deadline_s is not None:
+            left_s = deadline_s - time.monotonic()
+            delay_s = None if left_s <= 0 else min(delay_s, left_s)
         try:
             return await StreamingClient.connect(options)
         except ClientError as exc:
@@ -572,6 +643,13 @@ async def connect_with_backoff(
                 on_retry(attempt, exc, delay_s)
             await asyncio.sleep(delay_s)
     raise AssertionError("unreachable")  # the loop always returns or raises
+
+
+def _delays(attempts: int, options: ClientOptions, rng: random.Random) -> Iterator[float]:
+    """:func:`backoff_delays`, lazily (a deadline-bounded retry may make many attempts)."""
+    for k in range(attempts):
+        nominal = min(options.max_backoff_s, options.initial_backoff_s * 2 ** min(k, 30))
+        yield nominal / 2 + rng.uniform(0, nominal / 2)
 
 
 # ---------------------------------------------------------------------------
@@ -839,7 +917,7 @@ async def stream_file(
         )  # fmt: skip
         if on_reconnect is not None:
             on_reconnect(reconnects, offset_sample, error)
-        client = await connect_with_backoff(options)
+        client = await connect_with_backoff(options, timeout_s=options.reconnect_timeout_s)
     end = None
     if last_end is not None:
         end = End(

@@ -200,6 +200,7 @@ class Session:
         if self.state in (State.STOPPING, State.ENDED):
             return  # the last finals are on their way; they end the session
         self._server_stopped = True
+        self._end_burst()
         self._emit(Error(code=code, message=message, fatal=True))
         self._end_close_code = close_code
         self.close_reason = code
@@ -210,6 +211,7 @@ class Session:
         if self.state is State.ENDED:
             return
         self._server_stopped = True
+        self._end_burst()
         if self.state is not State.STOPPING:
             self._emit(
                 Error(code="server_shutdown", message="the server is shutting down", fatal=False)

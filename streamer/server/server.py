@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 LOOP_LAG_PROBE_S = 0.1  # how often the event-loop lag is sampled
 RETRY_AFTER_S = 5  # what 503 answers tell clients to wait
 SERVED_METHODS = ("GET", "HEAD")
+FAILED_GRACE_S = 2.0  # shutdown grace once the model has failed (nothing left to decode)
 
 
 @dataclass(frozen=True)
@@ -256,8 +257,12 @@ class StreamingServer:
             self._server.close(close_connections=False)
         for connection in list(self._connections):
             connection.shutdown()
+        # after a model failure, sessions only wait for their close: no decode will come
+        grace_s = self.options.shutdown_grace_s
+        if self._failure is not None:
+            grace_s = min(grace_s, FAILED_GRACE_S)
         try:
-            async with asyncio.timeout(self.options.shutdown_grace_s):
+            async with asyncio.timeout(grace_s):
                 await self._no_connections.wait()
         except TimeoutError:
             logger.warning("grace period over: aborting %d sessions", len(self._connections))
