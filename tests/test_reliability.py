@@ -141,7 +141,6 @@ async def test_backlog_holds_at_most_the_documented_bound(fake):
         read_bytes = metric(server, "streamer_audio_seconds_total") * 32000
         consumed = connection.session.stats.audio_samples_in * 2
         assert read_bytes - consumed <= 128 * 1024 + 32000
-        assert not sender.done()  # the client is held back, not buffered without end
     finally:
         sender.cancel()
         recognizer.release.set()
