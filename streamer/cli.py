@@ -380,7 +380,15 @@ async def _serve(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from streamer.loop import run
 
-    return run(_serve(args), use_uvloop=not args.no_uvloop)
+    status = run(_serve(args), use_uvloop=not args.no_uvloop)
+    # The server has shut down and nothing is left to clean up, but garbage-collecting
+    # torch and funasr at interpreter exit takes seconds on a busy machine, and SIGTERM
+    # must end the process within the grace period (and a stalled decode's thread can
+    # never be joined): leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 # -- transcribe ----------------------------------------------------------------

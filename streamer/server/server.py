@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 LOOP_LAG_PROBE_S = 0.1  # how often the event-loop lag is sampled
 RETRY_AFTER_S = 5  # what 503 answers tell clients to wait
 SERVED_METHODS = ("GET", "HEAD")
+SINGLE_HEADERS = ("Authorization", "Origin", "Host")  # a repeated one is a 400
 FAILED_GRACE_S = 2.0  # shutdown grace once the model has failed (nothing left to decode)
 
 
@@ -344,6 +345,8 @@ class StreamingServer:
         path = url.path
         if "\x00" in path or any(len(part) > 255 for part in path.split("/")):
             raise BadRequest("the request path is not valid")
+        for name in SINGLE_HEADERS:
+            single_header(request, name)  # raises BadRequest when repeated
         query = dict(parse_qsl(url.query))
         if path == "/healthz":
             return json_response(http.HTTPStatus.OK, {"status": "ok"})
