@@ -446,7 +446,11 @@ class StreamingServer:
         if len(self._connections) >= self.options.max_sessions or self._shutting_down:
             # lost a race with other handshakes admitted at the same time
             self.metrics.rejected_total.labels("server_full").inc()
-            await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
+            try:
+                async with asyncio.timeout(self.options.close_timeout_s):
+                    await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
+            except TimeoutError:
+                ws.transport.abort()
             return
         session_id = secrets.token_hex(6)
         url = urlsplit(ws.request.path) if ws.request else urlsplit("/")
