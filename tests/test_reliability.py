@@ -109,15 +109,14 @@ async def make_server_write(ws, pairs: int = 20000, server=None) -> None:
 async def test_back_pressured_unpaced_client_with_pings_on_both_sides_gets_every_final(fake):
     # decodes slower than either side's ping timeout and a backlog that fills at once:
     # the server stops reading, so both sides' pongs wait behind queued audio
-    server = fake(lambda: FakeRecognizer(delay_s=1.2), max_pending_finals=1,
-                  max_backlog_bytes=64 * 1024, ping_interval_s=0.3, ping_timeout_s=1.0)
-    # the client cannot see how much of its audio waits in the server's socket buffers;
-    # it counts any message as a sign of life, so its timeout must exceed one decode
+    server = fake(lambda: FakeRecognizer(delay_s=0.7), max_pending_finals=1,
+                  max_backlog_bytes=64 * 1024, ping_interval_s=0.2, ping_timeout_s=0.5)
     options = ClientOptions(url=server.url, stream=StreamOptions(partials=False),
-                            ping_interval_s=0.3, ping_timeout_s=3.0)
-    result = await transcribe(options, speech(4), 16000)
-    assert [f.segment_id for f in result.finals] == [0, 1, 2, 3]
-    assert result.end is not None and result.end.segments == 4
+                            ping_interval_s=0.2, ping_timeout_s=0.5)
+    pcm = np.concatenate([speech(4), speech(4)])  # 15 s: more than BEHIND_LIMIT_S
+    result = await transcribe(options, pcm, 16000)
+    assert [f.segment_id for f in result.finals] == list(range(8))
+    assert result.end is not None and result.end.segments == 8
     assert metric(server, "streamer_sessions_terminated_total", reason="keepalive_timeout") == 0
 
 

@@ -22,9 +22,11 @@ was lost without a close frame).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -46,6 +48,7 @@ from websockets.exceptions import (
     InvalidStatus,
     InvalidURI,
 )
+from websockets.protocol import Event
 
 from streamer.audio_io import load_audio
 from streamer.core.protocol import (
@@ -107,6 +110,10 @@ ABNORMAL_CLOSURE = 1006  # RFC 6455: the connection was lost without a close fra
 # 1003/1008/1009 are the client's fault and would fail again.
 RETRYABLE_CLOSE_CODES = frozenset({1001, ABNORMAL_CLOSURE, 1011, 1012, 1013})
 RETRYABLE_HTTP_STATUSES = frozenset({502, 503, 504})
+# Beyond this much audio sent ahead of what the server has reported on, the server is
+# busy with our audio (a 7 s segment yields no message until its final) and a late pong
+# is expected, not a sign of death.
+BEHIND_LIMIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,7 @@ class ClientOptions:
     max_reconnects: int = 20  # reconnections stream_file makes before giving up
     max_message_bytes: int = MAX_SERVER_MESSAGE_BYTES  # largest server frame accepted
     ping_interval_s: float | None = 20.0  # keepalive pings; None sends none
-    ping_timeout_s: float | None = 20.0  # time a pong may take while no send is blocked
+    ping_timeout_s: float | None = 30.0  # silence after a ping (server pings count) before 1006
 
 
 @dataclass(frozen=True)
@@ -344,6 +351,20 @@ def _ssl_for(options: ClientOptions) -> ssl.SSLContext | bool | None:
 # The connection
 
 
+class _Connection(ClientConnection):
+    """websockets' client connection, noting when the server last sent any frame.
+
+    Pings from the server count: a server that is not reading our audio (back-pressure)
+    still writes its keepalive pings, which prove it alive while our pong waits.
+    """
+
+    heard_s = 0.0  # time.monotonic() of the last frame received (data, ping or pong)
+
+    def process_event(self, event: Event) -> None:
+        self.heard_s = time.monotonic()
+        super().process_event(event)
+
+
 class StreamingClient:
     """One protocol v1 session. Create it with :meth:`connect`; use it as a context manager.
 
@@ -367,15 +388,19 @@ class StreamingClient:
         self.started_s = started_s  # time.monotonic() when connecting began
         self.end: End | None = None  # the end message, once received
         self.stop_sent = False
-        # keepalive: a pong queued behind our own audio (the server is applying
-        # back-pressure) is not late. Time with a send blocked does not count, and any
-        # message from the server proves it alive (a ping sent while the server's socket
-        # buffers hold seconds of our audio is answered only after that audio).
+        # Keepalive: a pong queued behind our own audio (the server is applying
+        # back-pressure; the kernel's socket buffers alone can hold minutes of audio) is
+        # not late. Time is excused while a send is blocked or while the server is more
+        # than BEHIND_LIMIT_S of audio behind what we sent, and any message from the
+        # server proves it alive. A server that crashed resets the connection and a
+        # vanished host stops acknowledging (TCP_USER_TIMEOUT), so neither needs a pong.
         self._heard_s = started_s  # time.monotonic() of the last frame from the server
-        self._blocked_at_heard_s = 0.0
+        self._excused_at_heard_s = 0.0
         self._sends_blocked = 0
-        self._blocked_since = 0.0
-        self._blocked_total_s = 0.0
+        self._sent_samples = 0  # audio handed to the connection
+        self._progress_samples = 0  # audio the server has reported on (times in messages)
+        self._excused_since: float | None = None
+        self._excused_total_s = 0.0
         self._keepalive: asyncio.Task[None] | None = None
         if options.ping_interval_s is not None:
             self._keepalive = asyncio.create_task(self._keep_alive(), name="client-keepalive")
@@ -406,6 +431,7 @@ class StreamingClient:
                 open_timeout=options.open_timeout_s,
                 close_timeout=options.close_timeout_s,
                 ping_interval=None,  # our own keepalive knows about back-pressure
+                create_connection=_Connection,
                 proxy=None,
                 user_agent_header="sensevoice-streamer-client",
                 **kwargs,
@@ -441,6 +467,7 @@ class StreamingClient:
             await connection.close()
             raise
         ready_arrival_s = time.monotonic()
+        _set_tcp_user_timeout(connection, options)
         logger.debug("connected to %s, session %s", where, ready.session_id)
         return cls(connection, ready, ready_arrival_s, options, started_s)
 
@@ -452,6 +479,7 @@ class StreamingClient:
         """Send PCM s16le mono at ``ready.sample_rate`` (an int16 array or raw bytes)."""
         data = _pcm_bytes(pcm)
         if len(data):
+            self._sent_samples += len(data) // 2
             await self._send(data)
 
     async def config(self, **params: Any) -> None:
@@ -476,21 +504,32 @@ class StreamingClient:
         self.stop_sent = True
 
     async def _send(self, data: str | bytes | bytearray | memoryview) -> None:
-        if self._sends_blocked == 0:
-            self._blocked_since = time.monotonic()
         self._sends_blocked += 1
+        self._mark_excused()
         try:
             await self._connection.send(data)
         except ConnectionClosed as exc:
             raise _server_closed(exc) from None
         finally:
             self._sends_blocked -= 1
-            if self._sends_blocked == 0:
-                self._blocked_total_s += time.monotonic() - self._blocked_since
+            self._mark_excused()
 
-    def _blocked_s(self, now: float) -> float:
-        current = now - self._blocked_since if self._sends_blocked else 0.0
-        return self._blocked_total_s + current
+    def _excused(self) -> bool:
+        behind = self._sent_samples - self._progress_samples
+        return self._sends_blocked > 0 or behind > BEHIND_LIMIT_S * self.ready.sample_rate
+
+    def _mark_excused(self) -> None:
+        """Account excused time; call after every change to what _excused() reads."""
+        now = time.monotonic()
+        if self._excused_since is not None and not self._excused():
+            self._excused_total_s += now - self._excused_since
+            self._excused_since = None
+        elif self._excused_since is None and self._excused():
+            self._excused_since = now
+
+    def _excused_s(self, now: float) -> float:
+        current = now - self._excused_since if self._excused_since is not None else 0.0
+        return self._excused_total_s + current
 
     async def _keep_alive(self) -> None:
         interval_s, timeout_s = self.options.ping_interval_s, self.options.ping_timeout_s
@@ -502,13 +541,15 @@ class StreamingClient:
                 if timeout_s is None:
                     continue
                 sent = time.monotonic()
-                blocked_at_ping = self._blocked_s(sent)
+                excused_at_ping = self._excused_s(sent)
                 while not pong.done():
                     now = time.monotonic()
-                    since, blocked_since = sent, blocked_at_ping
-                    if self._heard_s > sent:
-                        since, blocked_since = self._heard_s, self._blocked_at_heard_s
-                    waited_s = (now - since) - (self._blocked_s(now) - blocked_since)
+                    since, excused_since = sent, excused_at_ping
+                    heard_s = max(self._heard_s, getattr(self._connection, "heard_s", 0.0))
+                    if heard_s > sent:
+                        # a frame after the ping: alive then (excused time before is moot)
+                        since, excused_since = heard_s, self._excused_s(heard_s)
+                    waited_s = (now - since) - (self._excused_s(now) - excused_since)
                     if waited_s >= timeout_s:
                         logger.warning("no pong from the server for %g s: closing", timeout_s)
                         self._connection.transport.abort()  # recv() raises: 1006
@@ -539,7 +580,7 @@ class StreamingClient:
                 raise _server_closed(exc) from None
             arrival_s = time.monotonic()
             self._heard_s = arrival_s
-            self._blocked_at_heard_s = self._blocked_s(arrival_s)
+            self._excused_at_heard_s = self._excused_s(arrival_s)
             if not isinstance(data, str):
                 logger.warning("ignoring a %d-byte binary frame from the server", len(data))
                 continue
@@ -552,7 +593,21 @@ class StreamingClient:
                 self.ready = message
             elif isinstance(message, End):
                 self.end = message
+            self._note_progress(message)
             yield Received(message, arrival_s)
+
+    def _note_progress(self, message: ServerMessage) -> None:
+        ms = None
+        if isinstance(message, Partial | Final):
+            ms = message.end_ms
+        elif isinstance(message, SpeechStart):
+            ms = message.start_ms
+        elif isinstance(message, End):
+            ms = message.audio_ms
+        if ms is not None:
+            samples = int(ms * self.ready.sample_rate / 1000)
+            self._progress_samples = max(self._progress_samples, samples)
+            self._mark_excused()
 
     async def messages(self) -> AsyncIterator[ServerMessage]:
         """Typed server messages until ``end`` or the close (see :meth:`received`)."""
@@ -595,6 +650,17 @@ async def _first_message(connection: ClientConnection) -> Ready:
             raise ClientError(f"server error before ready: {message.code}: {message.message}")
         raise ClientError(f"expected a ready message first, got {message.type!r}")
     return message
+
+
+def _set_tcp_user_timeout(connection: ClientConnection, options: ClientOptions) -> None:
+    """Let the kernel drop a server whose host stops acknowledging data (Linux only)."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    sock = connection.transport.get_extra_info("socket")
+    if option is None or sock is None or options.ping_interval_s is None:
+        return
+    timeout_s = options.ping_interval_s + (options.ping_timeout_s or options.ping_interval_s)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 BACKLOG_PIECE_BYTES = 32000  # backlogged audio is fed to the session in 1 s pieces (16 kHz)
 WS_MAX_QUEUE_FRAMES = 2  # frames websockets buffers before it stops reading the socket
 SEGMENT_PCM_BYTES = 7 * 16000 * BYTES_PER_SAMPLE  # one queued final's audio (7 s cap)
+MAX_OUTSTANDING_PINGS = 64  # unanswered pings tracked per connection (the oldest decides)
 
 
 def session_memory_bound_bytes(
@@ -386,13 +387,35 @@ class Connection:
                 self._send_blocked = False
 
     async def _keepalive(self) -> None:
-        """Pings; a pong is late after ``ping_timeout_s`` of *reading* time (module doc)."""
+        """A ping every interval, even while pongs are outstanding (module doc).
+
+        The oldest unanswered ping is late after ``ping_timeout_s`` of *reading* time.
+        Pings keep going out while reading is paused: each write would fail on a reset
+        peer, and they show the client that this server is alive.
+        """
         interval_s, timeout_s = self.limits.ping_interval_s, self.limits.ping_timeout_s
         if interval_s is None:
             return
+        outstanding: deque[tuple[asyncio.Future[float], float, float]] = deque(
+            maxlen=MAX_OUTSTANDING_PINGS
+        )
         try:
             while True:
                 await asyncio.sleep(interval_s)
+                now = self._loop.time()
+                while outstanding and outstanding[0][0].done():
+                    outstanding.popleft()
+                if outstanding and timeout_s is not None:
+                    _, sent, paused_at_ping = outstanding[0]
+                    reading_s = (now - sent) - (self._paused_s(now) - paused_at_ping)
+                    if reading_s >= timeout_s:
+                        self.terminate(
+                            CLOSE_INTERNAL_ERROR,
+                            "keepalive ping timeout",
+                            f"no pong after {reading_s:.1f} s of reading",
+                            "keepalive_timeout",
+                        )
+                        return
                 try:
                     async with asyncio.timeout(self.limits.write_timeout_s):
                         pong = await self.ws.ping()
@@ -404,22 +427,8 @@ class Connection:
                         "write_timeout",
                     )
                     return
-                if timeout_s is None:
-                    continue
                 sent = self._loop.time()
-                paused_at_ping = self._paused_s(sent)
-                while not pong.done():
-                    now = self._loop.time()
-                    reading_s = (now - sent) - (self._paused_s(now) - paused_at_ping)
-                    if reading_s >= timeout_s:
-                        self.terminate(
-                            CLOSE_INTERNAL_ERROR,
-                            "keepalive ping timeout",
-                            f"no pong after {timeout_s:g} s of reading",
-                            "keepalive_timeout",
-                        )
-                        return
-                    await asyncio.wait({pong}, timeout=timeout_s - reading_s)
+                outstanding.append((pong, sent, self._paused_s(sent)))
         except ConnectionClosed:
             pass
 
