@@ -38,6 +38,7 @@ logger = logging.getLogger("bench.stress")
 
 READY_TIMEOUT_S = 900.0  # building random:small the first time takes minutes
 ATTACK_TIMEOUT_S = 1800.0  # no attack runs longer than this
+ATTACKS = ("unpaced", "finalize", "http", "flood", "blocked", "sigterm", "hung", "restart")
 HANG_ENV = "STRESS_HANG_AFTER_DECODES"  # the injected recognizer hangs after N decodes
 
 
@@ -383,6 +384,7 @@ async def attack_hung_decode(args: argparse.Namespace, log: Path, pcm: np.ndarra
             status, body, _ = await asyncio.to_thread(http_get, f"{server.http}/readyz", 1.0)
             if status == 503 and readyz is None:
                 readyz = orjson.loads(body).get("reason")
+                logger.info("readyz 503: %s", body.decode(errors="replace")[:200])
             if server.process.poll() is not None:
                 break
             await asyncio.sleep(0.1)
@@ -545,6 +547,8 @@ async def run(args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
 
     async def step(name: str, make: Callable[[], Awaitable[Row]]) -> None:
+        if args.attacks and name not in args.attacks:
+            return
         logger.info("attack: %s", name)
         try:
             row = await asyncio.wait_for(make(), ATTACK_TIMEOUT_S)
@@ -618,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=6.0,
         help="documented per-session memory bound (docs/protocol.md)",
+    )
+    p.add_argument(
+        "--attacks", nargs="*", default=[], choices=ATTACKS, help="run only these (default: all)"
     )
     p.add_argument("--log", default="/tmp/stress-server.log")
     p.add_argument("--results", default=str(Path(__file__).parent / "RESULTS-stress.md"))

@@ -22,11 +22,9 @@ was lost without a close frame).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import random
-import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -392,8 +390,9 @@ class StreamingClient:
         # back-pressure; the kernel's socket buffers alone can hold minutes of audio) is
         # not late. Time is excused while a send is blocked or while the server is more
         # than BEHIND_LIMIT_S of audio behind what we sent, and any message from the
-        # server proves it alive. A server that crashed resets the connection and a
-        # vanished host stops acknowledging (TCP_USER_TIMEOUT), so neither needs a pong.
+        # server proves it alive. A server that crashed resets the connection. (No
+        # TCP_USER_TIMEOUT here: while the server pushes back, our data waits in a zero
+        # window, which some kernels count against that timeout and abort.)
         self._heard_s = started_s  # time.monotonic() of the last frame from the server
         self._excused_at_heard_s = 0.0
         self._sends_blocked = 0
@@ -467,7 +466,6 @@ class StreamingClient:
             await connection.close()
             raise
         ready_arrival_s = time.monotonic()
-        _set_tcp_user_timeout(connection, options)
         logger.debug("connected to %s, session %s", where, ready.session_id)
         return cls(connection, ready, ready_arrival_s, options, started_s)
 
@@ -650,17 +648,6 @@ async def _first_message(connection: ClientConnection) -> Ready:
             raise ClientError(f"server error before ready: {message.code}: {message.message}")
         raise ClientError(f"expected a ready message first, got {message.type!r}")
     return message
-
-
-def _set_tcp_user_timeout(connection: ClientConnection, options: ClientOptions) -> None:
-    """Let the kernel drop a server whose host stops acknowledging data (Linux only)."""
-    option = getattr(socket, "TCP_USER_TIMEOUT", None)
-    sock = connection.transport.get_extra_info("socket")
-    if option is None or sock is None or options.ping_interval_s is None:
-        return
-    timeout_s = options.ping_interval_s + (options.ping_timeout_s or options.ping_interval_s)
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
 
 
 def _retryable(exc: BaseException) -> bool:

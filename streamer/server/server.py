@@ -254,11 +254,13 @@ class StreamingServer:
             return
         self._shutting_down = True
         logger.info("shutting down: %d open sessions", len(self._connections))
-        if self._server is not None:
-            self._server.close(close_connections=False)
+        # still listening during the grace period: /readyz answers 503 (with the reason)
+        # and new sessions are refused with 503 + Retry-After instead of a reset
         for connection in list(self._connections):
             connection.shutdown()
         # after a model failure, sessions only wait for their close: no decode will come
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         grace_s = self.options.shutdown_grace_s
         if self._failure is not None:
             grace_s = min(grace_s, FAILED_GRACE_S)
@@ -267,6 +269,10 @@ class StreamingServer:
                 await self._no_connections.wait()
         except TimeoutError:
             logger.warning("grace period over: aborting %d sessions", len(self._connections))
+        if self._failure is not None:
+            # stay up (unready) for the whole grace period, so that probes see the 503
+            # and its reason before the supervisor sees the exit
+            await asyncio.sleep(max(0.0, started + grace_s - loop.time()))
         # Nothing below waits on a peer: what is left is aborted, not closed politely
         # (a client that does not read would block a close handshake forever).
         for connection in list(self._connections):
