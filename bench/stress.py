@@ -577,6 +577,21 @@ async def run(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+BEGIN, END = "<!-- stress:begin -->", "<!-- stress:end -->"
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace the text between the stress markers of ``path`` (append them if absent)."""
+    old = path.read_text() if path.exists() else ""
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        new = head + block + rest.split(END, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
+
+
 def serve_injected() -> int:
     """``streamer serve`` whose recognizer hangs after $STRESS_HANG_AFTER_DECODES decodes."""
     from streamer import cli
@@ -627,7 +642,11 @@ def main(argv: list[str] | None = None) -> int:
         "--attacks", nargs="*", default=[], choices=ATTACKS, help="run only these (default: all)"
     )
     p.add_argument("--log", default="/tmp/stress-server.log")
-    p.add_argument("--results", default=str(Path(__file__).parent / "RESULTS-stress.md"))
+    p.add_argument(
+        "--results",
+        default=str(Path(__file__).parent / "RESULTS.md"),
+        help="the table replaces the stress section of this file (or is appended)",
+    )
     args = p.parse_args(argv)
     args.model_args = [
         "--model",
@@ -655,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     sys.stdout.write(text)
-    Path(args.results).write_text(text)
+    write_section(Path(args.results), text)
     return 0 if all(r.ok for r in rows) else 1
 
 
