@@ -1,3 +1,3 @@
-from streamer.cli import entry
+from streamer.cli import main
 
-entry()
+raise SystemExit(main())

@@ -27,6 +27,7 @@ from streamer.errors import ConfigError, ModelError, StreamerError
 logger = logging.getLogger("streamer.cli")
 
 ENV_PREFIX = "STREAMER_"
+EXIT_MODEL_FAILED = 3  # serve: the model stalled or its worker died; restart the process
 
 
 def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
@@ -278,6 +279,20 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "ones up to this long, so a load balancer moves new sessions elsewhere; then shut "
         "down. SIGUSR1 drains without exiting, SIGUSR2 admits again [%(default)s]",
     )
+    g.add_argument(
+        "--write-timeout-s",
+        type=float,
+        default=_env("write_timeout_s", 15.0, float),
+        help="close (1008) a client that reads nothing for this long [%(default)s]",
+    )
+    g.add_argument(
+        "--decode-timeout-s",
+        type=float,
+        default=_env("decode_timeout_s", 30.0, float),
+        help="a decode running longer means the model is stalled: the server turns "
+        "unready, tells every session and exits with status 3 for its supervisor to "
+        "restart it [%(default)s]",
+    )
     s = p.add_argument_group("security")
     s.add_argument(
         "--token",
@@ -298,6 +313,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--allowed-origins",
         default=_env("allowed_origins", ""),
         help="comma-separated Origin values browsers may connect from; empty allows any",
+    )
+    s.add_argument(
+        "--public-metrics",
+        action="store_true",
+        default=_env("public_metrics", False, _bool),
+        help="serve /metrics without --token (it requires the token by default)",
     )
     _add_logging_arguments(p)
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
@@ -330,6 +351,8 @@ def _server_options(args: argparse.Namespace) -> Any:
         max_session_s=args.max_session_s,
         shutdown_grace_s=args.shutdown_grace_s,
         drain_s=args.drain_s,
+        write_timeout_s=args.write_timeout_s,
+        public_metrics=args.public_metrics,
         vad_aggressiveness=args.vad_aggressiveness,
         default_stream=default_stream,
         session=SessionOptions(
@@ -347,9 +370,14 @@ async def _serve(args: argparse.Namespace) -> int:
 
     recognizer_options = _recognizer_options(args)
     server_options = _server_options(args)
+    if args.decode_timeout_s <= 0:
+        raise ConfigError("--decode-timeout-s must be positive")
     preflight(recognizer_options)  # impossible devices, missing files: fail in seconds
     progress = LoadProgress()
-    worker = ModelWorker(lambda: load_recognizer(recognizer_options, progress))
+    worker = ModelWorker(
+        lambda: load_recognizer(recognizer_options, progress),
+        decode_timeout_s=args.decode_timeout_s,
+    )
     server = StreamingServer(server_options, worker, loading=progress)
     await server.start()  # bind first: /readyz answers 503 with the stage while loading
     worker.start()
@@ -373,6 +401,8 @@ async def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, handler)
     ready = asyncio.create_task(server.wait_ready())
     stopped = asyncio.create_task(stop.wait())
+    failed = asyncio.create_task(server.wait_failed())
+    failed.add_done_callback(lambda _: stop.set())
     try:
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
@@ -385,8 +415,9 @@ async def _serve(args: argparse.Namespace) -> int:
             )
             logger.info("ready: open %s://%s:%d/ for live captions", scheme, host, server.port)
             await stopped
-        logger.info("signal received: stopping")
-        if not stop_now.is_set():
+        if server.failure is None:
+            logger.info("signal received: stopping")
+        if server.failure is None and not stop_now.is_set():
             # SIGTERM (an orchestrator, systemd): let the balancer notice before we go
             drained = asyncio.create_task(server.drain())
             interrupted = asyncio.create_task(stop_now.wait())
@@ -398,16 +429,30 @@ async def _serve(args: argparse.Namespace) -> int:
             loop.remove_signal_handler(sig)
         ready.cancel()
         stopped.cancel()
+        failed.cancel()
         await server.shutdown()
-        # a model still loading cannot be interrupted: its daemon thread ends with us
-        await asyncio.to_thread(worker.stop, 5.0 if worker.ready.is_set() else 0.0)
+        # a model still loading, or a stalled decode, cannot be interrupted: do not wait
+        # for that thread (a daemon, it ends with the process)
+        usable = worker.ready.is_set() and server.failure is None
+        await asyncio.to_thread(worker.stop, 5.0 if usable else 0.0)
+    if server.failure is not None:
+        logger.error("exiting with status %d: %s", EXIT_MODEL_FAILED, server.failure)
+        return EXIT_MODEL_FAILED
     return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from streamer.loop import run
 
-    return run(_serve(args), use_uvloop=not args.no_uvloop)
+    status = run(_serve(args), use_uvloop=not args.no_uvloop)
+    # The server has shut down and nothing is left to clean up, but garbage-collecting
+    # torch and funasr at interpreter exit takes seconds on a busy machine, and SIGTERM
+    # must end the process within the grace period (and a stalled decode's thread can
+    # never be joined): leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 # -- transcribe ----------------------------------------------------------------
@@ -595,20 +640,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(error, ConfigError) else 1
     except KeyboardInterrupt:
         return 130
-
-
-def entry() -> None:
-    """The console script: :func:`main`, then a fast exit after ``serve``.
-
-    Once the server has shut down cleanly (every session closed, logs written),
-    tearing down torch and funasr's modules only costs the user 1-2 s after Ctrl-C, and
-    a model still loading in its thread cannot be interrupted: skip both.
-    """
-    argv = sys.argv[1:]
-    code = main(argv)
-    if argv[:1] == ["serve"]:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    raise SystemExit(code)

@@ -22,10 +22,10 @@ class ServerThread:
     """A :class:`StreamingServer` with its model worker, running in a background thread."""
 
     def __init__(self, load: Callable[[], SpeechRecognizer], options: ServerOptions,
-                 classifier_factory: Callable | None = None) -> None:
+                 classifier_factory: Callable | None = None, **worker_options) -> None:
         self.options = replace(options, host="127.0.0.1", port=0)
         self.classifier_factory = classifier_factory
-        self.worker = ModelWorker(load)
+        self.worker = ModelWorker(load, **worker_options)
         self.server: StreamingServer | None = None
         self.loop = asyncio.new_event_loop()
         self._started = threading.Event()
@@ -94,8 +94,10 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
     started: list[ServerThread] = []
 
     def factory(load: Callable[[], SpeechRecognizer], wait_ready: bool = True,
-                classifier_factory: Callable | None = None, **options) -> ServerThread:
-        thread = ServerThread(load, ServerOptions(**options), classifier_factory)
+                classifier_factory: Callable | None = None, decode_timeout_s: float = 30.0,
+                **options) -> ServerThread:
+        thread = ServerThread(load, ServerOptions(**options), classifier_factory,
+                              decode_timeout_s=decode_timeout_s)
         started.append(thread)
         return thread.start(wait_ready=wait_ready)
 

@@ -200,3 +200,43 @@ def test_tentative_end_is_known_once_the_pause_holds_the_end_padding():
     (end,) = [e for e in events if isinstance(e, SegmentEnd)]
     assert end.end_sample == (40 + 10) * FRAME  # the segment ended exactly there
     assert seg.tentative_end_sample is None
+
+def segments(events):
+    return [(e.start_sample, e.end_sample) for e in ends(events)]
+
+
+@pytest.mark.parametrize("every_frames", [1, 2, 3, 5, 10, 25])
+def test_finalize_spam_changes_no_segment(every_frames):
+    # speech with short gaps (inside words) and long ones (between utterances)
+    flags = ([False] * 20 + [True] * 12 + [False] * 3 + [True] * 30 + [False] * 40) * 3
+    _, plain = run(flags, flush="stop")
+    seg = Segmenter()
+    spammed = []
+    for i, flag in enumerate(flags):
+        spammed += seg.push(flag, 1000.0 if flag else 1.0)
+        if i % every_frames == 0:
+            spammed += seg.finalize()
+    spammed += seg.flush("stop")
+    assert [(e.start_sample, e.end_sample) for e in spammed if isinstance(e, SegmentEnd)] == (
+        segments(plain)
+    )
+    assert all(e.reason == "finalize" for e in spammed if isinstance(e, SegmentEnd))
+
+
+def test_finalize_without_open_segment_keeps_the_onset_window():
+    seg = Segmenter()
+    events = []
+    for _ in range(3):  # 60 ms of speech: not confirmed yet
+        events += seg.push(True, 1000.0)
+    assert seg.finalize() == [] and not seg.in_segment
+    for _ in range(2):  # 40 ms more: 100 ms in all, the onset
+        events += seg.push(True, 1000.0)
+    assert [e.start_sample for e in starts([(0, e) for e in events])] == [0]
+
+
+def test_finalize_in_a_pause_ends_at_once_where_silence_would():
+    seg = Segmenter()
+    for flag in [True] * 30 + [False] * 15:  # 300 ms of non-speech: past end_pad
+        seg.push(flag, 1.0)
+    (end,) = seg.finalize()
+    assert end.reason == "finalize" and end.end_sample == (30 + 10) * FRAME  # + 200 ms pad

@@ -139,6 +139,7 @@ async def test_bad_text_messages_are_errors_and_session_continues(fake_server):
             error = await recv_json(ws)
             assert error["type"] == "error" and error["code"] == "bad_message"
             assert error["fatal"] is False
+            await ws.send('{"type":"keepalive"}')  # valid input: the next error is a new burst
         await ws.send(b"")  # empty frame: ignored
         await ws.send(speech(1).tobytes())
         await ws.send('{"type":"stop"}')

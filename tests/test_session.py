@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from streamer.core import protocol
 from streamer.core.jobs import DecodeResult
 from streamer.core.protocol import (
     End,
@@ -187,6 +188,7 @@ def test_partial_of_closed_segment_is_discarded():
     feed(s, np.concatenate([silence(300), tone(1000)]), respond=False)
     (partial,) = s.jobs_to_submit()
     s.receive_text('{"type":"finalize"}')
+    feed(s, silence(300), respond=False)  # the pause that lets finalize end the segment
     answer(s)
     t = Transcript.from_raw("<|en|>late", rich="", token_ids=(), audio_ms=0, decode_ms=0)
     s.decode_finished(DecodeResult(job=partial, transcript=t))
@@ -458,3 +460,49 @@ def test_failed_speculation_is_not_repeated_and_the_final_is_decoded():
     )
     s.decode_finished(_decoded(job, "second try"))
     assert [m.text for m in s.messages_to_send() if isinstance(m, Final)] == ["second try"]
+
+def test_audio_and_control_after_server_shutdown_are_dropped_quietly():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(500)]))
+    s.shutdown()
+    for _ in range(50):
+        s.receive_audio(tone(40).tobytes())
+    s.receive_text('{"type":"finalize"}')
+    s.receive_text('{"type":"stop"}')
+    answer(s)
+    messages = s.messages_to_send()
+    errors = [m for m in messages if isinstance(m, Error)]
+    assert [e.code for e in errors] == ["server_shutdown"]
+    assert isinstance(messages[-1], End) and s.close_code == 1001
+
+
+def test_error_bursts_are_answered_once_with_a_count():
+    s = make_session()
+    s.start()
+    s.messages_to_send()
+    junk = '{"type":"' + "x" * 60000 + '"}'
+    for _ in range(1000):
+        s.receive_text(junk)
+    (first,) = s.messages_to_send()
+    assert first.code == "bad_message" and first.suppressed == 0
+    assert len(first.message) <= protocol.MAX_ERROR_MESSAGE_CHARS
+    s.receive_text('{"type":"keepalive"}')  # valid input ends the burst
+    (summary,) = s.messages_to_send()
+    assert summary.code == "bad_message" and summary.suppressed == 999
+    s.receive_text("nope")  # a new burst is answered again
+    assert [m.suppressed for m in s.messages_to_send()] == [0]
+
+
+def test_decode_errors_reach_clients_as_a_code_and_a_safe_message():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(500)]), respond=False)
+    s.receive_text('{"type":"stop"}')
+    (job,) = s.jobs_to_submit()
+    s.decode_finished(DecodeResult(job=job, error="RuntimeError: /secret/path/model.pt"))
+    messages = s.messages_to_send()
+    final = next(m for m in messages if isinstance(m, Final))
+    assert final.error["code"] == "decode_failed" and "secret" not in final.error["message"]
+    error = next(m for m in messages if isinstance(m, Error))
+    assert "secret" not in error.message

@@ -145,3 +145,101 @@ def test_stop_answers_queued_jobs_dropped(gated):
     worker.stop()  # drops job 2 while the worker is still busy, then joins
     worker.submit(job("a", "final", 3), collect)  # after stop: answered dropped at once
     assert [int(r.job.pcm[0]) for r in results if r.dropped] == [2, 3]
+
+
+class HangingRecognizer(FakeRecognizer):
+    """A decode that never returns on its own (a stuck native call), until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def decode(self, pcm, *, language="auto", use_itn=True):
+        self.release.wait(30)
+        return super().decode(pcm, language=language, use_itn=use_itn)
+
+
+class Dying(BaseException):
+    """Not an Exception: the worker's per-decode handler does not catch it."""
+
+
+class DyingRecognizer(FakeRecognizer):
+    def decode(self, pcm, *, language="auto", use_itn=True):
+        raise Dying("injected")
+
+
+def failing_worker(recognizer, **kwargs):
+    worker = ModelWorker(lambda: recognizer, **kwargs)
+    failed = threading.Event()
+    reasons: list[str] = []
+    worker.on_failure = lambda reason: (reasons.append(reason), failed.set())
+    worker.start()
+    assert worker.ready.wait(10)
+    return worker, failed, reasons
+
+
+def collector():
+    results: list[DecodeResult] = []
+    cond = threading.Condition()
+
+    def collect(result: DecodeResult) -> None:
+        with cond:
+            results.append(result)
+            cond.notify_all()
+
+    def wait_for(n: int) -> list[DecodeResult]:
+        with cond:
+            assert cond.wait_for(lambda: len(results) >= n, 10)
+        return results
+
+    return collect, wait_for
+
+
+def test_watchdog_answers_every_waiting_final_when_a_decode_hangs():
+    recognizer = HangingRecognizer()
+    worker, failed, reasons = failing_worker(recognizer, decode_timeout_s=0.2)
+    collect, wait_for = collector()
+    try:
+        worker.submit(job("a", "final", 1), collect)  # hangs
+        worker.submit(job("b", "final", 2), collect)  # waits behind it
+        worker.submit(job("c", "partial", 3), collect)
+        assert failed.wait(10)
+        results = wait_for(3)
+        finals = [r for r in results if r.job.kind == "final"]
+        assert sorted(r.job.session_id for r in finals) == ["a", "b"]
+        assert all(r.error_code == "model_stalled" and r.transcript is None for r in finals)
+        assert [r.dropped for r in results if r.job.kind == "partial"] == [True]
+        assert worker.failure == reasons[0] and "longer than 0.2 s" in reasons[0]
+        # after the failure, new jobs are answered at once, never queued
+        worker.submit(job("d", "final", 4), collect)
+        assert wait_for(4)[3].error_code == "model_stalled"
+    finally:
+        recognizer.release.set()
+        worker.stop()
+    # the hung decode returning late answers nobody twice
+    assert len(results) == 4
+
+
+def test_watchdog_leaves_slow_but_finishing_decodes_alone():
+    worker, failed, _ = failing_worker(FakeRecognizer(delay_s=0.05), decode_timeout_s=5)
+    collect, wait_for = collector()
+    try:
+        for i in range(5):
+            worker.submit(job("a", "final", i, segment=i), collect)
+        assert all(r.transcript is not None for r in wait_for(5))
+        assert not failed.is_set() and worker.failure is None
+    finally:
+        worker.stop()
+
+
+def test_worker_thread_dying_of_a_base_exception_fails_loudly():
+    worker, failed, reasons = failing_worker(DyingRecognizer(), decode_timeout_s=None)
+    collect, wait_for = collector()
+    try:
+        worker.submit(job("a", "final", 1), collect)
+        assert failed.wait(10)
+        (result,) = wait_for(1)
+        assert result.error_code == "model_stalled"
+        assert reasons == ["the model worker thread died"]
+    finally:
+        worker.stop()

@@ -145,8 +145,15 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reconnects",
         type=int,
-        default=5,
+        default=20,
         help="reconnections when the connection drops mid-stream (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--reconnect-timeout-s",
+        type=float,
+        default=120.0,
+        help="keep retrying a lost server this long (capped exponential backoff with "
+        "jitter), then resume after the last final (default: %(default)s)",
     )
     parser.epilog = EXIT_CODES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -381,6 +388,7 @@ async def run_client(args: argparse.Namespace) -> int:
         token=args.token,
         insecure=args.insecure,
         max_reconnects=max(0, args.reconnects),
+        reconnect_timeout_s=max(0.0, args.reconnect_timeout_s),
     )
     results_on_terminal = out.isatty() and (args.json or "-" in args.output)
     # The in-place status line would be torn by results written to the same terminal.

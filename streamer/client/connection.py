@@ -27,7 +27,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -46,6 +46,7 @@ from websockets.exceptions import (
     InvalidStatus,
     InvalidURI,
 )
+from websockets.protocol import Event
 
 from streamer.audio_io import load_audio
 from streamer.core.protocol import (
@@ -107,6 +108,10 @@ ABNORMAL_CLOSURE = 1006  # RFC 6455: the connection was lost without a close fra
 # 1003/1008/1009 are the client's fault and would fail again.
 RETRYABLE_CLOSE_CODES = frozenset({1001, ABNORMAL_CLOSURE, 1011, 1012, 1013})
 RETRYABLE_HTTP_STATUSES = frozenset({502, 503, 504})
+# Beyond this much audio sent ahead of what the server has reported on, the server is
+# busy with our audio (a 7 s segment yields no message until its final) and a late pong
+# is expected, not a sign of death.
+BEHIND_LIMIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -120,11 +125,14 @@ class ClientOptions:
     insecure: bool = False  # wss:// without certificate checks (self-signed test servers)
     open_timeout_s: float = 10.0  # TCP + TLS + WebSocket handshake + the `ready` message
     close_timeout_s: float = 5.0  # wait for the server's close frame
-    connect_attempts: int = 5  # attempts per reconnection (stream_file, connect_with_backoff)
+    connect_attempts: int = 5  # attempts of connect_with_backoff without a timeout
     initial_backoff_s: float = 0.25  # first delay between attempts, doubled after each
     max_backoff_s: float = 5.0  # cap on that delay (before jitter)
-    max_reconnects: int = 5  # reconnections stream_file makes before giving up
+    reconnect_timeout_s: float = 120.0  # stream_file retries a lost server this long
+    max_reconnects: int = 20  # reconnections stream_file makes before giving up
     max_message_bytes: int = MAX_SERVER_MESSAGE_BYTES  # largest server frame accepted
+    ping_interval_s: float | None = 20.0  # keepalive pings; None sends none
+    ping_timeout_s: float | None = 30.0  # silence after a ping (server pings count) before 1006
 
 
 @dataclass(frozen=True)
@@ -341,6 +349,20 @@ def _ssl_for(options: ClientOptions) -> ssl.SSLContext | bool | None:
 # The connection
 
 
+class _Connection(ClientConnection):
+    """websockets' client connection, noting when the server last sent any frame.
+
+    Pings from the server count: a server that is not reading our audio (back-pressure)
+    still writes its keepalive pings, which prove it alive while our pong waits.
+    """
+
+    heard_s = 0.0  # time.monotonic() of the last frame received (data, ping or pong)
+
+    def process_event(self, event: Event) -> None:
+        self.heard_s = time.monotonic()
+        super().process_event(event)
+
+
 class StreamingClient:
     """One protocol v1 session. Create it with :meth:`connect`; use it as a context manager.
 
@@ -364,6 +386,23 @@ class StreamingClient:
         self.started_s = started_s  # time.monotonic() when connecting began
         self.end: End | None = None  # the end message, once received
         self.stop_sent = False
+        # Keepalive: a pong queued behind our own audio (the server is applying
+        # back-pressure; the kernel's socket buffers alone can hold minutes of audio) is
+        # not late. Time is excused while a send is blocked or while the server is more
+        # than BEHIND_LIMIT_S of audio behind what we sent, and any message from the
+        # server proves it alive. A server that crashed resets the connection. (No
+        # TCP_USER_TIMEOUT here: while the server pushes back, our data waits in a zero
+        # window, which some kernels count against that timeout and abort.)
+        self._heard_s = started_s  # time.monotonic() of the last frame from the server
+        self._excused_at_heard_s = 0.0
+        self._sends_blocked = 0
+        self._sent_samples = 0  # audio handed to the connection
+        self._progress_samples = 0  # audio the server has reported on (times in messages)
+        self._excused_since: float | None = None
+        self._excused_total_s = 0.0
+        self._keepalive: asyncio.Task[None] | None = None
+        if options.ping_interval_s is not None:
+            self._keepalive = asyncio.create_task(self._keep_alive(), name="client-keepalive")
 
     @classmethod
     async def connect(cls, options: ClientOptions | None = None) -> StreamingClient:
@@ -390,6 +429,8 @@ class StreamingClient:
                 max_size=options.max_message_bytes,
                 open_timeout=options.open_timeout_s,
                 close_timeout=options.close_timeout_s,
+                ping_interval=None,  # our own keepalive knows about back-pressure
+                create_connection=_Connection,
                 proxy=None,
                 user_agent_header="sensevoice-streamer-client",
                 **kwargs,
@@ -436,6 +477,7 @@ class StreamingClient:
         """Send PCM s16le mono at ``ready.sample_rate`` (an int16 array or raw bytes)."""
         data = _pcm_bytes(pcm)
         if len(data):
+            self._sent_samples += len(data) // 2
             await self._send(data)
 
     async def config(self, **params: Any) -> None:
@@ -460,10 +502,59 @@ class StreamingClient:
         self.stop_sent = True
 
     async def _send(self, data: str | bytes | bytearray | memoryview) -> None:
+        self._sends_blocked += 1
+        self._mark_excused()
         try:
             await self._connection.send(data)
         except ConnectionClosed as exc:
             raise _server_closed(exc) from None
+        finally:
+            self._sends_blocked -= 1
+            self._mark_excused()
+
+    def _excused(self) -> bool:
+        behind = self._sent_samples - self._progress_samples
+        return self._sends_blocked > 0 or behind > BEHIND_LIMIT_S * self.ready.sample_rate
+
+    def _mark_excused(self) -> None:
+        """Account excused time; call after every change to what _excused() reads."""
+        now = time.monotonic()
+        if self._excused_since is not None and not self._excused():
+            self._excused_total_s += now - self._excused_since
+            self._excused_since = None
+        elif self._excused_since is None and self._excused():
+            self._excused_since = now
+
+    def _excused_s(self, now: float) -> float:
+        current = now - self._excused_since if self._excused_since is not None else 0.0
+        return self._excused_total_s + current
+
+    async def _keep_alive(self) -> None:
+        interval_s, timeout_s = self.options.ping_interval_s, self.options.ping_timeout_s
+        assert interval_s is not None
+        try:
+            while True:
+                await asyncio.sleep(interval_s)
+                pong = await self._connection.ping()
+                if timeout_s is None:
+                    continue
+                sent = time.monotonic()
+                excused_at_ping = self._excused_s(sent)
+                while not pong.done():
+                    now = time.monotonic()
+                    since, excused_since = sent, excused_at_ping
+                    heard_s = max(self._heard_s, getattr(self._connection, "heard_s", 0.0))
+                    if heard_s > sent:
+                        # a frame after the ping: alive then (excused time before is moot)
+                        since, excused_since = heard_s, self._excused_s(heard_s)
+                    waited_s = (now - since) - (self._excused_s(now) - excused_since)
+                    if waited_s >= timeout_s:
+                        logger.warning("no pong from the server for %g s: closing", timeout_s)
+                        self._connection.transport.abort()  # recv() raises: 1006
+                        return
+                    await asyncio.wait({pong}, timeout=timeout_s - waited_s)
+        except ConnectionClosed:
+            pass
 
     async def received(self) -> AsyncIterator[Received]:
         """Server messages with their arrival times, until ``end`` or the close.
@@ -486,6 +577,8 @@ class StreamingClient:
             except ConnectionClosed as exc:
                 raise _server_closed(exc) from None
             arrival_s = time.monotonic()
+            self._heard_s = arrival_s
+            self._excused_at_heard_s = self._excused_s(arrival_s)
             if not isinstance(data, str):
                 logger.warning("ignoring a %d-byte binary frame from the server", len(data))
                 continue
@@ -498,7 +591,21 @@ class StreamingClient:
                 self.ready = message
             elif isinstance(message, End):
                 self.end = message
+            self._note_progress(message)
             yield Received(message, arrival_s)
+
+    def _note_progress(self, message: ServerMessage) -> None:
+        ms = None
+        if isinstance(message, Partial | Final):
+            ms = message.end_ms
+        elif isinstance(message, SpeechStart):
+            ms = message.start_ms
+        elif isinstance(message, End):
+            ms = message.audio_ms
+        if ms is not None:
+            samples = int(ms * self.ready.sample_rate / 1000)
+            self._progress_samples = max(self._progress_samples, samples)
+            self._mark_excused()
 
     async def messages(self) -> AsyncIterator[ServerMessage]:
         """Typed server messages until ``end`` or the close (see :meth:`received`)."""
@@ -507,7 +614,13 @@ class StreamingClient:
 
     async def close(self) -> None:
         """Close the connection (waits up to ``close_timeout_s`` for the server)."""
-        await self._connection.close()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        try:
+            async with asyncio.timeout(self.options.close_timeout_s + 1):
+                await self._connection.close()
+        except TimeoutError:
+            self._connection.transport.abort()
 
     async def __aenter__(self) -> StreamingClient:
         return self
@@ -549,6 +662,7 @@ async def connect_with_backoff(
     options: ClientOptions,
     *,
     attempts: int | None = None,
+    timeout_s: float | None = None,
     rng: random.Random | None = None,
     on_retry: Callable[[int, BaseException, float], None] | None = None,
 ) -> StreamingClient:
@@ -556,12 +670,22 @@ async def connect_with_backoff(
 
     Retries when the server is unreachable or answers 502/503/504 (full, loading,
     restarting); a 401/403/404 is raised at once. ``on_retry(attempt, error, delay_s)``
-    is called before each wait. After ``attempts`` (default ``options.connect_attempts``)
-    the last error is raised.
+    is called before each wait. With ``timeout_s`` it keeps trying (delays capped at
+    ``options.max_backoff_s``) until that much time has passed, which outlasts a server
+    restart; else after ``attempts`` (default ``options.connect_attempts``). Then the
+    last error is raised.
     """
+    rng = rng or random.Random()
+    deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
+    if deadline_s is not None:
+        attempts = 1 << 30  # bounded by the deadline instead
     attempts = max(1, attempts if attempts is not None else options.connect_attempts)
-    delays = backoff_delays(attempts, options.initial_backoff_s, options.max_backoff_s, rng)
-    for attempt, delay_s in enumerate([*delays, None], start=1):
+    delays = _delays(attempts, options, rng)
+    for attempt in range(1, attempts + 1):
+        delay_s = next(delays) if attempt < attempts else None
+        if delay_s is not None and deadline_s is not None:
+            left_s = deadline_s - time.monotonic()
+            delay_s = None if left_s <= 0 else min(delay_s, left_s)
         try:
             return await StreamingClient.connect(options)
         except ClientError as exc:
@@ -572,6 +696,13 @@ async def connect_with_backoff(
                 on_retry(attempt, exc, delay_s)
             await asyncio.sleep(delay_s)
     raise AssertionError("unreachable")  # the loop always returns or raises
+
+
+def _delays(attempts: int, options: ClientOptions, rng: random.Random) -> Iterator[float]:
+    """:func:`backoff_delays`, lazily (a deadline-bounded retry may make many attempts)."""
+    for k in range(attempts):
+        nominal = min(options.max_backoff_s, options.initial_backoff_s * 2 ** min(k, 30))
+        yield nominal / 2 + rng.uniform(0, nominal / 2)
 
 
 # ---------------------------------------------------------------------------
@@ -839,7 +970,7 @@ async def stream_file(
         )  # fmt: skip
         if on_reconnect is not None:
             on_reconnect(reconnects, offset_sample, error)
-        client = await connect_with_backoff(options)
+        client = await connect_with_backoff(options, timeout_s=options.reconnect_timeout_s)
     end = None
     if last_end is not None:
         end = End(

@@ -38,7 +38,8 @@ class DecodeResult:
 
     job: DecodeJob
     transcript: Transcript | None = None  # the decode succeeded
-    error: str | None = None  # the decode raised; this is its message
+    error: str | None = None  # the decode raised; this is its message (for the log only)
+    error_code: str = "decode_failed"  # what clients are told when error is set
     dropped: bool = False  # the worker discarded the job (superseded partial)
     queue_ms: float = 0.0  # time between submission and the start of decoding
     decode_ms: float = 0.0  # time the model spent

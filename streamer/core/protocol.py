@@ -235,12 +235,21 @@ class Final:
     error: dict[str, str] | None = None  # {code, message} when decoding failed
 
 
+MAX_ERROR_MESSAGE_CHARS = 200  # longer messages are cut: errors never echo unbounded input
+
+
 @dataclass(frozen=True)
 class Error:
     type: ClassVar[str] = "error"
     code: str
-    message: str
+    message: str  # for people; at most MAX_ERROR_MESSAGE_CHARS characters
     fatal: bool
+    suppressed: int = 0  # errors of this code not sent one by one since the last one
+
+    def __post_init__(self) -> None:
+        if len(self.message) > MAX_ERROR_MESSAGE_CHARS:
+            cut = self.message[: MAX_ERROR_MESSAGE_CHARS - 3] + "..."
+            object.__setattr__(self, "message", cut)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,12 @@ Rules:
 * **Long segments end at the first pause**: once a segment is ``long_segment_ms`` long,
   ``long_endpoint_ms`` of non-speech (a breath between phrases) ends it, so people who
   talk without stopping get segments cut at pauses and the hard cap stays the exception.
+* **Finalize**: the client says the utterance is over. The open segment ends as soon as
+  the audio shows ``end_pad_ms`` of non-speech after its last speech (at once when it
+  already does), at the sample where the silence endpoint would have ended it: a
+  ``finalize`` sent while the speaker is still talking never splits a word, and spamming
+  it changes no segment. With no segment open it does nothing (speech that has begun but
+  is not confirmed yet stays in the onset window).
 * **Hard cap**: a segment reaching ``max_utterance_ms`` is cut at the quietest point of
   its last ``cut_search_ms``; the next segment starts at exactly that sample, so
   consecutive segments tile the audio.
@@ -122,6 +128,7 @@ class Segmenter:
         self._last_speech_frame = 0  # index of the last speech frame + 1
         self._silence_frames = 0
         self._energies: list[float] = []  # per frame since _start_frame
+        self._finalize_pending = False  # end the open segment at its next end_pad pause
 
     # -- queries ---------------------------------------------------------------
 
@@ -194,8 +201,12 @@ class Segmenter:
         else:
             self._silence_frames += 1
             endpoint = self._endpoint_now()
+            pad = min(self._end_pad_frames, endpoint)
+            if self._finalize_pending and self._silence_frames >= pad:
+                end = self._last_speech_frame + pad
+                events.append(self._close(end * self._frame, "finalize"))
+                return events
             if self._silence_frames >= endpoint:
-                pad = min(self._end_pad_frames, endpoint)
                 end = min(self._last_speech_frame + pad, self._frame_index)
                 events.append(self._close(end * self._frame, "silence"))
                 return events
@@ -203,13 +214,29 @@ class Segmenter:
             events.extend(self._cut())
         return events
 
-    def flush(self, reason: EndReason, end_sample: int | None = None) -> list[SegmentEvent]:
-        """End the open segment now (``finalize`` or ``stop``); no-op when none is open.
+    def finalize(self) -> list[SegmentEvent]:
+        """The client ended the utterance: see *Finalize* in the module docstring.
 
-        ``end_sample`` may extend the segment past the last whole frame (the stream's
-        final partial frame on ``stop``).
+        Returns the segment's end when the audio so far already ends in ``end_pad_ms``
+        of non-speech; otherwise the end comes from a later :meth:`push`.
         """
-        self._window.clear()
+        if self._open_id is None:
+            return []
+        self._finalize_pending = True
+        pad = min(self._end_pad_frames, self._endpoint_now())
+        if self._silence_frames >= pad:
+            end = self._last_speech_frame + pad
+            return [self._close(end * self._frame, "finalize")]
+        return []
+
+    def flush(self, reason: EndReason, end_sample: int | None = None) -> list[SegmentEvent]:
+        """End the open segment now, at the current position; no-op when none is open.
+
+        For ``stop``, and for the compatible protocols' immediate finalize. ``end_sample``
+        may extend the segment past the last whole frame (the stream's final partial
+        frame on ``stop``). With no segment open the onset window is kept: speech that
+        has begun but is not confirmed yet still becomes a segment.
+        """
         if self._open_id is None:
             return []
         end = self.position_sample if end_sample is None else max(end_sample, self.position_sample)
@@ -237,6 +264,7 @@ class Segmenter:
         assert self._open_id is not None
         event = SegmentEnd(self._open_id, self._start_frame * self._frame, end_sample, reason)
         self._open_id = None
+        self._finalize_pending = False
         self._floor_frame = -(-end_sample // self._frame)  # ceil: whole frames after the end
         self._window.clear()
         self._energies = []

@@ -106,6 +106,9 @@ class Session:
         self._next_final_id = 0
         self._pending_finals: set[int] = set()
         self._end_close_code = CLOSE_NORMAL
+        self._server_stopped = False  # shutdown/expire: late client input is dropped quietly
+        self._burst_code: str | None = None  # the code of the non-fatal errors being counted
+        self._burst_suppressed = 0  # errors of that code not sent since the last one
         self._configure(stream)
 
     # -- outputs ---------------------------------------------------------------
@@ -142,10 +145,12 @@ class Session:
     def receive_audio(self, data: bytes) -> None:
         """A binary frame: s16le PCM at the session's sample rate."""
         if self.state in (State.STOPPING, State.ENDED):
-            self._non_fatal(UnexpectedMessage("audio after stop is ignored"))
+            if not self._server_stopped:  # the client sent a stop: tell it once per burst
+                self._non_fatal(UnexpectedMessage("audio after stop is ignored"))
             return
         if not data:
             return
+        self._end_burst()
         self.state = State.STREAMING
         self._bytes_in += len(data)
         self.stats.audio_samples_in = self._bytes_in // 2
@@ -167,12 +172,16 @@ class Session:
                     f"{self.options.max_text_message_bytes}"
                 )
             message = protocol.parse_client_message(text)
+            if self._server_stopped and self.state is not State.CONFIGURING:
+                return  # finalize/stop/keepalive racing the server's own stop: moot
             self._handle_control(message)
         except ProtocolError as error:
             if error.fatal:
                 self._fail(error)
             else:
                 self._non_fatal(error)
+        else:
+            self._end_burst()
 
     def decode_finished(self, result: DecodeResult) -> None:
         """The worker's answer to one of this session's jobs."""
@@ -182,15 +191,19 @@ class Session:
         else:
             self._final_finished(result)
 
-    def expire(self, code: str, message: str) -> None:
+    def expire(self, code: str, message: str, close_code: int = CLOSE_POLICY_VIOLATION) -> None:
         """A server-side limit ended the session (idle timeout, maximum duration).
 
-        Open speech is still finished and delivered before the close (1008).
+        Open speech is still finished and delivered before the close (``close_code``,
+        1008 by default; 1011 when the server itself failed). Client input that arrives
+        after this is dropped without an error.
         """
         if self.state in (State.STOPPING, State.ENDED):
-            return
+            return  # the last finals are on their way; they end the session
+        self._server_stopped = True
+        self._end_burst()
         self._emit(Error(code=code, message=message, fatal=True))
-        self._end_close_code = CLOSE_POLICY_VIOLATION
+        self._end_close_code = close_code
         self.close_reason = code
         self._stop()
 
@@ -198,6 +211,8 @@ class Session:
         """The server is stopping: finish every open segment, send ``end``, close 1001."""
         if self.state is State.ENDED:
             return
+        self._server_stopped = True
+        self._end_burst()
         if self.state is not State.STOPPING:
             self._emit(
                 Error(code="server_shutdown", message="the server is shutting down", fatal=False)
@@ -213,11 +228,22 @@ class Session:
         self._configure(protocol.parse_stream_options(params, self.stream))
         self._send_ready()
 
-    def finalize(self) -> None:
-        """End the open segment now (its final follows); raises UnexpectedMessage after stop."""
+    def finalize(self, *, at_pause: bool = True) -> None:
+        """End the open segment (its final follows); raises UnexpectedMessage after stop.
+
+        ``at_pause`` (protocol v1's ``finalize``): at once when the audio so far ends in
+        ``end_pad_ms`` (200 ms) of non-speech, else at the next such pause, so a
+        finalize never splits a word (see :mod:`streamer.core.segmenter`). Without it
+        the segment ends now, at the current position: what Deepgram's ``Finalize`` and
+        OpenAI's ``commit`` promise their clients (a push-to-talk release, an agent's
+        end of turn), whose answers must not wait for more audio.
+        """
         if self.state in (State.STOPPING, State.ENDED):
             raise UnexpectedMessage("finalize after stop is ignored")
-        self._handle_events(self._segmenter.flush("finalize"))
+        if at_pause:
+            self._handle_events(self._segmenter.finalize())
+        else:
+            self._handle_events(self._segmenter.flush("finalize"))
 
     def stop(self) -> None:
         """End of stream: finish every open segment, then ``end`` (raises after a stop)."""
@@ -407,6 +433,7 @@ class Session:
 
     def _maybe_end(self) -> None:
         if self.state is State.STOPPING and not self._pending_finals:
+            self._end_burst()
             self._emit(
                 End(
                     segments=self.stats.segments,
@@ -492,11 +519,12 @@ class Session:
         t = result.transcript
         error = None
         if t is None:
-            message = result.error or "the decode was dropped"
-            error = {"code": "decode_failed", "message": message}
-            self._non_fatal_code(
-                "decode_failed", f"decoding segment {job.segment_id} failed: {message}"
-            )
+            # the worker's exception text stays in the server log; clients get a code
+            code = result.error_code if result.error is not None else "decode_failed"
+            message = _DECODE_ERROR_MESSAGES.get(code, _DECODE_ERROR_MESSAGES["decode_failed"])
+            message = message.format(segment_id=job.segment_id)
+            error = {"code": code, "message": message}
+            self._non_fatal_code(code, message)
         self._emit(
             Final(
                 segment_id=job.segment_id,
@@ -540,15 +568,44 @@ class Session:
         self._non_fatal_code(error.code, error.message)
 
     def _non_fatal_code(self, code: str, message: str) -> None:
+        # One error per burst: repeats of the same code before any valid input are
+        # counted, and the count is reported once the burst ends (next valid input, or
+        # the end), so a client flooding junk gets one answer, not one per frame.
         self.stats.errors += 1
+        if code == self._burst_code:
+            self._burst_suppressed += 1
+            return
+        self._end_burst()
+        self._burst_code = code
         self._emit(Error(code=code, message=message, fatal=False))
+
+    def _end_burst(self) -> None:
+        if self._burst_suppressed:
+            n = self._burst_suppressed
+            self._emit(
+                Error(
+                    code=self._burst_code or "bad_message",
+                    message=f"{n} more errors like the previous one were not sent one by one",
+                    fatal=False,
+                    suppressed=n,
+                )
+            )
+        self._burst_code = None
+        self._burst_suppressed = 0
 
     def _fail(self, error: ProtocolError) -> None:
         self.stats.errors += 1
+        self._end_burst()
         self._emit(Error(code=error.code, message=error.message, fatal=True))
         self.state = State.ENDED
         self.close_code = close_code_for(error)
         self.close_reason = error.code
+
+
+_DECODE_ERROR_MESSAGES = {
+    "decode_failed": "decoding segment {segment_id} failed (details are in the server log)",
+    "model_stalled": "the model stopped answering; the server is restarting (retry shortly)",
+}
 
 
 def _ms(samples: int) -> float:

@@ -14,6 +14,13 @@ Queue discipline:
   answered ``dropped``);
 * a session's pending partial is dropped as soon as one of its finals is queued;
 * :meth:`ModelWorker.drop_session` forgets every queued job of a departed client.
+
+Watchdog: a decode that runs longer than ``decode_timeout_s``, or a worker thread that
+dies for any reason, makes the worker *failed* for good (:attr:`ModelWorker.failure`
+says why): every job waiting or running is answered with ``error_code="model_stalled"``,
+later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
+server then turns unready and the process exits non-zero for its supervisor to restart
+it; a stuck native call cannot be interrupted from Python).
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_DECODE_TIMEOUT_S = 30.0  # a 7 s segment decodes in about 1 s on a slow CPU core
+MODEL_STALLED = "model_stalled"  # the error code of jobs answered by the watchdog
 
 ResultCallback = Callable[[DecodeResult], None]
 
@@ -70,8 +80,16 @@ class ModelWorker:
     holds the exception if it raised.
     """
 
-    def __init__(self, load: Callable[[], SpeechRecognizer]) -> None:
+    def __init__(
+        self,
+        load: Callable[[], SpeechRecognizer],
+        *,
+        decode_timeout_s: float | None = DEFAULT_DECODE_TIMEOUT_S,
+    ) -> None:
+        if decode_timeout_s is not None and decode_timeout_s <= 0:
+            raise ConfigError("decode_timeout_s must be positive")
         self._load = load
+        self.decode_timeout_s = decode_timeout_s  # None: no watchdog
         self._lock = threading.Condition()
         self._finals: deque[_Queued] = deque()
         self._partials: OrderedDict[str, _Queued] = OrderedDict()  # session_id -> job
@@ -82,11 +100,19 @@ class ModelWorker:
         self.load_error: BaseException | None = None
         self.recognizer: SpeechRecognizer | None = None
         self.on_decoded: Callable[[DecodeResult], None] | None = None  # metrics hook
+        # watchdog: the job being decoded and since when (perf_counter), guarded by _lock
+        self._running: _Queued | None = None
+        self._running_since = 0.0
+        self.failure: str | None = None  # why the worker failed for good (None: healthy)
+        self.on_failure: Callable[[str], None] | None = None  # called once, from a thread
+        self._watchdog = threading.Thread(target=self._watch, name="model-watchdog", daemon=True)
 
     # -- control ---------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
+        if self.decode_timeout_s is not None:
+            self._watchdog.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Finish the job in progress, answer queued ones ``dropped``, join the thread."""
@@ -118,15 +144,19 @@ class ModelWorker:
         item = _Queued(job, callback, time.perf_counter())
         superseded: _Queued | None = None
         with self._lock:
-            if self._stopping:
+            failure = self.failure
+            if failure is None and self._stopping:
                 superseded = item
-            elif job.kind == "final":
+            elif failure is None and job.kind == "final":
                 self._finals.append(item)
                 superseded = self._partials.pop(job.session_id, None)
-            else:
+            elif failure is None:
                 superseded = self._partials.pop(job.session_id, None)
                 self._partials[job.session_id] = item
-            self._lock.notify()
+            self._lock.notify_all()
+        if failure is not None:
+            self._answer(item, _stalled(job, failure))
+            return
         if superseded is not None:
             self._answer(superseded, DecodeResult(job=superseded.job, dropped=True))
 
@@ -144,9 +174,14 @@ class ModelWorker:
 
     def _next(self) -> _Queued | None:
         with self._lock:
-            while not self._stopping and not self._finals and not self._partials:
+            while (
+                not self._stopping
+                and self.failure is None
+                and not self._finals
+                and not self._partials
+            ):
                 self._lock.wait()
-            if self._stopping:
+            if self._stopping or self.failure is not None:
                 return None
             if self._finals:
                 item = self._finals.popleft()
@@ -157,6 +192,9 @@ class ModelWorker:
                 else:
                     item = self._partials.pop(first)
             self._running_session = item.job.session_id
+            self._running = item
+            self._running_since = time.perf_counter()
+            self._lock.notify_all()  # wakes the watchdog
             return item
 
     # -- thread ----------------------------------------------------------------
@@ -174,10 +212,63 @@ class ModelWorker:
         finally:
             self.ready.set()
         logger.info("model worker ready (%s)", self.recognizer.name)
-        while (item := self._next()) is not None:
-            self._answer(item, self._decode(item))
-            with self._lock:
-                self._running_session = None
+        try:
+            while (item := self._next()) is not None:
+                result = self._decode(item)
+                with self._lock:
+                    late = self._running is not item  # the watchdog answered it already
+                    self._running = None
+                    self._running_session = None
+                if not late:
+                    self._answer(item, result)
+        except BaseException:  # whatever it was, the server must not go on silently
+            logger.exception("the model worker thread died")
+            self._fail("the model worker thread died")
+
+    def _watch(self) -> None:
+        """The watchdog thread: fails the worker when one decode runs too long."""
+        assert self.decode_timeout_s is not None
+        with self._lock:
+            while not self._stopping and self.failure is None:
+                if self._running is None:
+                    self._lock.wait()
+                    continue
+                running = self._running
+                overdue_s = self._running_since + self.decode_timeout_s - time.perf_counter()
+                if overdue_s > 0:
+                    self._lock.wait(overdue_s)
+                    continue
+                if self._running is running:
+                    break
+        if self.failure is None and not self._stopping:
+            logger.error(
+                "a decode has run for over %g s (session %s): the model is stalled",
+                self.decode_timeout_s,
+                running.job.session_id,
+            )
+            self._fail(f"a decode ran longer than {self.decode_timeout_s:g} s")
+
+    def _fail(self, reason: str) -> None:
+        """Fail for good: answer every job waiting or running, then tell the server."""
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = reason
+            waiting = list(self._finals) + list(self._partials.values())
+            if self._running is not None:
+                waiting.insert(0, self._running)
+            self._running = None
+            self._running_session = None
+            self._finals.clear()
+            self._partials.clear()
+            self._lock.notify_all()
+        for item in waiting:
+            self._answer(item, _stalled(item.job, reason))
+        if self.on_failure is not None:
+            try:
+                self.on_failure(reason)
+            except Exception:
+                logger.exception("failure hook failed")
 
     def _decode(self, item: _Queued) -> DecodeResult:
         job = item.job
@@ -212,3 +303,9 @@ class ModelWorker:
             item.callback(result)
         except Exception:
             logger.exception("result callback failed")
+
+
+def _stalled(job: DecodeJob, reason: str) -> DecodeResult:
+    if job.kind == "partial":
+        return DecodeResult(job=job, dropped=True)
+    return DecodeResult(job=job, error=reason, error_code=MODEL_STALLED)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from websockets.datastructures import Headers
+from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
 
 from streamer.core.protocol import StreamOptions
@@ -26,26 +26,75 @@ from streamer.core.wire import V1Adapter, WireAdapter
 
 logger = logging.getLogger(__name__)
 
+WEBSOCKETS_REFUSAL = b"Failed to open a WebSocket connection"  # its reject() texts start so
 STATIC_SUFFIXES = frozenset({".html", ".css", ".js", ".svg", ".png", ".ico", ".json", ".wav"})
+
+
+class BadRequest(Exception):
+    """A request the server cannot make sense of: answered 400 with ``message``.
+
+    ``message`` is ours, never text from the request.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 def json_response(status: http.HTTPStatus, body: Mapping[str, Any]) -> Response:
     headers = Headers()
     headers["Content-Type"] = "application/json"
     headers["Cache-Control"] = "no-store"
-    return Response(status.value, status.phrase, headers, orjson.dumps(dict(body)))
+    data = orjson.dumps(dict(body))
+    headers["Content-Length"] = str(len(data))
+    return Response(status.value, status.phrase, headers, data)
 
 
 def bytes_response(status: http.HTTPStatus, content_type: str, body: bytes) -> Response:
     headers = Headers()
     headers["Content-Type"] = content_type
     headers["Cache-Control"] = "no-cache"
+    headers["Content-Length"] = str(len(body))
     return Response(status.value, status.phrase, headers, body)
+
+
+def unavailable_response(body: Mapping[str, Any], retry_after_s: int) -> Response:
+    """503 with ``Retry-After``: the server is loading, full, stopping or restarting."""
+    response = json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, body)
+    response.headers["Retry-After"] = str(retry_after_s)
+    return response
+
+
+def without_body(response: Response) -> Response:
+    """The answer to HEAD: the GET answer's headers (Content-Length included), no body."""
+    return Response(response.status_code, response.reason_phrase, response.headers, b"")
+
+
+def safe_response(response: Response) -> Response:
+    """websockets' own handshake refusals echo header values: replace their text."""
+    if response.status_code == 101 or not response.body.startswith(WEBSOCKETS_REFUSAL):
+        return response
+    status = http.HTTPStatus(response.status_code)
+    safe = json_response(
+        status, {"error": "bad_handshake", "message": "not a valid WebSocket handshake"}
+    )
+    for name in ("Upgrade", "Sec-WebSocket-Version", "Retry-After"):
+        if name in response.headers:
+            safe.headers[name] = response.headers[name]
+    return safe
+
+
+def single_header(request: Request, name: str) -> str | None:
+    """The value of a header that must appear at most once (else :class:`BadRequest`)."""
+    try:
+        return request.headers.get(name)
+    except MultipleValuesError:
+        raise BadRequest(f"more than one {name} header") from None
 
 
 def bearer_or_query_token(request: Request, query: Mapping[str, str]) -> str | None:
     """Protocol v1's token: ``Authorization: Bearer T`` or ``?token=T``."""
-    auth = request.headers.get("Authorization", "")
+    auth = single_header(request, "Authorization") or ""
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
     return query.get("token")

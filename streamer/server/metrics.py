@@ -99,6 +99,12 @@ class Metrics:
         self.queue_depth = Gauge(
             "streamer_worker_queue_depth", "Jobs waiting", ["kind"], registry=r
         )
+        self.terminated_total = Counter(
+            "streamer_sessions_terminated",
+            "Sessions closed at once by a limit (client not reading, keepalive, idle)",
+            ["reason"],
+            registry=r,
+        )
         self.model_ready = Gauge(
             "streamer_model_ready", "1 once the model is warmed up", registry=r
         )

@@ -33,6 +33,7 @@ from streamer.core.protocol import Error, StreamOptions
 from streamer.core.session import Session, SessionOptions, State
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS, FrameClassifier, webrtc_classifier
 from streamer.errors import (
+    CLOSE_INTERNAL_ERROR,
     CLOSE_TRY_AGAIN_LATER,
     ConfigError,
     ModelError,
@@ -41,14 +42,24 @@ from streamer.errors import (
 )
 from streamer.model.worker import ModelWorker
 from streamer.server.compat import COMPAT_ENDPOINTS
-from streamer.server.connection import Connection, ConnectionLimits
+from streamer.server.connection import (
+    WS_MAX_QUEUE_FRAMES,
+    Connection,
+    ConnectionLimits,
+    session_memory_bound_bytes,
+)
 from streamer.server.http import (
     V1_ENDPOINT,
+    BadRequest,
     Endpoint,
     StaticFiles,
     bytes_response,
     json_response,
+    safe_response,
+    single_header,
     token_matches,
+    unavailable_response,
+    without_body,
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
@@ -59,6 +70,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOOP_LAG_PROBE_S = 0.1  # how often the event-loop lag is sampled
+RETRY_AFTER_S = 5  # what 503 answers tell clients to wait
+SERVED_METHODS = ("GET", "HEAD")
+SINGLE_HEADERS = ("Authorization", "Origin", "Host")  # a repeated one is a 400
+FAILED_GRACE_S = 2.0  # shutdown grace once the model has failed (nothing left to decode)
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,9 @@ class ServerOptions:
     ping_interval_s: float = 20.0  # keepalive pings detect vanished clients
     ping_timeout_s: float = 20.0  # a pong must arrive within this
     close_timeout_s: float = 5.0  # wait this long for the client's close acknowledgement
+    max_outbox_bytes: int = 1 << 20  # per session, frames waiting to be sent (else 1008)
+    write_timeout_s: float = 15.0  # a client that reads nothing for this long is closed (1008)
+    public_metrics: bool = False  # serve /metrics without the token when one is set
     vad_aggressiveness: int = DEFAULT_AGGRESSIVENESS  # webrtcvad mode 0..3
     default_stream: StreamOptions = field(default_factory=StreamOptions)  # client defaults
     session: SessionOptions = field(default_factory=SessionOptions)  # VAD and partial timing
@@ -100,6 +118,18 @@ class ServerOptions:
             raise ConfigError("max_backlog_bytes must be positive")
         if self.drain_s < 0 or self.shutdown_grace_s < 0:
             raise ConfigError("drain_s and shutdown_grace_s must not be negative")
+        if self.max_outbox_bytes < 1 or self.write_timeout_s <= 0:
+            raise ConfigError("max_outbox_bytes and write_timeout_s must be positive")
+
+    @property
+    def session_memory_bound_bytes(self) -> int:
+        """The most client-controlled memory one session can hold."""
+        return session_memory_bound_bytes(
+            self.max_backlog_bytes,
+            self.max_message_bytes,
+            self.max_outbox_bytes,
+            self.max_pending_finals,
+        )
 
 
 class StreamingServer:
@@ -143,9 +173,17 @@ class StreamingServer:
             idle_timeout_s=options.idle_timeout_s,
             max_session_s=options.max_session_s,
             close_timeout_s=options.close_timeout_s,
+            max_outbox_bytes=options.max_outbox_bytes,
+            write_timeout_s=options.write_timeout_s,
+            ping_interval_s=options.ping_interval_s,
+            ping_timeout_s=options.ping_timeout_s,
         )
         worker.on_decoded = self.metrics.observe_decode
         self.metrics.sessions_capacity.set(options.max_sessions)
+        self._failure: str | None = None  # why the model failed; the process must restart
+        self._failed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        worker.on_failure = lambda reason: loop.call_soon_threadsafe(self._model_failed, reason)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -157,7 +195,30 @@ class StreamingServer:
 
     @property
     def ready(self) -> bool:
-        return self.worker.ready.is_set() and self.worker.load_error is None
+        return (
+            self.worker.ready.is_set() and self.worker.load_error is None and self._failure is None
+        )
+
+    @property
+    def failure(self) -> str | None:
+        """Why the model failed for good (a hung decode, a dead worker); None while healthy."""
+        return self._failure
+
+    async def wait_failed(self) -> str:
+        """Wait until the model fails for good; returns why. The caller should exit non-zero."""
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
+
+    def _model_failed(self, reason: str) -> None:
+        if self._failure is not None:
+            return
+        self._failure = reason
+        self.metrics.model_ready.set(0)
+        logger.error("model failed (%s): unready; every session is told and closed", reason)
+        for connection in list(self._connections):
+            self._model_failed_for(connection)
+        self._failed.set()
 
     @property
     def session_count(self) -> int:
@@ -183,12 +244,12 @@ class StreamingServer:
                 o.port,
                 ssl=ssl_context,
                 process_request=self._process_request,
+                process_response=self._process_response,
                 select_subprotocol=self._select_subprotocol,
                 compression=None,  # PCM does not compress; deflate would only cost CPU
                 max_size=o.max_message_bytes,
-                max_queue=16,
-                ping_interval=o.ping_interval_s,
-                ping_timeout=o.ping_timeout_s,
+                max_queue=WS_MAX_QUEUE_FRAMES,
+                ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
                 close_timeout=o.close_timeout_s,
                 server_header="sensevoice-streamer",
             )
@@ -273,18 +334,38 @@ class StreamingServer:
             return
         self._shutting_down = True
         logger.info("shutting down: %d open sessions", len(self._connections))
-        if self._server is not None:
-            self._server.close(close_connections=False)
+        # still listening during the grace period: /readyz answers 503 (with the reason)
+        # and new sessions are refused with 503 + Retry-After instead of a reset
         for connection in list(self._connections):
             connection.shutdown()
+        # after a model failure, sessions only wait for their close: no decode will come
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        grace_s = self.options.shutdown_grace_s
+        if self._failure is not None:
+            grace_s = min(grace_s, FAILED_GRACE_S)
         try:
-            async with asyncio.timeout(self.options.shutdown_grace_s):
+            async with asyncio.timeout(grace_s):
                 await self._no_connections.wait()
         except TimeoutError:
-            logger.warning("grace period over: closing %d sessions", len(self._connections))
+            logger.warning("grace period over: aborting %d sessions", len(self._connections))
+        if self._failure is not None:
+            # stay up (unready) for the whole grace period, so that probes see the 503
+            # and its reason before the supervisor sees the exit
+            await asyncio.sleep(max(0.0, started + grace_s - loop.time()))
+        # Nothing below waits on a peer: what is left is aborted, not closed politely
+        # (a client that does not read would block a close handshake forever).
+        for connection in list(self._connections):
+            connection.abort()
         if self._server is not None:
-            self._server.close(close_connections=True)
-            await self._server.wait_closed()
+            for ws in list(self._server.connections):
+                ws.transport.abort()
+            self._server.close(close_connections=False)
+            try:
+                async with asyncio.timeout(self.options.close_timeout_s):
+                    await self._server.wait_closed()
+            except TimeoutError:
+                logger.warning("connections still open after the grace period; exiting anyway")
         if self._lag_task is not None:
             self._lag_task.cancel()
         self.metrics.model_ready.set(0)
@@ -310,26 +391,85 @@ class StreamingServer:
     # -- HTTP ------------------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
+        """Every plain HTTP answer; None goes on with a WebSocket handshake.
+
+        Malformed requests get 400 and nothing of the request is echoed back; anything
+        unexpected is logged with its traceback and answered 500 without details.
+        """
+        try:
+            return self._route(request)
+        except BadRequest as error:
+            return json_response(
+                http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": error.message}
+            )
+        except Exception:
+            logger.exception("answering an HTTP request failed")
+            return json_response(
+                http.HTTPStatus.INTERNAL_SERVER_ERROR,
+                {"error": "internal_error", "message": "see the server log"},
+            )
+
+    def _process_response(
+        self, connection: ServerConnection, request: Request, response: Response
+    ) -> Response | None:
+        """websockets' own refusals (426, ...) are replaced by ours; HEAD gets no body."""
+        response = safe_response(response)
+        return without_body(response) if request.method == "HEAD" else response
+
+    def _route(self, request: Request) -> Response | None:
+        if request.method not in SERVED_METHODS:
+            response = json_response(
+                http.HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": "method_not_allowed", "message": "only GET and HEAD are served"},
+            )
+            response.headers["Allow"] = ", ".join(SERVED_METHODS)
+            return response
+        try:
+            url = urlsplit(request.path)
+        except ValueError:
+            raise BadRequest("the request target is not a valid URL") from None
         path = url.path
+        if "\x00" in path or any(len(part) > 255 for part in path.split("/")):
+            raise BadRequest("the request path is not valid")
+        for name in SINGLE_HEADERS:
+            single_header(request, name)  # raises BadRequest when repeated
+        query = dict(parse_qsl(url.query))
         if path == "/healthz":
             return json_response(http.HTTPStatus.OK, {"status": "ok"})
         if path == "/readyz":
             if self.ready and not self._shutting_down:
                 return self._readiness()
             body: dict[str, object] = {"status": "loading"}
-            if self._shutting_down:
+            if self._failure is not None:
+                body = {"status": "model_stalled", "reason": self._failure}
+            elif self._shutting_down:
                 body = {"status": "shutting_down"}
             elif self.worker.ready.is_set():
                 body = {"status": "failed", "message": "the model failed to load"}
             elif self._loading is not None:
                 body.update(self._loading.snapshot())
-            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, body)
+            return unavailable_response(body, RETRY_AFTER_S)
         if path == "/metrics":
+            token = self.options.token
+            if (
+                token is not None
+                and not self.options.public_metrics
+                and not token_matches(V1_ENDPOINT.presented_token(request, query), token)
+            ):
+                return self._refuse(
+                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", V1_ENDPOINT.auth_hint, V1_ENDPOINT
+                )
             return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
         endpoint = self._endpoints.get(path)
         if endpoint is not None:
-            return self._admit(request, endpoint, dict(parse_qsl(url.query)))
+            if request.method != "GET":
+                response = json_response(
+                    http.HTTPStatus.METHOD_NOT_ALLOWED,
+                    {"error": "method_not_allowed", "message": "WebSocket handshakes use GET"},
+                )
+                response.headers["Allow"] = "GET"
+                return response
+            return self._admit(request, endpoint, query)
         found = self._static.response(path)
         if found is None:
             return json_response(
@@ -346,7 +486,7 @@ class StreamingServer:
         elif len(self._connections) >= self.options.max_sessions:
             status = "full"
         if status != "ready":
-            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"status": status, **counts})
+            return unavailable_response({"status": status, **counts}, RETRY_AFTER_S)
         return json_response(
             http.HTTPStatus.OK, {"status": status, "model": self.worker.model_name, **counts}
         )
@@ -356,7 +496,10 @@ class StreamingServer:
     ) -> Response:
         self.metrics.rejected_total.labels(code, endpoint.name).inc()
         logger.info("refused a %s session: %s (%s)", endpoint.name, code, message)
-        return endpoint.refuse(status, code, message)
+        response = endpoint.refuse(status, code, message)
+        if status is http.HTTPStatus.SERVICE_UNAVAILABLE:
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
 
     def _select_subprotocol(
         self, connection: ServerConnection, offered: Sequence[Subprotocol]
@@ -377,12 +520,12 @@ class StreamingServer:
                 return self._refuse(
                     http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint, endpoint
                 )
-        origin = request.headers.get("Origin")
+        origin = single_header(request, "Origin")
         if o.allowed_origins and origin is not None and origin not in o.allowed_origins:
             return self._refuse(
                 http.HTTPStatus.FORBIDDEN,
                 "origin_not_allowed",
-                f"origin {origin!r} is not allowed",
+                "this origin is not allowed",
                 endpoint,
             )
         if endpoint.negotiate is not None:
@@ -408,6 +551,13 @@ class StreamingServer:
                 "the server is draining before a restart; connect again (another server)",
                 endpoint,
             )
+        if self._failure is not None:
+            return self._refuse(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "model_stalled",
+                "the model stopped answering; the server is restarting",
+                endpoint,
+            )
         if not self.ready:
             return self._refuse(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
@@ -426,6 +576,13 @@ class StreamingServer:
 
     # -- WebSocket -------------------------------------------------------------
 
+    def _model_failed_for(self, connection: Connection) -> None:
+        connection.expire(
+            "model_stalled",
+            "the model stopped answering; the server is restarting (retry shortly)",
+            CLOSE_INTERNAL_ERROR,
+        )
+
     async def _handle(self, ws: ServerConnection) -> None:
         assert ws.request is not None  # the handshake is over
         url = urlsplit(ws.request.path)
@@ -433,7 +590,11 @@ class StreamingServer:
         if len(self._connections) >= self.options.max_sessions or self._shutting_down:
             # lost a race with other handshakes admitted at the same time
             self.metrics.rejected_total.labels("server_full", endpoint.name).inc()
-            await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
+            try:
+                async with asyncio.timeout(self.options.close_timeout_s):
+                    await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
+            except TimeoutError:
+                ws.transport.abort()
             return
         session_id = secrets.token_hex(6)
         query = dict(parse_qsl(url.query))
@@ -445,11 +606,12 @@ class StreamingServer:
             self.metrics.errors_total.labels(error.code).inc()
             message = Error(code=error.code, message=error.message, fatal=True)
             try:
-                if endpoint.negotiate is None:  # the others refused it before the upgrade
-                    await ws.send(protocol.encode(message), text=True)
-                await ws.close(close_code_for(error), error.code)
-            except ConnectionClosed:
-                pass
+                async with asyncio.timeout(self.options.close_timeout_s):
+                    if endpoint.negotiate is None:  # the others refused it before the upgrade
+                        await ws.send(protocol.encode(message), text=True)
+                    await ws.close(close_code_for(error), error.code)
+            except (ConnectionClosed, TimeoutError):
+                ws.transport.abort()
             return
         stream = negotiation.stream
         session = Session(session_id, session_options, stream, self._classifier_factory())
@@ -472,7 +634,9 @@ class StreamingServer:
             ", ".join(f"{k}={v}" for k, v in stream.to_dict().items()),
         )
         try:
-            if self._shutting_down:
+            if self._failure is not None:
+                self._model_failed_for(connection)
+            elif self._shutting_down:
                 connection.shutdown()
             await connection.run()
         except Exception:

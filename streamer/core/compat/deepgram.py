@@ -201,7 +201,7 @@ class DeepgramAdapter(WireAdapter):
     def _finalize(self) -> None:
         before = common.finals_submitted(self.session)
         try:
-            self.session.finalize()
+            self.session.finalize(at_pause=False)
         except UnexpectedMessage:
             pass  # after CloseStream: still answered
         if common.finals_submitted(self.session) == before:

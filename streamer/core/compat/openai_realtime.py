@@ -418,7 +418,7 @@ class RealtimeAdapter(WireAdapter):
         if self.session.state in (State.STOPPING, State.ENDED):
             return
         try:
-            self.session.finalize()
+            self.session.finalize(at_pause=False)
         except UnexpectedMessage:
             return
         if self.config.server_vad:
@@ -448,7 +448,7 @@ class RealtimeAdapter(WireAdapter):
         self._release_hold()
         if self.session.state not in (State.STOPPING, State.ENDED):
             try:
-                self.session.finalize()
+                self.session.finalize(at_pause=False)
             except UnexpectedMessage:
                 pass
         self._discard_before = common.finals_submitted(self.session)

@@ -1,0 +1,682 @@
+"""Reliability stress suite: attacks a ``streamer serve`` process it starts (issue 9).
+
+    python -m bench.stress                          # scaled run, writes bench/RESULTS-stress.md
+    python -m bench.stress --clients 8 --minutes 15 --model random:small --quantize int8
+
+Every attack talks to 127.0.0.1 only, and every loop is bounded in count and time. Each
+row of the table says what was expected, what was observed, the verdict, how many finals
+were lost (of how many expected) and the server's peak RSS during the attack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+from websockets.asyncio.client import connect
+
+from streamer.client.connection import ClientOptions, Received, StreamingClient, stream_file
+from streamer.core.protocol import Error, Final, StreamOptions
+from streamer.testkit import speech as synth
+
+logger = logging.getLogger("bench.stress")
+
+READY_TIMEOUT_S = 900.0  # building random:small the first time takes minutes
+ATTACK_TIMEOUT_S = 1800.0  # no attack runs longer than this
+ATTACKS = ("unpaced", "finalize", "http", "flood", "blocked", "sigterm", "hung", "restart")
+HANG_ENV = "STRESS_HANG_AFTER_DECODES"  # the injected recognizer hangs after N decodes
+
+
+# -- the server process --------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """One ``streamer serve`` process (or the injected-recognizer variant)."""
+
+    args: list[str]
+    log: Path
+    port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    def start(self) -> Server:
+        self.port = self.port or free_port()
+        command = (
+            [sys.executable, "-m", "bench.stress", "serve-injected"]
+            if self.env
+            else [sys.executable, "-m", "streamer", "serve"]
+        )
+        command += ["--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+            )
+        return self
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}; see {self.log}")
+            if http_get(f"{self.http}/readyz")[0] == 200:
+                return
+            time.sleep(0.25)
+        raise RuntimeError("server never became ready")
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/asr"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.process.pid) if self.process and self.process.poll() is None else 0.0
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> float | None:
+        """Send ``sig`` and wait; seconds until exit, or None if it had to be killed."""
+        if self.process is None or self.process.poll() is not None:
+            return 0.0
+        started = time.monotonic()
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout_s)
+            return time.monotonic() - started
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), dict(error.headers)
+    except (urllib.error.URLError, OSError):
+        return 0, b"", {}
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class PeakRss:
+    """Samples a process's RSS every 0.2 s in a thread; ``peak_mb`` once stopped."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.peak_mb = server.rss_mb()
+        self.start_mb = self.peak_mb
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak_mb = max(self.peak_mb, self.server.rss_mb())
+
+
+# -- results -------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    attack: str
+    expected: str
+    observed: str
+    ok: bool
+    finals_lost: tuple[int, int] | None = None  # (lost, expected)
+    peak_rss_mb: float = 0.0
+
+    def cells(self) -> list[str]:
+        lost = (
+            "-" if self.finals_lost is None else f"{self.finals_lost[0]} of {self.finals_lost[1]}"
+        )
+        verdict = "PASS" if self.ok else "FAIL"
+        return [
+            self.attack,
+            self.expected,
+            self.observed,
+            verdict,
+            lost,
+            f"{self.peak_rss_mb:.0f} MB",
+        ]
+
+
+def table(rows: list[Row]) -> str:
+    header = ["attack", "expected", "observed", "verdict", "finals lost", "peak RSS"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# -- audio -----------------------------------------------------------------------
+
+
+def long_speech(cache_dir: Path, minutes: float) -> np.ndarray:
+    """espeak sentences with pauses, repeated to ``minutes`` of 16 kHz audio."""
+    clips = [synth.speak(text, "en", cache_dir=cache_dir) for text in synth.SENTENCES["en"][:3]]
+    pause = np.zeros(16000 * 12 // 10, dtype=np.int16)
+    one = np.concatenate([x for clip in clips for x in (clip, pause)])
+    reps = max(1, int(np.ceil(minutes * 60 * 16000 / one.size)))
+    return np.tile(one, reps)[: int(minutes * 60 * 16000)]
+
+
+async def finals_of(
+    url: str,
+    pcm: np.ndarray,
+    *,
+    ping: bool,
+    speed: float | None = None,
+    finalize_every_ms: int | None = None,
+) -> tuple[list[Final], bool, list[str]]:
+    """One session: (finals, end received, error codes)."""
+    options = ClientOptions(
+        url=url, stream=StreamOptions(partials=False), ping_interval_s=20.0 if ping else None
+    )
+    client = await StreamingClient.connect(options)
+    finals: list[Final] = []
+    errors: list[str] = []
+
+    async def read() -> None:
+        async for message in client.messages():
+            if isinstance(message, Final):
+                finals.append(message)
+            elif isinstance(message, Error):
+                errors.append(message.code)
+
+    reader = asyncio.create_task(read())
+    step = 16 * (finalize_every_ms or 100)
+    try:
+        for i in range(0, pcm.size, step):
+            await client.send_audio(pcm[i : i + step])
+            if finalize_every_ms is not None:
+                await client.finalize()
+            if speed is not None:
+                await asyncio.sleep(step / 16000 / speed)
+        await client.stop()
+        await reader
+    except Exception as exc:  # the row records it
+        errors.append(f"{type(exc).__name__}: {exc}"[:80])
+        reader.cancel()
+    finally:
+        await client.close()
+    return finals, client.end is not None, errors
+
+
+# -- attacks -----------------------------------------------------------------------
+
+
+async def attack_unpaced(
+    server: Server, args: argparse.Namespace, reference: int, pcm: np.ndarray
+) -> Row:
+    with PeakRss(server) as rss:
+        results = await asyncio.gather(
+            *[finals_of(server.url, pcm, ping=i % 2 == 0) for i in range(args.clients)]
+        )
+    lost = sum(max(0, reference - len(f)) for f, _, _ in results)
+    ends = sum(end for _, end, _ in results)
+    errors = sorted({e for _, _, errs in results for e in errs})
+    bound = args.clients * args.session_bound_mb + rss.start_mb
+    ok = lost == 0 and ends == args.clients and rss.peak_mb < bound
+    return Row(
+        f"{args.clients} unpaced clients x {args.minutes:g} min (pings on for half)",
+        f"every final and end; RSS < {bound:.0f} MB (per-session bound x sessions + idle server)",
+        f"{ends}/{args.clients} end; errors {errors or 'none'}",
+        ok,
+        (lost, reference * args.clients),
+        rss.peak_mb,
+    )
+
+
+async def attack_flood(server: Server, args: argparse.Namespace) -> Row:
+    """A never-reading client sending junk text frames as fast as it can."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    sock.setblocking(False)
+    ws = await connect(server.url, sock=sock, ping_interval=None, max_queue=1, max_size=None)
+    junk = "x" * 60000
+    sent = 0
+    started = time.monotonic()
+    closed_after = None
+    with PeakRss(server) as rss:
+        try:
+            while sent < args.flood_mb * 1e6 and time.monotonic() - started < 120:
+                await ws.send(junk)
+                sent += len(junk)
+        except Exception:
+            closed_after = time.monotonic() - started
+        for _ in range(200):  # wait for the slot to be freed, 20 s at most
+            if active_sessions(server) == 0:
+                break
+            await asyncio.sleep(0.1)
+        freed_after = time.monotonic() - started
+    ws.transport.abort()
+    growth = rss.peak_mb - rss.start_mb
+    limit = args.idle_timeout_s + 5.0
+    ok = growth < 50 and active_sessions(server) == 0 and freed_after < limit + 5
+    return Row(
+        f"never-reading client flooding {args.flood_mb} MB of junk text",
+        f"one error, closed by the idle timeout ({args.idle_timeout_s:g} s; junk is not input), "
+        "slot freed, RSS growth < 50 MB",
+        f"{sent / 1e6:.0f} MB sent; send failed after "
+        f"{'-' if closed_after is None else f'{closed_after:.1f} s'}; slot freed after "
+        f"{freed_after:.1f} s; RSS +{growth:.0f} MB",
+        ok,
+        None,
+        rss.peak_mb,
+    )
+
+
+async def attack_blocked_writer_then_sigterm(server: Server, args: argparse.Namespace) -> Row:
+    """A client that never reads while making the server write, then SIGTERM."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    sock.setblocking(False)
+    ws = await connect(server.url, sock=sock, ping_interval=None, max_queue=1)
+    started = time.monotonic()
+    closed = False
+    with PeakRss(server) as rss:
+        try:
+            for _ in range(400000):  # each pair makes the server send one small error
+                await ws.send(b"\x00")
+                await ws.send("junk")
+                if time.monotonic() - started > args.write_timeout_s + 30:
+                    break
+        except Exception:
+            closed = True
+        closed_after = time.monotonic() - started
+    ws.transport.abort()
+    row = Row(
+        "never-reading client making the server write (1-byte audio + junk pairs)",
+        f"closed 1008 within the write timeout ({args.write_timeout_s:g} s) once sends block",
+        f"{'closed' if closed else 'still open'} after {closed_after:.1f} s",
+        closed,
+        None,
+        rss.peak_mb,
+    )
+    return row
+
+
+async def attack_sigterm_with_blocked_client(server: Server, args: argparse.Namespace) -> Row:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    sock.setblocking(False)
+    ws = await connect(server.url, sock=sock, ping_interval=None, max_queue=1)
+    with PeakRss(server) as rss:
+        for _ in range(3000):
+            await ws.send(b"\x00")
+            await ws.send("junk")
+        took = await asyncio.to_thread(server.stop, signal.SIGTERM, 60.0)
+    ws.transport.abort()
+    limit = args.grace_s + 2
+    return Row(
+        "SIGTERM with a never-reading client attached",
+        f"exit within grace + 2 s ({limit:g} s)",
+        "had to be killed"
+        if took is None
+        else f"exited in {took:.1f} s (rc {server.process.returncode})",
+        took is not None and took <= limit,
+        None,
+        rss.peak_mb,
+    )
+
+
+async def attack_hung_decode(args: argparse.Namespace, log: Path, pcm: np.ndarray) -> Row:
+    server = Server(
+        [*args.model_args, "--decode-timeout-s", str(args.decode_timeout_s), "--no-warmup"],
+        log,
+        env={HANG_ENV: "2"},
+    ).start()
+    server.wait_ready()
+    with PeakRss(server) as rss:
+        sessions = [
+            asyncio.create_task(finals_of(server.url, pcm, ping=True, speed=4.0)) for _ in range(3)
+        ]
+        hang_seen = time.monotonic()
+        readyz = None
+        for _ in range(int((args.decode_timeout_s + 30) * 10)):
+            status, body, _ = await asyncio.to_thread(http_get, f"{server.http}/readyz", 1.0)
+            if status == 503 and readyz is None:
+                readyz = orjson.loads(body).get("reason")
+                logger.info("readyz 503: %s", body.decode(errors="replace")[:200])
+            if server.process.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+        exited_after = time.monotonic() - hang_seen
+        results = await asyncio.gather(*sessions)
+    rc = server.process.poll()
+    if rc is None:
+        server.stop(signal.SIGKILL)
+    told = sum("model_stalled" in errs for _, _, errs in results)
+    limit = args.decode_timeout_s + 5
+    ok = rc not in (None, 0) and readyz is not None and told == len(results)
+    ok = ok and exited_after <= limit + 2  # the hang starts about 2 decodes in
+    return Row(
+        "hung decode (injected recognizer hangs after 2 decodes)",
+        f"/readyz 503 with reason, every session told model_stalled, exit non-zero "
+        f"within --decode-timeout-s + 5 s ({limit:g} s)",
+        f"readyz reason {readyz!r}; {told}/{len(results)} told; rc {rc}; "
+        f"exited {exited_after:.1f} s after the first session began",
+        ok,
+        None,
+        rss.peak_mb,
+    )
+
+
+def tagged_clips(cache_dir: Path) -> np.ndarray:
+    """The two clips random:tagged decodes exactly, twice, with pauses."""
+    fox = synth.speak("the quick brown fox jumps over the lazy dog", "en", cache_dir=cache_dir)
+    hello = synth.speak("hello there", "en", cache_dir=cache_dir)
+    clips = [("en", "a", fox), ("en", "b", hello), ("en", "c", fox), ("en", "d", hello)]
+    return synth.join_with_silence(clips, 1500)[0]
+
+
+async def attack_kill_restart(args: argparse.Namespace, log: Path, pcm: np.ndarray) -> Row:
+    model = ["--model", "random:tagged", "--device", "cpu", "--threads", str(args.threads)]
+    server = Server(model, log).start()
+    server.wait_ready()
+    reference = [f.text for f in (await finals_of(server.url, pcm, ping=False))[0] if f.text]
+    first_final = asyncio.Event()
+
+    def on_message(item: Received) -> None:
+        if isinstance(item.message, Final):
+            first_final.set()
+
+    options = ClientOptions(
+        url=server.url, stream=StreamOptions(partials=False), reconnect_timeout_s=READY_TIMEOUT_S
+    )
+    client = asyncio.create_task(
+        stream_file(options, pcm, sample_rate=16000, speed=2.0, on_message=on_message)
+    )
+    with PeakRss(server) as rss:
+        await asyncio.wait_for(first_final.wait(), 300)
+        server.stop(signal.SIGKILL)
+        restarted = Server(model, log, port=server.port).start()
+        started = time.monotonic()
+        result = await asyncio.wait_for(client, ATTACK_TIMEOUT_S)
+        down_s = time.monotonic() - started
+    restarted.stop()
+    texts = [f.text for f in result.finals if f.text]
+    lost = sum(1 for a, b in zip(reference, texts, strict=False) if a != b) + abs(
+        len(reference) - len(texts)
+    )
+    return Row(
+        "kill -9 mid-file (random:tagged, paced x2), restart on the same port",
+        "transcript equals an uninterrupted run's",
+        f"{result.reconnects} reconnect(s); {'equal' if texts == reference else 'DIFFERENT'}; "
+        f"finished {down_s:.0f} s after the kill",
+        texts == reference,
+        (lost, len(reference)),
+        rss.peak_mb,
+    )
+
+
+async def attack_finalize_spam(server: Server, pcm: np.ndarray, reference: list[str]) -> Row:
+    rows = []
+    with PeakRss(server) as rss:
+        for every_ms in (20, 40, 100, 320):
+            finals, end, _ = await finals_of(server.url, pcm, ping=True, finalize_every_ms=every_ms)
+            rows.append(([f.text for f in finals if f.text] == reference and end, every_ms))
+    bad = [ms for ok, ms in rows if not ok]
+    return Row(
+        "finalize after every chunk (20, 40, 100, 320 ms)",
+        "the same final texts as without finalize",
+        "all equal" if not bad else f"different at {bad} ms",
+        not bad,
+        None,
+        rss.peak_mb,
+    )
+
+
+def raw_http(port: int, request: bytes) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]) if data else 0
+
+
+async def attack_http(server: Server) -> Row:
+    def req(line: str, *headers: str) -> bytes:
+        return "\r\n".join([line, "Host: x", *headers, "", ""]).encode("latin-1")
+
+    cases = [
+        (
+            "duplicate Authorization",
+            req("GET /v1/asr HTTP/1.1", "Authorization: a", "Authorization: b"),
+            400,
+        ),
+        ("path part > 255 bytes", req("GET /" + "a" * 300 + " HTTP/1.1"), 400),
+        ("NUL in path", req("GET /a\x00b HTTP/1.1"), 400),
+        ("POST", req("POST /healthz HTTP/1.1"), 405),
+        ("HEAD", req("HEAD /healthz HTTP/1.1"), 200),
+        ("unknown path", req("GET /nope HTTP/1.1"), 404),
+    ]
+    observed = []
+    ok = True
+    with PeakRss(server) as rss:
+        for name, request, expected in cases:
+            status = await asyncio.to_thread(raw_http, server.port, request)
+            observed.append(f"{name} {status}")
+            ok = ok and status == expected
+        status, _, headers = await asyncio.to_thread(http_get, f"{server.http}/readyz")
+    return Row(
+        "malformed and non-GET HTTP requests",
+        "400 / 405 / HEAD without body / 404, never 500",
+        "; ".join(observed),
+        ok,
+        None,
+        rss.peak_mb,
+    )
+
+
+def active_sessions(server: Server) -> int:
+    status, body, _ = http_get(f"{server.http}/metrics")
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("streamer_sessions_active "):
+            return int(float(line.split()[1]))
+    return -1
+
+
+# -- main ---------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> list[Row]:
+    cache = Path(os.environ.get("STREAMER_CACHE_DIR", "~/.cache/sensevoice-streamer")).expanduser()
+    speech_cache = cache / "speech"
+    log = Path(args.log)
+    log.unlink(missing_ok=True)
+    long_pcm = long_speech(speech_cache, args.minutes)
+    short_pcm = long_speech(speech_cache, 0.5)
+    flags = [
+        *args.model_args,
+        "--idle-timeout-s",
+        str(args.idle_timeout_s),
+        "--write-timeout-s",
+        str(args.write_timeout_s),
+        "--shutdown-grace-s",
+        str(args.grace_s),
+    ]
+    rows: list[Row] = []
+
+    async def step(name: str, make: Callable[[], Awaitable[Row]]) -> None:
+        if args.attacks and name not in args.attacks:
+            return
+        logger.info("attack: %s", name)
+        try:
+            row = await asyncio.wait_for(make(), ATTACK_TIMEOUT_S)
+        except Exception as exc:
+            row = Row(name, "-", f"the attack failed: {type(exc).__name__}: {exc}"[:160], False)
+        logger.info("%s: %s (%s)", "PASS" if row.ok else "FAIL", row.observed, name)
+        rows.append(row)
+
+    server = Server(flags, log).start()
+    server.wait_ready()
+    # the reference: one client alone, the whole file
+    reference_finals, _, _ = await finals_of(server.url, long_pcm, ping=False)
+    short_reference = [
+        f.text for f in (await finals_of(server.url, short_pcm, ping=False))[0] if f.text
+    ]
+    await step("unpaced", lambda: attack_unpaced(server, args, len(reference_finals), long_pcm))
+    await step("finalize", lambda: attack_finalize_spam(server, short_pcm, short_reference))
+    await step("http", lambda: attack_http(server))
+    await step("flood", lambda: attack_flood(server, args))
+    await step("blocked", lambda: attack_blocked_writer_then_sigterm(server, args))
+    await step("sigterm", lambda: attack_sigterm_with_blocked_client(server, args))
+    server.stop()
+    await step("hung", lambda: attack_hung_decode(args, log, short_pcm))
+    clips = tagged_clips(speech_cache)
+    await step("restart", lambda: attack_kill_restart(args, log, clips))
+    return rows
+
+
+BEGIN, END = "<!-- stress:begin -->", "<!-- stress:end -->"
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace the text between the stress markers of ``path`` (append them if absent)."""
+    old = path.read_text() if path.exists() else ""
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        new = head + block + rest.split(END, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
+
+
+def serve_injected() -> int:
+    """``streamer serve`` whose recognizer hangs after $STRESS_HANG_AFTER_DECODES decodes."""
+    from streamer import cli
+    from streamer.model import recognizer
+
+    hang_after = int(os.environ[HANG_ENV])
+    real = recognizer.Recognizer
+
+    class Hanging(real):  # type: ignore[misc, valid-type]
+        decodes = 0
+
+        def decode(self, *a, **k):  # type: ignore[no-untyped-def]
+            Hanging.decodes += 1
+            if Hanging.decodes > hang_after:
+                threading.Event().wait()  # a stuck native call, as far as Python can tell
+            return super().decode(*a, **k)
+
+    recognizer.Recognizer = Hanging  # type: ignore[misc]
+    return cli.main(["serve", *sys.argv[2:]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve-injected"]:
+        return serve_injected()
+    p = argparse.ArgumentParser(
+        prog="python -m bench.stress",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="random:tiny")
+    p.add_argument("--quantize", default="none", choices=("none", "int8"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--minutes", type=float, default=2.0, help="length of each unpaced file")
+    p.add_argument("--flood-mb", type=int, default=300)
+    p.add_argument("--idle-timeout-s", type=float, default=5.0)
+    p.add_argument("--write-timeout-s", type=float, default=5.0)
+    p.add_argument("--decode-timeout-s", type=float, default=5.0)
+    p.add_argument("--grace-s", type=float, default=5.0)
+    p.add_argument(
+        "--session-bound-mb",
+        type=float,
+        default=6.0,
+        help="documented per-session memory bound (docs/protocol.md)",
+    )
+    p.add_argument(
+        "--attacks", nargs="*", default=[], choices=ATTACKS, help="run only these (default: all)"
+    )
+    p.add_argument("--log", default="/tmp/stress-server.log")
+    p.add_argument(
+        "--results",
+        default=str(Path(__file__).parent / "RESULTS.md"),
+        help="the table replaces the stress section of this file (or is appended)",
+    )
+    args = p.parse_args(argv)
+    args.model_args = [
+        "--model",
+        args.model,
+        "--quantize",
+        args.quantize,
+        "--threads",
+        str(args.threads),
+        "--device",
+        "cpu",
+        "--log-level",
+        "info",
+    ]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    started = time.monotonic()
+    rows = asyncio.run(run(args))
+    command = "python -m bench.stress " + " ".join(argv)
+    text = "\n".join(
+        [
+            f"Command: `{command.strip()}` ({time.monotonic() - started:.0f} s, "
+            f"{os.cpu_count()} CPUs, model {args.model} quantize {args.quantize})",
+            "",
+            table(rows),
+            "",
+        ]
+    )
+    sys.stdout.write(text)
+    write_section(Path(args.results), text)
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
