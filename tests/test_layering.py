@@ -111,7 +111,11 @@ def test_the_checks_see_a_clock_read() -> None:
 
 
 def test_importing_the_core_loads_no_io_or_model_library() -> None:
-    modules = [f"streamer.core.{p.stem}" for p in _modules("core") if p.stem != "__init__"]
+    modules = [
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)
+        for p in _modules("core")
+        if p.stem != "__init__"
+    ]
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)

@@ -38,6 +38,12 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.sessions_active = Gauge("streamer_sessions_active", "Open sessions", registry=r)
         self.sessions_total = Counter("streamer_sessions", "Sessions accepted", registry=r)
+        self.protocol_sessions_total = Counter(
+            "streamer_protocol_sessions",
+            "Sessions accepted, by wire protocol",
+            ["protocol"],
+            registry=r,
+        )
         self.rejected_total = Counter(
             "streamer_handshakes_rejected", "Handshakes refused", ["reason"], registry=r
         )

@@ -17,6 +17,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -36,6 +37,7 @@ from streamer.errors import (
 )
 from streamer.model.worker import ModelWorker
 from streamer.server.connection import Connection, ConnectionLimits
+from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import (
     V1_ENDPOINT,
     Endpoint,
@@ -46,6 +48,9 @@ from streamer.server.http import (
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
+from streamer.server.wyoming import WyomingListener
+
+Listener = FunAsrListener | WyomingListener
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +81,9 @@ class ServerOptions:
     default_stream: StreamOptions = field(default_factory=StreamOptions)  # client defaults
     session: SessionOptions = field(default_factory=SessionOptions)  # VAD and partial timing
     web_root: Path | None = None  # folder served at "/"; None serves the bundled web demo
+    funasr_port: int | None = None  # FunASR runtime protocol (docs/funasr.md); None: off
+    wyoming_port: int | None = None  # Wyoming, Home Assistant's protocol (docs/wyoming.md)
+    wyoming_insecure: bool = False  # serve Wyoming (which has no auth) despite a token
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -88,6 +96,11 @@ class ServerOptions:
             raise ConfigError("max_pending_finals must be at least 1")
         if self.max_backlog_bytes < 1:
             raise ConfigError("max_backlog_bytes must be positive")
+        if self.token is not None and self.wyoming_port is not None and not self.wyoming_insecure:
+            raise ConfigError(
+                "Wyoming clients cannot send a token: with --token, serve --wyoming-port only "
+                "on a trusted network and confirm with --wyoming-insecure (docs/wyoming.md)"
+            )
 
 
 class StreamingServer:
@@ -128,6 +141,13 @@ class StreamingServer:
             close_timeout_s=options.close_timeout_s,
         )
         worker.on_decoded = self.metrics.observe_decode
+        self.ssl_context: ssl.SSLContext | None = None  # set by start() when TLS is on
+        # The other protocols' ports, sharing admission, --max-sessions and the worker.
+        self.listeners: dict[str, Listener] = {}
+        if options.funasr_port is not None:
+            self.listeners["funasr"] = FunAsrListener(self, options.funasr_port)
+        if options.wyoming_port is not None:
+            self.listeners["wyoming"] = WyomingListener(self, options.wyoming_port)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -152,6 +172,7 @@ class StreamingServer:
         if o.certfile is not None and o.keyfile is not None:
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_context.load_cert_chain(o.certfile, o.keyfile)
+        self.ssl_context = ssl_context
         self._server = await serve(
             self._handle,
             o.host,
@@ -175,6 +196,8 @@ class StreamingServer:
             self.port,
             protocol.PATH,
         )
+        for listener in self.listeners.values():
+            await listener.start()
 
     async def wait_ready(self) -> None:
         """Wait until the model is loaded and warmed; raises its loading error."""
@@ -195,6 +218,8 @@ class StreamingServer:
         logger.info("shutting down: %d open sessions", len(self._connections))
         if self._server is not None:
             self._server.close(close_connections=False)
+        for listener in self.listeners.values():
+            listener.stop_accepting()
         for connection in list(self._connections):
             connection.shutdown()
         try:
@@ -205,6 +230,8 @@ class StreamingServer:
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
+        for listener in self.listeners.values():
+            await listener.close()
         if self._lag_task is not None:
             self._lag_task.cancel()
         self.metrics.model_ready.set(0)
@@ -272,27 +299,47 @@ class StreamingServer:
             return self._refuse(
                 http.HTTPStatus.FORBIDDEN, "origin_not_allowed", f"origin {origin!r} is not allowed"
             )
-        if self._shutting_down:
-            return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "the server is shutting down"
-            )
-        if not self.ready:
-            return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
-                "not_ready",
-                "the model is still loading; retry shortly",
-            )
-        if len(self._connections) >= o.max_sessions:
-            return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
-                "server_full",
-                f"the server is at its limit of {o.max_sessions} sessions",
-            )
+        refusal = self.refusal()
+        if refusal is not None:
+            return self._refuse(http.HTTPStatus.SERVICE_UNAVAILABLE, *refusal)
         return None
+
+    def refusal(self) -> tuple[str, str] | None:
+        """Why a new session of any protocol is refused now: ``(code, message)``, or None."""
+        if self._shutting_down:
+            return "shutting_down", "the server is shutting down"
+        if not self.ready:
+            return "not_ready", "the model is still loading; retry shortly"
+        if len(self._connections) >= self.options.max_sessions:
+            limit = self.options.max_sessions
+            return "server_full", f"the server is at its limit of {limit} sessions"
+        return None
+
+    # -- sessions of every protocol --------------------------------------------
+
+    def new_session(self, stream: StreamOptions) -> Session:
+        """A session with the server's options, its VAD and a fresh id."""
+        session_options = replace(self.options.session, model_name=self.worker.model_name)
+        return Session(secrets.token_hex(6), session_options, stream, self._classifier_factory())
+
+    def track(self, connection: Any, protocol_name: str) -> None:
+        """Count an open connection (it must have ``shutdown()``) until :meth:`untrack`."""
+        self._connections.add(connection)
+        self._no_connections.clear()
+        self.metrics.sessions_total.inc()
+        self.metrics.protocol_sessions_total.labels(protocol_name).inc()
+        self.metrics.sessions_active.set(len(self._connections))
+
+    def untrack(self, connection: Any) -> None:
+        self._connections.discard(connection)
+        if not self._connections:
+            self._no_connections.set()
+        self.metrics.sessions_active.set(len(self._connections))
 
     # -- WebSocket -------------------------------------------------------------
 
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def _handle(self, ws: ServerConnection, endpoint: Endpoint | None = None) -> None:
+        """Serve one WebSocket; ``endpoint`` is given by ports with one protocol (FunASR)."""
         if len(self._connections) >= self.options.max_sessions or self._shutting_down:
             # lost a race with other handshakes admitted at the same time
             self.metrics.rejected_total.labels("server_full").inc()
@@ -300,7 +347,7 @@ class StreamingServer:
             return
         session_id = secrets.token_hex(6)
         url = urlsplit(ws.request.path) if ws.request else urlsplit("/")
-        endpoint = self._endpoints.get(url.path, V1_ENDPOINT)
+        endpoint = endpoint or self._endpoints.get(url.path, V1_ENDPOINT)
         query = dict(parse_qsl(url.query))
         session_options = replace(self.options.session, model_name=self.worker.model_name)
         try:
@@ -322,6 +369,7 @@ class StreamingServer:
         self._connections.add(connection)
         self._no_connections.clear()
         self.metrics.sessions_total.inc()
+        self.metrics.protocol_sessions_total.labels(endpoint.name).inc()
         self.metrics.sessions_active.set(len(self._connections))
         peer = ws.remote_address[0] if ws.remote_address else "?"
         connection.log.info(
