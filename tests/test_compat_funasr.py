@@ -23,9 +23,17 @@ from streamer.core.transcript import Transcript
 from streamer.errors import InvalidOption, UnsupportedSampleRate
 from tests.fakes import loudness_classifier, silence, tone
 
-FIRST = {"mode": "2pass", "chunk_size": [5, 10, 5], "wav_name": "demo", "is_speaking": True,
-         "audio_fs": 16000, "itn": True, "hotwords": '{"阿里巴巴": 20}', "svs_lang": "auto",
-         "svs_itn": True}
+FIRST = {
+    "mode": "2pass",
+    "chunk_size": [5, 10, 5],
+    "wav_name": "demo",
+    "is_speaking": True,
+    "audio_fs": 16000,
+    "itn": True,
+    "hotwords": '{"阿里巴巴": 20}',
+    "svs_lang": "auto",
+    "svs_itn": True,
+}
 END = '{"is_speaking": false}'
 
 
@@ -61,8 +69,9 @@ class Worker:
 
 
 def make(finals=("the quick brown fox jumps", "hello there")):
-    session = Session("f1", SessionOptions(model_name="fake"), StreamOptions(),
-                      loudness_classifier())
+    session = Session(
+        "f1", SessionOptions(model_name="fake"), StreamOptions(), loudness_classifier()
+    )
     adapter = FunAsrAdapter(session)
     adapter.start()
     return adapter, Worker(session, list(finals))
@@ -104,8 +113,15 @@ def html5_units(text: str, timestamp: str) -> list[list[int]]:
 
 
 def test_config_reads_what_the_clients_send_and_ignores_the_rest():
-    config = parse_config(FIRST | {"chunk_interval": 10, "encoder_chunk_look_back": 4,
-                                   "wav_format": "pcm", "chunk_size": "5,10,5"})
+    config = parse_config(
+        FIRST
+        | {
+            "chunk_interval": 10,
+            "encoder_chunk_look_back": 4,
+            "wav_format": "pcm",
+            "chunk_size": "5,10,5",
+        }
+    )
     assert (config.mode, config.wav_name, config.sample_rate) == ("2pass", "demo", 16000)
     assert (config.language, config.itn) == ("auto", True)
     assert parse_config({}).mode == "2pass" and parse_config({}).itn is None
@@ -122,8 +138,11 @@ def test_config_reads_what_the_clients_send_and_ignores_the_rest():
 
 @pytest.mark.parametrize(
     ("obj", "error"),
-    [({"audio_fs": 11025}, UnsupportedSampleRate), ({"audio_fs": "fast"}, InvalidOption),
-     ({"wav_format": "mp3"}, InvalidOption)],
+    [
+        ({"audio_fs": 11025}, UnsupportedSampleRate),
+        ({"audio_fs": "fast"}, InvalidOption),
+        ({"wav_format": "mp3"}, InvalidOption),
+    ],
 )
 def test_config_refuses_audio_we_cannot_decode(obj, error):
     with pytest.raises(error):
@@ -151,9 +170,18 @@ def test_spans_tile_the_utterance_in_order():
 
 def test_wav_header_is_skipped():
     pcm = tone(100).tobytes()
-    header = (b"RIFF" + (36 + len(pcm)).to_bytes(4, "little") + b"WAVEfmt "
-              + (16).to_bytes(4, "little") + bytes(16) + b"LIST" + (4).to_bytes(4, "little")
-              + b"INFO" + b"data" + len(pcm).to_bytes(4, "little"))
+    header = (
+        b"RIFF"
+        + (36 + len(pcm)).to_bytes(4, "little")
+        + b"WAVEfmt "
+        + (16).to_bytes(4, "little")
+        + bytes(16)
+        + b"LIST"
+        + (4).to_bytes(4, "little")
+        + b"INFO"
+        + b"data"
+        + len(pcm).to_bytes(4, "little")
+    )
     assert strip_wav_header(header + pcm) == pcm
     assert strip_wav_header(pcm) == pcm
 
@@ -205,7 +233,9 @@ def test_an_utterance_still_decoding_at_the_end_of_input_is_the_last_message():
     got += out(adapter)
     offline = [m for m in got if m["mode"] == "2pass-offline"]
     assert [(m["text"], m["is_final"]) for m in offline] == [
-        ("the quick brown fox jumps", False), (" hello there", True)]
+        ("the quick brown fox jumps", False),
+        (" hello there", True),
+    ]
     assert got[-1] is offline[-1]
 
 
@@ -235,8 +265,13 @@ def test_is_end_is_acknowledged_after_the_last_message():
     worker.answer()
     got = out(adapter)
     assert [m["is_final"] for m in got][-2:] == [True, True]
-    assert got[-1] == {"mode": "2pass", "text": "", "wav_name": "demo", "is_final": True,
-                       "is_end": True}
+    assert got[-1] == {
+        "mode": "2pass",
+        "text": "",
+        "wav_name": "demo",
+        "is_final": True,
+        "is_end": True,
+    }
     adapter.receive_text('{"is_speaking": false, "is_end": true}')  # asked again: answered
     assert out(adapter)[-1]["is_end"] is True
 
@@ -276,11 +311,16 @@ def test_offline_mode_sends_one_message_with_everything():
     worker.answer()
     (only,) = out(adapter)
     assert (only["mode"], only["text"], only["is_final"]) == (
-        "offline", "the quick brown fox jumps hello there", True)
+        "offline",
+        "the quick brown fox jumps hello there",
+        True,
+    )
     spans = html5_units(only["text"], only["timestamp"])
     assert len(spans) == 7 and spans == sorted(spans)
     assert [s["text_seg"] for s in only["stamp_sents"]] == [
-        "the quick brown fox jumps", "hello there"]
+        "the quick brown fox jumps",
+        "hello there",
+    ]
 
 
 # -- errors and limits -----------------------------------------------------------------
@@ -297,10 +337,13 @@ def test_audio_before_the_first_json_is_an_error_in_funasr_shape():
 
 @pytest.mark.parametrize(
     ("frame", "code"),
-    [("not json", "bad_message"), ("[1, 2]", "bad_message"),
-     ('{"audio_fs": 12345}', "unsupported_sample_rate"),
-     ('{"wav_format": "mp3"}', "invalid_option"),
-     ('{"pad": "' + "x" * 70_000 + '"}', "bad_message")],
+    [
+        ("not json", "bad_message"),
+        ("[1, 2]", "bad_message"),
+        ('{"audio_fs": 12345}', "unsupported_sample_rate"),
+        ('{"wav_format": "mp3"}', "invalid_option"),
+        ('{"pad": "' + "x" * 70_000 + '"}', "bad_message"),
+    ],
 )
 def test_bad_first_frame(frame, code):
     adapter, _ = make()
@@ -312,8 +355,9 @@ def test_bad_first_frame(frame, code):
 def test_garbage_mid_stream_keeps_the_speech_heard_then_ends_with_the_error():
     adapter, worker = make(finals=["heard", "cut"])
     adapter.receive_text(json.dumps(FIRST))
-    got = send_audio(adapter, worker, np.concatenate([silence(300), tone(800), silence(800),
-                                                      tone(600)]))
+    got = send_audio(
+        adapter, worker, np.concatenate([silence(300), tone(800), silence(800), tone(600)])
+    )
     adapter.receive_text("{{{")
     worker.answer()
     got += out(adapter)
@@ -360,11 +404,27 @@ def test_shutdown_finishes_the_utterance_as_the_last_message():
 
 def test_wav_file_bytes_as_the_html5_demo_sends_them():
     adapter, worker = make(finals=["from a file"])
-    adapter.receive_text(json.dumps({"mode": "offline", "wav_name": "h5", "wav_format": "PCM",
-                                     "audio_fs": 16000, "is_speaking": True}))
+    adapter.receive_text(
+        json.dumps(
+            {
+                "mode": "offline",
+                "wav_name": "h5",
+                "wav_format": "PCM",
+                "audio_fs": 16000,
+                "is_speaking": True,
+            }
+        )
+    )
     pcm = np.concatenate([silence(300), tone(800), silence(800)]).tobytes()
-    header = (b"RIFF" + (36 + len(pcm)).to_bytes(4, "little") + b"WAVEfmt "
-              + (16).to_bytes(4, "little") + bytes(16) + b"data" + len(pcm).to_bytes(4, "little"))
+    header = (
+        b"RIFF"
+        + (36 + len(pcm)).to_bytes(4, "little")
+        + b"WAVEfmt "
+        + (16).to_bytes(4, "little")
+        + bytes(16)
+        + b"data"
+        + len(pcm).to_bytes(4, "little")
+    )
     wav = header + pcm
     for i in range(0, len(wav), 960):  # the demo's file mode: 960-byte pieces
         adapter.receive_bytes(wav[i : i + 960])

@@ -29,10 +29,10 @@ FORMAT = {"rate": 16000, "width": 2, "channels": 1}
 
 
 def make(finals=("the quick brown fox jumps", "hello there"), limits=None):
-    session = Session("w1", SessionOptions(model_name="fake"), StreamOptions(),
-                      loudness_classifier())
-    adapter = WyomingAdapter(session, WyomingInfo(model_name="fake-model", version="9.9"),
-                             limits)
+    session = Session(
+        "w1", SessionOptions(model_name="fake"), StreamOptions(), loudness_classifier()
+    )
+    adapter = WyomingAdapter(session, WyomingInfo(model_name="fake-model", version="9.9"), limits)
     adapter.start()
     return adapter, Worker(session, list(finals))
 
@@ -52,8 +52,11 @@ def chunk(pcm_bytes: bytes, audio_format=FORMAT) -> WyomingEvent:
 
 def home_assistant(adapter, worker, pcm: np.ndarray, language="en") -> list[WyomingEvent]:
     """Home Assistant's sequence (homeassistant/components/wyoming/stt.py)."""
-    send(adapter, WyomingEvent("transcribe", {"language": language}),
-         WyomingEvent("audio-start", dict(FORMAT, timestamp=None)))
+    send(
+        adapter,
+        WyomingEvent("transcribe", {"language": language}),
+        WyomingEvent("audio-start", dict(FORMAT, timestamp=None)),
+    )
     got = events(adapter)
     data = pcm.astype("<i2").tobytes()
     for i in range(0, len(data), 1024):
@@ -80,12 +83,16 @@ def test_framing_round_trips_with_the_wyoming_package():
     wyoming_event.write_event(wyoming_event.Event("transcript", {"text": "你好"}), buffer)
     wyoming_event.write_event(wyoming_event.Event("audio-stop"), buffer)
     assert EventParser().feed(buffer.getvalue()) == [
-        WyomingEvent("transcript", {"text": "你好"}), WyomingEvent("audio-stop")]
+        WyomingEvent("transcript", {"text": "你好"}),
+        WyomingEvent("audio-stop"),
+    ]
 
 
 def test_parser_takes_any_split_and_merges_header_data():
-    wire = (b'{"type": "x", "data": {"a": 1, "b": 2}, "data_length": 8, "payload_length": 3}\n'
-            b'{"b": 3}pcm' + encode_event(WyomingEvent("describe")))
+    wire = (
+        b'{"type": "x", "data": {"a": 1, "b": 2}, "data_length": 8, "payload_length": 3}\n'
+        b'{"b": 3}pcm' + encode_event(WyomingEvent("describe"))
+    )
     whole = EventParser().feed(wire)
     assert whole == [WyomingEvent("x", {"a": 1, "b": 3}, b"pcm"), WyomingEvent("describe")]
     parser = EventParser()
@@ -95,14 +102,16 @@ def test_parser_takes_any_split_and_merges_header_data():
 
 @pytest.mark.parametrize(
     ("wire", "error"),
-    [(b"x" * 100, MessageTooBig),
-     (b'{"type": "a", "data_length": 65}\n', MessageTooBig),
-     (b'{"type": "a", "payload_length": 1000}\n', MessageTooBig),
-     (b'{"type": "a", "data_length": -1}\n', MalformedMessage),
-     (b'{"type": "a", "payload_length": "3"}\n', MalformedMessage),
-     (b"not json\n", MalformedMessage),
-     (b'{"no": "type"}\n', MalformedMessage),
-     (b'{"type": "a", "data_length": 4}\n[1] ', MalformedMessage)],
+    [
+        (b"x" * 100, MessageTooBig),
+        (b'{"type": "a", "data_length": 65}\n', MessageTooBig),
+        (b'{"type": "a", "payload_length": 1000}\n', MessageTooBig),
+        (b'{"type": "a", "data_length": -1}\n', MalformedMessage),
+        (b'{"type": "a", "payload_length": "3"}\n', MalformedMessage),
+        (b"not json\n", MalformedMessage),
+        (b'{"no": "type"}\n', MalformedMessage),
+        (b'{"type": "a", "data_length": 4}\n[1] ', MalformedMessage),
+    ],
 )
 def test_parser_refuses_bad_or_oversized_input(wire, error):
     parser = EventParser(EventLimits(max_line_bytes=64, max_data_bytes=64, max_payload_bytes=512))
@@ -119,7 +128,9 @@ def test_pcm_converter_downmixes_and_widens_across_chunks():
     assert np.frombuffer(u8, "<i2").tolist() == [0, 127 * 256, -128 * 256]
     s32 = np.array([1 << 20, -(1 << 30)], dtype="<i4").tobytes()
     assert np.frombuffer(PcmConverter(AudioFormat(16000, 4, 1)).push(s32), "<i2").tolist() == [
-        16, -(1 << 14)]
+        16,
+        -(1 << 14),
+    ]
 
 
 # -- Home Assistant's sequence -----------------------------------------------------------
@@ -148,8 +159,9 @@ def test_transcript_streams_chunks_then_the_whole_text_then_closes():
     transcript = got[-2].data
     assert transcript == {"text": "the quick brown fox jumps hello there", "language": "en"}
     # the chunks are pieces to append: together they spell the transcript
-    assert "".join(e.data["text"] for e in got if e.type == "transcript-chunk") == (
-        transcript["text"])
+    assert (
+        "".join(e.data["text"] for e in got if e.type == "transcript-chunk") == (transcript["text"])
+    )
     assert types.count("transcript-chunk") > 2  # partials streamed while the audio flowed
     assert adapter.close_code == 1000
 
@@ -158,7 +170,10 @@ def test_audio_stop_without_audio_gives_an_empty_transcript():
     adapter, _ = make(finals=[])
     send(adapter, WyomingEvent("transcribe", {}), WyomingEvent("audio-stop"))
     assert [(e.type, e.data) for e in events(adapter)] == [
-        ("transcript-start", {}), ("transcript", {"text": ""}), ("transcript-stop", {})]
+        ("transcript-start", {}),
+        ("transcript", {"text": ""}),
+        ("transcript-stop", {}),
+    ]
 
 
 def test_audio_chunks_without_audio_start_and_in_another_format():
@@ -179,8 +194,12 @@ def test_audio_chunks_without_audio_start_and_in_another_format():
 
 def test_ping_pong_and_unknown_events_are_ignored():
     adapter, _ = make()
-    send(adapter, WyomingEvent("ping", {"text": "hi"}), WyomingEvent("run-pipeline"),
-         WyomingEvent("select-program", {"name": "sensevoice-streamer"}))
+    send(
+        adapter,
+        WyomingEvent("ping", {"text": "hi"}),
+        WyomingEvent("run-pipeline"),
+        WyomingEvent("select-program", {"name": "sensevoice-streamer"}),
+    )
     assert [(e.type, e.data) for e in events(adapter)] == [("pong", {"text": "hi"})]
     assert adapter.close_code is None
 
@@ -190,13 +209,19 @@ def test_ping_pong_and_unknown_events_are_ignored():
 
 @pytest.mark.parametrize(
     ("wire", "code"),
-    [(b"garbage\n", "bad_message"),
-     (b"x" * 70_000, "message_too_big"),
-     (encode_event(WyomingEvent("audio-start", {"rate": 11025, "width": 2, "channels": 1})),
-      "unsupported_sample_rate"),
-     (encode_event(WyomingEvent("audio-start", {"rate": 16000, "width": 3, "channels": 1})),
-      "invalid_option"),
-     (encode_event(WyomingEvent("audio-chunk", {"rate": 16000}, b"\0\0")), "invalid_option")],
+    [
+        (b"garbage\n", "bad_message"),
+        (b"x" * 70_000, "message_too_big"),
+        (
+            encode_event(WyomingEvent("audio-start", {"rate": 11025, "width": 2, "channels": 1})),
+            "unsupported_sample_rate",
+        ),
+        (
+            encode_event(WyomingEvent("audio-start", {"rate": 16000, "width": 3, "channels": 1})),
+            "invalid_option",
+        ),
+        (encode_event(WyomingEvent("audio-chunk", {"rate": 16000}, b"\0\0")), "invalid_option"),
+    ],
 )
 def test_bad_input_gets_a_wyoming_error_and_the_connection_closes(wire, code):
     adapter, _ = make(finals=[])
