@@ -3,11 +3,13 @@
     python bench/compat_latency_ports.py --clients 1,8 --rounds 2 --json bench/out/compat-ports.json
 
 Starts ``streamer serve --funasr-port P --wyoming-port Q`` (default model ``random:tagged``,
-whose partials and finals are real text for the espeak clips used here), then, per number
-of concurrent clients and round, runs the same sessions through each protocol in turn
-(the order rotates each round). Every client streams 60 ms chunks (FunASR's chunk) at
-real-time pace from an absolute schedule, starts within a seeded 0.5 s stagger, and uses
-a raw client for its protocol, so no client library's overhead is measured.
+whose partials and finals are real text for the espeak clips used here). Per number of
+concurrent clients, round and scenario, every protocol's sessions run **at the same time**
+(N clients each, the same seeded start delays within 0.5 s), so that whatever else loads
+a shared machine hits them alike; the "paired difference" table compares the same client
+slot and utterance across protocols. Every client streams 60 ms chunks (FunASR's chunk)
+at real-time pace from an absolute schedule with a raw client for its protocol, so no
+client library's overhead is measured. ``--cost-only`` times the adapters in process.
 
 Two scenarios:
 
@@ -33,7 +35,6 @@ import json
 import logging
 import os
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -192,14 +193,18 @@ async def wyoming_session(port: int, track: Track, delay_s: float) -> Run:
 
 
 # -- what each run measured ----------------------------------------------------------
+# Each figure is a list with one entry per utterance (None where it did not happen), so
+# that the same client slot and utterance can be paired across protocols.
+
+Figures = dict[str, list[float | None]]
 
 
 def has_text(obj: dict) -> bool:
     return bool(obj.get("text", "").strip())
 
 
-def v1_figures(run: Run, track: Track) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"ttft": [], "stable": [], "final": [], "answer": []}
+def v1_figures(run: Run, track: Track) -> Figures:
+    out: Figures = {"ttft": [], "stable": [], "final": []}
     finals = [(t, m) for t, m in run.arrived if m["type"] == "final" and m["text"]]
     for k, (onset, end) in enumerate(zip(track.onsets, track.ends, strict=True)):
         seg = finals[k][1]["segment_id"] if k < len(finals) else None
@@ -213,38 +218,33 @@ def v1_figures(run: Run, track: Track) -> dict[str, list[float]]:
             ),
             None,
         )
-        if first is not None:
-            out["ttft"].append(first - run.sent_at(onset))
-        if stable is not None:
-            out["stable"].append(stable - run.sent_at(onset))
-        if k < len(finals):
-            out["final"].append(finals[k][0] - run.sent_at(end))
+        out["ttft"].append(None if first is None else first - run.sent_at(onset))
+        out["stable"].append(None if stable is None else stable - run.sent_at(onset))
+        out["final"].append(finals[k][0] - run.sent_at(end) if k < len(finals) else None)
     end_time = next(t for t, m in run.arrived if m["type"] == "end")
-    out["answer"].append(end_time - run.stop_s)
-    return out
+    return out | {"answer": [end_time - run.stop_s]}
 
 
-def funasr_figures(run: Run, track: Track) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"ttft": [], "final": [], "answer": []}
-    utterance, first_seen = 0, False
+def funasr_figures(run: Run, track: Track) -> Figures:
+    n = len(track.onsets)
+    out: Figures = {"ttft": [None] * n, "final": [None] * n}
+    utterance = 0
     for t, m in run.arrived:
-        if utterance >= len(track.onsets) or not has_text(m):
+        if utterance >= n or not has_text(m):
             continue
-        if not first_seen:
-            out["ttft"].append(t - run.sent_at(track.onsets[utterance]))
-            first_seen = True
+        if out["ttft"][utterance] is None:
+            out["ttft"][utterance] = t - run.sent_at(track.onsets[utterance])
         if m["mode"] == "2pass-offline":
-            out["final"].append(t - run.sent_at(track.ends[utterance]))
-            utterance, first_seen = utterance + 1, False
-    out["answer"].append(run.arrived[-1][0] - run.stop_s)
-    return out
+            out["final"][utterance] = t - run.sent_at(track.ends[utterance])
+            utterance += 1
+    return out | {"answer": [run.arrived[-1][0] - run.stop_s]}
 
 
-def wyoming_figures(run: Run, track: Track) -> dict[str, list[float]]:
+def wyoming_figures(run: Run, track: Track) -> Figures:
     first = next((t for t, m in run.arrived if m["type"] == "transcript-chunk"), None)
     transcript = next(t for t, m in run.arrived if m["type"] == "transcript")
-    out = {"ttft": [first - run.sent_at(track.onsets[0])] if first is not None else []}
-    return out | {"answer": [transcript - run.stop_s]}
+    ttft = None if first is None else first - run.sent_at(track.onsets[0])
+    return {"ttft": [ttft], "answer": [transcript - run.stop_s]}
 
 
 # -- the adapters' own cost, in process ---------------------------------------------------
@@ -326,6 +326,19 @@ def adapter_cost(sessions: int = 200) -> dict[str, dict[str, float]]:
 
 # -- the run ---------------------------------------------------------------------------
 
+SCENARIOS = {"captions": ("v1", "funasr"), "command": ("v1", "funasr", "wyoming")}
+# (scenario, protocol, its figure, v1's figure): protocol minus v1, same client and utterance.
+# FunASR's and Wyoming's first text is a partial's stable text: v1's "stable" is that trigger.
+PAIRS = (
+    ("captions", "funasr", "ttft", "stable"),
+    ("captions", "funasr", "final", "final"),
+    ("command", "funasr", "ttft", "stable"),
+    ("command", "funasr", "answer", "answer"),
+    ("command", "wyoming", "ttft", "stable"),
+    ("command", "wyoming", "answer", "answer"),
+)
+Results = dict[str, dict[str, list[float]]]
+
 
 async def measure(
     server: ManagedServer,
@@ -334,67 +347,75 @@ async def measure(
     clients: int,
     rounds: int,
     seed: int,
-) -> dict[str, dict[str, list[float]]]:
+) -> tuple[Results, Results]:
+    """Per scenario, every protocol's ``clients`` sessions run at the same time, so that
+    load on a shared machine hits them alike; returns (figures, paired differences)."""
     funasr_uri = f"ws://127.0.0.1:{ports['funasr']}/"
-    cases = [
-        ("captions/v1", lambda tr, d: v1_session(server.url, tr, d), v1_figures),
-        ("captions/funasr", lambda tr, d: funasr_session(funasr_uri, tr, d), funasr_figures),
-        ("command/v1", lambda tr, d: v1_session(server.url, tr, d), v1_figures),
-        ("command/funasr", lambda tr, d: funasr_session(funasr_uri, tr, d), funasr_figures),
-        (
-            "command/wyoming",
-            lambda tr, d: wyoming_session(ports["wyoming"], tr, d),
-            wyoming_figures,
-        ),
-    ]
-    results: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in cases}
+    sessions = {
+        "v1": lambda track, delay: v1_session(server.url, track, delay),
+        "funasr": lambda track, delay: funasr_session(funasr_uri, track, delay),
+        "wyoming": lambda track, delay: wyoming_session(ports["wyoming"], track, delay),
+    }
+    figures_of = {"v1": v1_figures, "funasr": funasr_figures, "wyoming": wyoming_figures}
+    results: Results = {}
+    paired: Results = {}
     rng = random.Random(seed)
     for round_index in range(rounds):
         delays = [rng.uniform(0, STAGGER_S) for _ in range(clients)]
-        shift = round_index % len(cases)
-        for name, session, figures in cases[shift:] + cases[:shift]:
-            track = tracks[name.split("/")[0]]
-            runs = await asyncio.gather(*[session(track, d) for d in delays])
-            for run in runs:
-                for key, values in figures(run, track).items():
-                    results[name].setdefault(key, []).extend(values)
-            logger.info("%d clients, round %d: %s done", clients, round_index + 1, name)
+        for scenario, protocols in SCENARIOS.items():
+            track = tracks[scenario]
+            runs = await asyncio.gather(*[sessions[p](track, d) for p in protocols for d in delays])
+            figures = {
+                p: [figures_of[p](run, track) for run in runs[i * clients : (i + 1) * clients]]
+                for i, p in enumerate(protocols)
+            }
+            for p, per_client in figures.items():
+                for one in per_client:
+                    for key, values in one.items():
+                        bucket = results.setdefault(f"{scenario}/{p}", {}).setdefault(key, [])
+                        bucket.extend(v for v in values if v is not None)
+            for pair_scenario, p, key, v1_key in PAIRS:
+                if pair_scenario != scenario:
+                    continue
+                bucket = paired.setdefault(f"{scenario}: {p} {key} - v1 {v1_key}", {})
+                diffs = bucket.setdefault("diff", [])
+                for mine, base in zip(figures[p], figures["v1"], strict=True):
+                    for a, b in zip(mine[key], base[v1_key], strict=False):
+                        if a is not None and b is not None:
+                            diffs.append(a - b)
+            logger.info("%d clients, round %d: %s done", clients, round_index + 1, scenario)
             await asyncio.sleep(0.5)
-    return results
+    return results, paired
 
 
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def report(all_results: dict[int, dict[str, dict[str, list[float]]]]) -> str:
+def report(all_results: dict[int, tuple[Results, Results]]) -> str:
     lines = [
         "| clients | scenario / protocol | figure | n | p50 ms | p95 ms |",
         "|---|---|---|---|---|---|",
     ]
-    for clients, results in all_results.items():
+    for clients, (results, _) in all_results.items():
         for name, figures in results.items():
             for key, values in figures.items():
                 lines.append(
                     f"| {clients} | {name} | {key} | {len(values)} | "
                     f"{percentile(values, 50) * 1000:.1f} | {percentile(values, 95) * 1000:.1f} |"
                 )
-    lines += ["", "| clients | adapter cost (p50 difference) | ms |", "|---|---|---|"]
-    for clients, r in all_results.items():
-
-        def p50(name: str, key: str, r: dict = r) -> float:
-            return statistics.median(r[name][key]) * 1000 if r[name].get(key) else float("nan")
-
-        lines += [
-            f"| {clients} | FunASR ttft - v1 stable (captions) | "
-            f"{p50('captions/funasr', 'ttft') - p50('captions/v1', 'stable'):+.1f} |",
-            f"| {clients} | FunASR final - v1 final (captions) | "
-            f"{p50('captions/funasr', 'final') - p50('captions/v1', 'final'):+.1f} |",
-            f"| {clients} | FunASR answer - v1 answer (command) | "
-            f"{p50('command/funasr', 'answer') - p50('command/v1', 'answer'):+.1f} |",
-            f"| {clients} | Wyoming answer - v1 answer (command) | "
-            f"{p50('command/wyoming', 'answer') - p50('command/v1', 'answer'):+.1f} |",
-        ]
+    lines += [
+        "",
+        "| clients | paired difference (same client slot and utterance) | n | p50 ms | p95 ms |",
+        "|---|---|---|---|---|",
+    ]
+    for clients, (_, paired) in all_results.items():
+        for name, bucket in paired.items():
+            diffs = bucket["diff"]
+            lines.append(
+                f"| {clients} | {name} | {len(diffs)} | {percentile(diffs, 50) * 1000:+.1f} | "
+                f"{percentile(diffs, 95) * 1000:+.1f} |"
+            )
     return "\n".join(lines)
 
 
@@ -442,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cost_only:
         print(cost_table)
         return 0
-    all_results: dict[int, dict[str, dict[str, list[float]]]] = {}
+    all_results: dict[int, tuple[Results, Results]] = {}
     with ManagedServer(options, REPO / "bench/out/compat-ports-server.log") as server:
         for clients in (int(c) for c in args.clients.split(",")):
             all_results[clients] = asyncio.run(

@@ -236,8 +236,8 @@ class FunAsrAdapter(WireAdapter):
         self._awaiting_last = False  # end of input seen; the last message is not sent yet
         self._last_sent = False  # the last message went out and no audio came since
         self._ack_end = False  # the end of input asked for an is_end acknowledgement
-        self._streamed = AppendOnlyText()  # 2pass: this utterance; online: the whole stream
-        self._committed = ""  # text of the utterances sent so far (for separators)
+        self._streamed = AppendOnlyText()  # the open utterance's text sent as pieces
+        self._previous = ""  # the last utterance's text (what the next one is joined to)
         self._held: list[tuple[Final, str]] = []  # offline mode: utterances until the end
         self._failure: Error | None = None  # the fatal error the stream ends with
 
@@ -324,8 +324,7 @@ class FunAsrAdapter(WireAdapter):
         ended = False
         for message in self.session.messages_to_send():
             if isinstance(message, SpeechStart):
-                if self._mode == "2pass":
-                    self._streamed.reset()
+                self._streamed.reset()
             elif isinstance(message, Partial):
                 self._on_partial(message, items)
             elif isinstance(message, Final):
@@ -360,18 +359,20 @@ class FunAsrAdapter(WireAdapter):
         wav_name = self.config.wav_name if self.config is not None else DEFAULT_WAV_NAME
         return {"mode": mode, "text": text, "wav_name": wav_name, "is_final": False}
 
+    def _piece(self, text: str) -> str:
+        """The growth of the open utterance's ``text``; its first piece has the separator."""
+        first = not self._streamed.sent
+        delta = self._streamed.extend_to(text)
+        if delta and first:
+            delta = separator(self._previous, delta) + delta
+        return delta
+
     def _on_partial(self, partial: Partial, items: list[_Item]) -> None:
-        online_mode, _ = _OUT_MODES[self._mode]
-        if self._mode == "2pass":
-            delta = self._streamed.extend_to(partial.stable_text)
-            if delta and not self._streamed.sent[: -len(delta)]:
-                delta = separator(self._committed, delta) + delta  # the utterance's first piece
-        elif self._mode == "online":
-            head = self._committed + separator(self._committed, partial.stable_text)
-            delta = self._streamed.extend_to(head + partial.stable_text)
-        else:
+        if self._mode == "offline":
             return
+        delta = self._piece(partial.stable_text)
         if delta:
+            online_mode, _ = _OUT_MODES[self._mode]
             items.append(_Item(self._result(online_mode, delta), message=partial))
 
     def _on_final(self, final: Final, items: list[_Item]) -> None:
@@ -381,18 +382,17 @@ class FunAsrAdapter(WireAdapter):
             if text:
                 self._held.append((final, text))
             return
-        lead = separator(self._committed, text)
         if self._mode == "online":
-            body = self._result(done_mode, self._streamed.extend_to(self._committed + lead + text))
+            body = self._result(done_mode, self._piece(text))  # what the pieces lacked
         else:
-            body = self._result(done_mode, lead + text)
+            body = self._result(done_mode, separator(self._previous, text) + text)
             if text:
                 spans = utterance_spans(final, text)
                 body["timestamp"] = orjson.dumps(spans).decode()
                 body["stamp_sents"] = [stamp_sentence(text, spans)]
-            self._streamed.reset()
+        self._streamed.reset()
         if text:
-            self._committed += lead + text
+            self._previous = text
         items.append(_Item(body, from_final=True, message=final))
 
     def _offline_result(self, *, final: bool) -> dict[str, Any]:
