@@ -84,9 +84,11 @@ async def funasr_client_session(uri: str, pcm: np.ndarray, mode: str, pace_s: fl
     async with async_funasr_client(
         uri, mode=mode, wav_name="fox", audio_fs=16000, svs_lang="auto", svs_itn=True, blocking=True
     ) as client:
-        for piece in pieces(pcm, CHUNK_60_MS):
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for index, piece in enumerate(pieces(pcm, CHUNK_60_MS)):
             await client.send(piece)
-            await asyncio.sleep(pace_s)
+            await asyncio.sleep(max(0.0, start + (index + 1) * pace_s - loop.time()))
         await client.signal_close()
         async with asyncio.timeout(30):
             async for message in client.stream():
@@ -98,8 +100,8 @@ async def funasr_client_session(uri: str, pcm: np.ndarray, mode: str, pace_s: fl
 async def test_funasr_client_2pass(server, speech, v1_finals):
     from funasr_client import merge_messages
 
-    # 15 ms per 60 ms chunk: four times real time, slow enough for partials
-    got = await funasr_client_session(funasr_uri(server), speech, "2pass", 0.015)
+    # at real-time pace, as from a microphone: partials (and their stable text) form
+    got = await funasr_client_session(funasr_uri(server), speech, "2pass", 0.06)
     assert [m["is_final"] for m in got] == [False] * (len(got) - 1) + [True]
     sentences = [m for m in got if m["mode"] == "2pass-offline" and m["text"]]
     assert [m["text"].strip() for m in sentences] == v1_finals
@@ -203,11 +205,12 @@ window.runDemo = (url, pcmBase64, mode) => new Promise((resolve, reject) => {
     ws.send(JSON.stringify({chunk_size: [5, 10, 5], wav_name: "h5", is_speaking: true,
                             chunk_interval: 10, itn: false, mode: mode}));
     let offset = 0;
-    const tick = () => {  // 60 ms of audio every 15 ms: four times real time
+    const started = performance.now();
+    const tick = () => {  // 60 ms of audio every 60 ms, as the microphone mode sends it
       if (offset + 960 <= samples.length) {
         ws.send(samples.slice(offset, offset + 960));
         offset += 960;
-        setTimeout(tick, 15);
+        setTimeout(tick, Math.max(0, started + offset / 16 - performance.now()));
         return;
       }
       if (offset < samples.length) ws.send(samples.slice(offset));
