@@ -2,14 +2,15 @@
 
     python bench/compat_latency_ports.py --clients 1,8 --rounds 2 --json bench/out/compat-ports.json
 
-Starts ``streamer serve --funasr-port P --wyoming-port Q`` (default model ``random:tagged``,
-whose partials and finals are real text for the espeak clips used here). Per number of
-concurrent clients, round and scenario, every protocol's sessions run **at the same time**
-(N clients each, the same seeded start delays within 0.5 s), so that whatever else loads
-a shared machine hits them alike; the "paired difference" table compares the same client
-slot and utterance across protocols. Every client streams 60 ms chunks (FunASR's chunk)
-at real-time pace from an absolute schedule with a raw client for its protocol, so no
-client library's overhead is measured. ``--cost-only`` times the adapters in process.
+Starts ``streamer serve --funasr-port P --wyoming-port Q --threads 1`` (default model
+``random:tagged``, whose partials and finals are real text for the espeak clips used
+here). Per number of concurrent clients, round and scenario, each protocol runs N
+sessions (the same seeded start delays within 0.5 s), one protocol after the other in an
+order that rotates each round (``--concurrent``: all protocols at once). The "paired
+difference" table compares the same round, client slot and utterance across protocols.
+Every client streams 60 ms chunks (FunASR's chunk) at real-time pace from an absolute
+schedule with a raw client for its protocol, so no client library's overhead is measured.
+``--cost-only`` times the adapters in process.
 
 Two scenarios:
 
@@ -347,9 +348,10 @@ async def measure(
     clients: int,
     rounds: int,
     seed: int,
+    concurrent: bool,
 ) -> tuple[Results, Results]:
-    """Per scenario, every protocol's ``clients`` sessions run at the same time, so that
-    load on a shared machine hits them alike; returns (figures, paired differences)."""
+    """Per scenario, each protocol's ``clients`` sessions, one protocol after the other
+    (or all at once with ``concurrent``); returns (figures, paired differences)."""
     funasr_uri = f"ws://127.0.0.1:{ports['funasr']}/"
     sessions = {
         "v1": lambda track, delay: v1_session(server.url, track, delay),
@@ -364,11 +366,20 @@ async def measure(
         delays = [rng.uniform(0, STAGGER_S) for _ in range(clients)]
         for scenario, protocols in SCENARIOS.items():
             track = tracks[scenario]
-            runs = await asyncio.gather(*[sessions[p](track, d) for p in protocols for d in delays])
-            figures = {
-                p: [figures_of[p](run, track) for run in runs[i * clients : (i + 1) * clients]]
-                for i, p in enumerate(protocols)
-            }
+            figures: dict[str, list[Figures]] = {}
+            if concurrent:
+                runs = await asyncio.gather(
+                    *[sessions[p](track, d) for p in protocols for d in delays]
+                )
+                for i, p in enumerate(protocols):
+                    chunk = runs[i * clients : (i + 1) * clients]
+                    figures[p] = [figures_of[p](run, track) for run in chunk]
+            else:  # one protocol at a time, the order rotating each round
+                shift = round_index % len(protocols)
+                for p in protocols[shift:] + protocols[:shift]:
+                    runs = await asyncio.gather(*[sessions[p](track, d) for d in delays])
+                    figures[p] = [figures_of[p](run, track) for run in runs]
+                    await asyncio.sleep(0.5)
             for p, per_client in figures.items():
                 for one in per_client:
                     for key, values in one.items():
@@ -424,6 +435,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="random:tagged")
     parser.add_argument("--clients", default="1,8", help="comma-separated concurrency levels")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run the protocols' sessions at the same time (they then queue for the one "
+        "model worker together) instead of one protocol after the other",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="the server's torch threads (1: no oversubscription)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     parser.add_argument("--cost-only", action="store_true", help="only the in-process table")
@@ -445,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
             str(ports["wyoming"]),
             "--cache-dir",
             str(args.cache_dir),
+            "--threads",
+            str(args.threads),
         ),
     )
     cost = adapter_cost()
@@ -467,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     with ManagedServer(options, REPO / "bench/out/compat-ports-server.log") as server:
         for clients in (int(c) for c in args.clients.split(",")):
             all_results[clients] = asyncio.run(
-                measure(server, ports, tracks, clients, args.rounds, args.seed)
+                measure(server, ports, tracks, clients, args.rounds, args.seed, args.concurrent)
             )
     table = report(all_results) + "\n\n" + cost_table
     print(table)
