@@ -289,3 +289,20 @@ async def test_metrics_count_sessions_by_protocol(make_ports_server):
     text = server.server.metrics.render().decode()
     for name in ("funasr", "wyoming", "v1"):
         assert f'streamer_protocol_sessions_total{{protocol="{name}"}} 1.0' in text
+
+
+def test_cli_flags_and_environment(monkeypatch):
+    from streamer.cli import _server_options, build_parser
+
+    args = build_parser().parse_args(["serve", "--funasr-port", "10095", "--wyoming-port", "0"])
+    options = _server_options(args)
+    assert (options.funasr_port, options.wyoming_port, options.wyoming_insecure) == (
+        10095,
+        0,
+        False,
+    )
+    assert _server_options(build_parser().parse_args(["serve"])).funasr_port is None
+    monkeypatch.setenv("STREAMER_WYOMING_PORT", "10300")
+    monkeypatch.setenv("STREAMER_WYOMING_INSECURE", "1")
+    options = _server_options(build_parser().parse_args(["serve", "--token", "t"]))
+    assert (options.wyoming_port, options.wyoming_insecure) == (10300, True)
