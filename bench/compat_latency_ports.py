@@ -349,6 +349,7 @@ async def measure(
     rounds: int,
     seed: int,
     concurrent: bool,
+    scenarios: tuple[str, ...] = tuple(SCENARIOS),
 ) -> tuple[Results, Results]:
     """Per scenario, each protocol's ``clients`` sessions, one protocol after the other
     (or all at once with ``concurrent``); returns (figures, paired differences)."""
@@ -365,6 +366,8 @@ async def measure(
     for round_index in range(rounds):
         delays = [rng.uniform(0, STAGGER_S) for _ in range(clients)]
         for scenario, protocols in SCENARIOS.items():
+            if scenario not in scenarios:
+                continue
             track = tracks[scenario]
             figures: dict[str, list[Figures]] = {}
             if concurrent:
@@ -435,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="random:tagged")
     parser.add_argument("--clients", default="1,8", help="comma-separated concurrency levels")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--scenarios", default="captions,command", help="which to run")
     parser.add_argument(
         "--concurrent",
         action="store_true",
@@ -489,7 +493,16 @@ def main(argv: list[str] | None = None) -> int:
     with ManagedServer(options, REPO / "bench/out/compat-ports-server.log") as server:
         for clients in (int(c) for c in args.clients.split(",")):
             all_results[clients] = asyncio.run(
-                measure(server, ports, tracks, clients, args.rounds, args.seed, args.concurrent)
+                measure(
+                    server,
+                    ports,
+                    tracks,
+                    clients,
+                    args.rounds,
+                    args.seed,
+                    args.concurrent,
+                    tuple(args.scenarios.split(",")),
+                )
             )
     table = report(all_results) + "\n\n" + cost_table
     print(table)
