@@ -111,7 +111,7 @@ async def pace(run: Run, pcm: np.ndarray, send: Callable, start_s: float) -> Non
 async def v1_session(url: str, track: Track, delay_s: float) -> Run:
     run = Run()
     await asyncio.sleep(delay_s)
-    async with connect(url + "?partials=true", compression=None) as ws:
+    async with connect(url + "?partials=true&language=en", compression=None) as ws:
         orjson.loads(await ws.recv())  # ready
 
         async def receive() -> None:
@@ -140,6 +140,7 @@ async def funasr_session(uri: str, track: Track, delay_s: float) -> Run:
                     "audio_fs": RATE,
                     "wav_name": "bench",
                     "chunk_size": [5, 10, 5],
+                    "svs_lang": "en",
                     "is_speaking": True,
                 }
             )
