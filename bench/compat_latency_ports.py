@@ -1,6 +1,6 @@
 """Latency through the FunASR and Wyoming ports, side by side with protocol v1, in one run.
 
-    python bench/compat_latency_ports.py --clients 1,8 --rounds 2 --json bench/out/compat-ports.json
+    python bench/compat_latency_ports.py --clients 1,8 --rounds 6 --json bench/out/compat-ports.json
 
 Starts ``streamer serve --funasr-port P --wyoming-port Q --threads 1`` (default model
 ``random:tagged``, whose partials and finals are real text for the espeak clips used
@@ -8,8 +8,9 @@ here). Per number of concurrent clients, round and scenario, each protocol runs 
 sessions (the same seeded start delays within 0.5 s), one protocol after the other in an
 order that rotates each round (``--concurrent``: all protocols at once). The "paired
 difference" table compares the same round, client slot and utterance across protocols.
-Every client streams 60 ms chunks (FunASR's chunk) at real-time pace from an absolute
-schedule with a raw client for its protocol, so no client library's overhead is measured.
+Every client asks for English (as Home Assistant does) and streams 60 ms chunks (FunASR's
+chunk) at real-time pace from an absolute schedule, with a raw client for its protocol,
+so no client library's overhead is measured.
 ``--cost-only`` times the adapters in process.
 
 Two scenarios:
