@@ -6,6 +6,8 @@ import io
 
 import numpy as np
 import pytest
+import wyoming.event as wyoming_event
+import wyoming.info as wyoming_info
 
 from streamer.core.compat.wyoming import (
     AudioFormat,
@@ -20,10 +22,7 @@ from streamer.core.compat.wyoming import (
 from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session, SessionOptions
 from streamer.errors import MalformedMessage, MessageTooBig
-from tests.fakes import loudness_classifier, silence, tone
-from tests.test_compat_funasr import Worker
-
-wyoming_event = pytest.importorskip("wyoming.event")
+from tests.fakes import InstantWorker, loudness_classifier, silence, tone
 
 FORMAT = {"rate": 16000, "width": 2, "channels": 1}
 
@@ -34,7 +33,7 @@ def make(finals=("the quick brown fox jumps", "hello there"), limits=None):
     )
     adapter = WyomingAdapter(session, WyomingInfo(model_name="fake-model", version="9.9"), limits)
     adapter.start()
-    return adapter, Worker(session, list(finals))
+    return adapter, InstantWorker(session, list(finals))
 
 
 def events(adapter) -> list[WyomingEvent]:
@@ -137,11 +136,10 @@ def test_pcm_converter_downmixes_and_widens_across_chunks():
 
 
 def test_describe_answers_info_in_wyomings_schema():
-    info_module = pytest.importorskip("wyoming.info")
     adapter, _ = make()
     send(adapter, WyomingEvent("describe"))
     (info,) = events(adapter)
-    parsed = info_module.Info.from_event(wyoming_event.Event(info.type, info.data))
+    parsed = wyoming_info.Info.from_event(wyoming_event.Event(info.type, info.data))
     (asr,) = parsed.asr
     assert asr.installed and asr.supports_transcript_streaming and asr.version == "9.9"
     assert asr.models[0].name == "fake-model"
