@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages: speech synthesis (espeak-ng, sox), recorded test speech (alsa-utils,
-# pocketsphinx-testdata), the browser for the web-demo test, ffmpeg for mp3/m4a input.
-packages=(espeak-ng sox alsa-utils pocketsphinx-testdata chromium ffmpeg libsndfile1)
+# pocketsphinx-testdata), the browser for the web-demo test, ffmpeg for mp3/m4a input,
+# nginx and haproxy for the load-balancer tests (tests/test_balancer.py starts its own).
+packages=(espeak-ng sox alsa-utils pocketsphinx-testdata chromium ffmpeg libsndfile1 nginx haproxy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -15,14 +16,24 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  (
+    # Install nginx and haproxy without starting them as services: the tests start their
+    # own on loopback, and a system nginx would fail to install where port 80 is taken.
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+      trap '$sudo rm -f "$policy"' EXIT
+      printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+      $sudo chmod +x "$policy"
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  )
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
 # funasr-python's top-level package is named funasr_client, like funasr-client's: it gets a
-# folder of its own, which tests/test_compat_clients.py puts first on a subprocess's path
+# folder of its own, which tests/test_compat_port_clients.py puts first on a subprocess's path
 [ -f .cache/clients/funasr-python/funasr_client/protocols.py ] ||
   .venv/bin/python -m pip install -q --no-deps --target .cache/clients/funasr-python funasr-python==0.1.5
 

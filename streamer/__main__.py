@@ -1,3 +1,3 @@
-from streamer.cli import main
+from streamer.cli import entry
 
-raise SystemExit(main())
+entry()

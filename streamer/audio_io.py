@@ -21,6 +21,7 @@ import numpy as np
 import soundfile
 import soxr
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import ConfigError
 
 __all__ = [
@@ -31,12 +32,10 @@ __all__ = [
     "int16_to_float32",
     "to_mono",
     "resample",
-    "ffmpeg_available",
 ]
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16000  # Hz, what SenseVoice (and the server) works at
 RAW_SUFFIXES = frozenset({".raw", ".pcm", ".s16"})  # headerless s16le mono
 _INT16_SCALE = 32768.0  # int16 full scale: float 1.0 == 32768
 
@@ -86,10 +85,6 @@ def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     if from_rate <= 0 or to_rate <= 0:
         raise ValueError(f"sample rates must be positive, got {from_rate} -> {to_rate}")
     return soxr.resample(np.asarray(samples, dtype=np.float32), from_rate, to_rate, quality="HQ")
-
-
-def ffmpeg_available() -> bool:
-    return shutil.which("ffmpeg") is not None
 
 
 def load_audio(

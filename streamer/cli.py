@@ -1,4 +1,4 @@
-"""The ``streamer`` command: serve, transcribe, client, build-model.
+"""The ``streamer`` command: serve, transcribe, client, build-model, export-onnx.
 
 This is the only module that reads argv and the environment and configures logging.
 Heavy imports (torch, funasr) happen inside the commands, so ``--help`` is instant.
@@ -20,6 +20,8 @@ import orjson
 
 from streamer import __version__
 from streamer.core.protocol import LANGUAGES, StreamOptions
+from streamer.core.segmenter import SegmenterOptions
+from streamer.core.session import SessionOptions
 from streamer.errors import ConfigError, ModelError, StreamerError
 
 logger = logging.getLogger("streamer.cli")
@@ -92,6 +94,14 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "[STREAMER_MODEL, default %(default)s]",
     )
     g.add_argument(
+        "--backend",
+        choices=("auto", "torch", "onnx"),
+        default=_env("backend", "auto"),
+        help="what runs the model: torch (funasr) or onnx (ONNX Runtime; a torch model "
+        "is exported once and cached); auto = onnx on the CPU, torch on CUDA "
+        "[STREAMER_BACKEND, %(default)s]",
+    )
+    g.add_argument(
         "--hub",
         choices=("ms", "hf"),
         default=_env("hub", "ms"),
@@ -110,13 +120,13 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=("none", "int8"),
         default=_env("quantize", "none"),
-        help="int8 dynamic quantization (CPU only; 2.5-3x faster) [%(default)s]",
+        help="int8 weights (CPU only; torch: dynamic Linear, onnx: model.int8.onnx) [%(default)s]",
     )
     g.add_argument(
         "--threads",
         type=int,
         default=_env("threads", 0, int),
-        help="torch CPU threads; 0 = all cores [%(default)s]",
+        help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores [%(default)s]",
     )
     g.add_argument(
         "--no-warmup",
@@ -128,7 +138,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-dir",
         type=Path,
         default=_env("cache_dir", None, Path),
-        help="where random models are built and cached [~/.cache/sensevoice-streamer]",
+        help="where random models and ONNX exports are cached "
+        "[STREAMER_CACHE_DIR, ~/.cache/sensevoice-streamer]",
     )
 
 
@@ -152,6 +163,7 @@ def _recognizer_options(args: argparse.Namespace) -> Any:
 
     kwargs: dict[str, Any] = dict(
         model=args.model,
+        backend=args.backend,
         hub=args.hub,
         device=args.device,
         dtype=args.dtype,
@@ -208,6 +220,20 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="hard cap on an utterance [%(default)s]",
     )
     g.add_argument(
+        "--long-segment-ms",
+        type=int,
+        default=_env("long_segment_ms", SegmenterOptions().long_segment_ms, int),
+        help="from this length on, a short pause (about 230 ms) ends an utterance; "
+        "--max-utterance-ms turns it off [%(default)s]",
+    )
+    g.add_argument(
+        "--speculative-finals",
+        action=argparse.BooleanOptionalAction,
+        default=_env("speculative_finals", SessionOptions().speculative_finals, _bool),
+        help="decode an utterance during its final pause, so its final is sent the moment "
+        "the endpoint is reached [%(default)s]",
+    )
+    g.add_argument(
         "--partial-interval-ms",
         type=int,
         default=_env("partial_interval_ms", 300, int),
@@ -244,11 +270,20 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         default=_env("shutdown_grace_s", 10.0, float),
         help="time to finish open utterances on SIGTERM [%(default)s]",
     )
+    g.add_argument(
+        "--drain-s",
+        type=float,
+        default=_env("drain_s", 5.0, float),
+        help="on SIGTERM, first refuse new sessions (/readyz 503 draining) and serve open "
+        "ones up to this long, so a load balancer moves new sessions elsewhere; then shut "
+        "down. SIGUSR1 drains without exiting, SIGUSR2 admits again [%(default)s]",
+    )
     s = p.add_argument_group("security")
     s.add_argument(
         "--token",
         default=_env("token", None),
-        help="require this token (Authorization: Bearer, or ?token=)",
+        help="require this token (v1: Authorization: Bearer or ?token=; Deepgram: "
+        "Authorization: Token; OpenAI Realtime: Authorization: Bearer; FunASR: ?token=)",
     )
     s.add_argument(
         "--certfile",
@@ -295,15 +330,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _server_options(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
-    from streamer.core.segmenter import SegmenterOptions
-    from streamer.core.session import SessionOptions
     from streamer.server.server import ServerOptions
 
     default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
+    # endpoint_ms is a stream option (clients may choose theirs); this is its default
     segmenter = SegmenterOptions(
-        endpoint_ms=args.endpoint_ms,
-        end_pad_ms=min(200, args.endpoint_ms),
         max_utterance_ms=args.max_utterance_ms,
+        long_segment_ms=min(args.long_segment_ms, args.max_utterance_ms),
     )
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     return ServerOptions(
@@ -319,9 +352,14 @@ def _server_options(args: argparse.Namespace) -> Any:
         idle_timeout_s=args.idle_timeout_s,
         max_session_s=args.max_session_s,
         shutdown_grace_s=args.shutdown_grace_s,
+        drain_s=args.drain_s,
         vad_aggressiveness=args.vad_aggressiveness,
         default_stream=default_stream,
-        session=SessionOptions(segmenter=segmenter, partial_interval_ms=args.partial_interval_ms),
+        session=SessionOptions(
+            segmenter=segmenter,
+            partial_interval_ms=args.partial_interval_ms,
+            speculative_finals=args.speculative_finals,
+        ),
         funasr_port=args.funasr_port,
         wyoming_port=args.wyoming_port,
         wyoming_insecure=args.wyoming_insecure,
@@ -329,20 +367,36 @@ def _server_options(args: argparse.Namespace) -> Any:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from streamer.model.recognizer import Recognizer
+    from streamer.model.loading import LoadProgress, load_recognizer, preflight
     from streamer.model.worker import ModelWorker
     from streamer.server.server import StreamingServer
 
     recognizer_options = _recognizer_options(args)
     server_options = _server_options(args)
-    worker = ModelWorker(lambda: Recognizer(recognizer_options))
+    preflight(recognizer_options)  # impossible devices, missing files: fail in seconds
+    progress = LoadProgress()
+    worker = ModelWorker(lambda: load_recognizer(recognizer_options, progress))
+    server = StreamingServer(server_options, worker, loading=progress)
+    await server.start()  # bind first: /readyz answers 503 with the stage while loading
     worker.start()
-    server = StreamingServer(server_options, worker)
-    await server.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop_now = asyncio.Event()  # SIGINT, or SIGTERM again: no drain (or cut it short)
+
+    def on_signal(sig: signal.Signals) -> None:
+        if sig is signal.SIGINT or stop.is_set():
+            stop_now.set()
+        stop.set()
+
+    handlers: dict[signal.Signals, Callable[[], None]] = {
+        signal.SIGINT: lambda: on_signal(signal.SIGINT),
+        signal.SIGTERM: lambda: on_signal(signal.SIGTERM),
+        # drain by hand (a blue-green switch, a host going into maintenance), then undo
+        signal.SIGUSR1: server.start_draining,
+        signal.SIGUSR2: lambda: None if stop.is_set() else server.stop_draining(),
+    }
+    for sig, handler in handlers.items():
+        loop.add_signal_handler(sig, handler)
     ready = asyncio.create_task(server.wait_ready())
     stopped = asyncio.create_task(stop.wait())
     try:
@@ -358,13 +412,21 @@ async def _serve(args: argparse.Namespace) -> int:
             logger.info("ready: open %s://%s:%d/ for live captions", scheme, host, server.port)
             await stopped
         logger.info("signal received: stopping")
+        if not stop_now.is_set():
+            # SIGTERM (an orchestrator, systemd): let the balancer notice before we go
+            drained = asyncio.create_task(server.drain())
+            interrupted = asyncio.create_task(stop_now.wait())
+            await asyncio.wait({drained, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            drained.cancel()
+            interrupted.cancel()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in handlers:
             loop.remove_signal_handler(sig)
         ready.cancel()
         stopped.cancel()
         await server.shutdown()
-        await asyncio.to_thread(worker.stop)
+        # a model still loading cannot be interrupted: its daemon thread ends with us
+        await asyncio.to_thread(worker.stop, 5.0 if worker.ready.is_set() else 0.0)
     return 0
 
 
@@ -400,10 +462,14 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
 def _cmd_transcribe(args: argparse.Namespace) -> int:
     from streamer.audio_io import load_audio
     from streamer.core.protocol import message_dict
-    from streamer.model.recognizer import Recognizer
+    from streamer.model.loading import LoadProgress, load_recognizer, preflight
     from streamer.offline import transcribe_pcm
 
-    recognizer = Recognizer(_recognizer_options(args))
+    options = _recognizer_options(args)
+    preflight(options)
+    # loading takes seconds to a minute: say what is happening even at --log-level warning
+    logging.getLogger("streamer.model.loading").setLevel(logging.INFO)
+    recognizer = load_recognizer(options, LoadProgress())
     out = sys.stdout
     status = 0
     for path in args.files:
@@ -460,6 +526,56 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- export-onnx -----------------------------------------------------------------
+
+
+def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export-onnx",
+        help="export a torch/funasr model to ONNX",
+        description="Write model.onnx (fp32), model.int8.onnx (MatMul weights quantized "
+        "dynamically), tokens.txt, bpe.model, am.mvn and manifest.json for --backend "
+        "onnx. Without --out the export goes to the cache that serve --backend onnx "
+        "reads, keyed by the model's content hash.",
+    )
+    p.add_argument("model", help="torch/funasr model directory, cached hub id, or random:NAME")
+    p.add_argument("--out", type=Path, default=None, help="directory to create")
+    p.add_argument(
+        "--int8-weight-type",
+        choices=("QInt8", "QUInt8"),
+        default=None,
+        help="weights of model.int8.onnx [QInt8 on CPUs with VNNI/dotprod, where it is as "
+        "accurate and 2-3x faster; else QUInt8, which cannot saturate]",
+    )
+    p.add_argument("--hub", choices=("ms", "hf"), default=_env("hub", "ms"))
+    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
+    _add_logging_arguments(p)
+    p.set_defaults(func=_cmd_export_onnx)
+
+
+def _cmd_export_onnx(args: argparse.Namespace) -> int:
+    from streamer.model.files import locate_model
+    from streamer.model.onnx_export import cached_export, export_onnx
+    from streamer.model.recognizer import RecognizerOptions
+
+    options = RecognizerOptions(model=args.model, hub=args.hub, backend="torch")
+    cache_dir = args.cache_dir or options.cache_dir
+    source = locate_model(args.model, args.hub, cache_dir)
+    if not isinstance(source, Path):
+        raise ConfigError(f"{args.model} is not downloaded yet; run streamer serve with it once")
+    if args.out is None:
+        out = cached_export(
+            source, cache_dir, name=args.model, int8_weight_type=args.int8_weight_type
+        )
+    else:
+        if args.out.exists() and any(args.out.iterdir()):
+            raise ConfigError(f"{args.out} exists and is not empty")
+        export_onnx(source, args.out, int8_weight_type=args.int8_weight_type, name=args.model)
+        out = args.out
+    sys.stdout.write(f"{out}\n")
+    return 0
+
+
 # -- client --------------------------------------------------------------------
 
 
@@ -491,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_transcribe(sub)
     _add_client(sub)
     _add_build_model(sub)
+    _add_export_onnx(sub)
     return parser
 
 
@@ -504,3 +621,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(error, ConfigError) else 1
     except KeyboardInterrupt:
         return 130
+
+
+def entry() -> None:
+    """The console script: :func:`main`, then a fast exit after ``serve``.
+
+    Once the server has shut down cleanly (every session closed, logs written),
+    tearing down torch and funasr's modules only costs the user 1-2 s after Ctrl-C, and
+    a model still loading in its thread cannot be interrupted: skip both.
+    """
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv[:1] == ["serve"]:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)

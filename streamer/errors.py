@@ -15,8 +15,7 @@
         │   └── MessageTooBig               a frame or line over its size limit
         ├── InvalidOption               an option value is wrong (close 1008)
         ├── UnsupportedSampleRate       sample rate not supported (close 1003)
-        ├── UnexpectedMessage           valid message at the wrong time (not fatal)
-        └── SessionLimit                idle timeout or maximum duration reached
+        └── UnexpectedMessage           valid message at the wrong time (not fatal)
 
 Each :class:`ProtocolError` names its wire ``code`` and whether it ends the session;
 :func:`close_code_for` maps it to a WebSocket close code in one place.
@@ -39,7 +38,6 @@ __all__ = [
     "InvalidOption",
     "UnsupportedSampleRate",
     "UnexpectedMessage",
-    "SessionLimit",
     "close_code_for",
 ]
 
@@ -142,22 +140,10 @@ class UnsupportedSampleRate(InvalidOption):
     code = "unsupported_sample_rate"
 
 
-class SessionLimit(ProtocolError):
-    """The session reached its idle timeout or maximum duration."""
-
-    code = "session_limit"
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def close_code_for(error: BaseException) -> int:
     """The WebSocket close code that ends a session because of ``error``."""
     if isinstance(error, UnsupportedSampleRate):
         return CLOSE_UNSUPPORTED_DATA
-    if isinstance(error, SessionLimit):
-        return CLOSE_POLICY_VIOLATION
     if isinstance(error, ProtocolError):
         return CLOSE_POLICY_VIOLATION
     return CLOSE_INTERNAL_ERROR

@@ -71,11 +71,11 @@ class InstantWorker:
                 self.held = []
             for job in jobs:
                 final = self.finals[job.segment_id] if job.segment_id < len(self.finals) else ""
-                if job.kind == "final" and hold_finals:
+                if hold_finals and (job.kind == "final" or job.speculative):
                     self.held.append(job)
                     continue
-                if job.kind == "final":
-                    text = final
+                if job.kind == "final" or job.speculative:
+                    text = final  # a speculative decode covers the whole segment
                 else:
                     n = self.partials[job.segment_id] = self.partials.get(job.segment_id, 0) + 1
                     words = final.split() + ["extra"]

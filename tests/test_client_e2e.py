@@ -147,6 +147,7 @@ async def test_example_script(server_url: str, speech_wav: Path, tmp_path: Path)
     assert process.returncode == 0, stderr.decode()
     assert all(orjson.loads(line)["type"] == "final" for line in stdout.splitlines())
     assert out.read_text().startswith("WEBVTT")
+    assert f"captioned segments to {out} (vtt)" in stderr.decode()  # says where it wrote
 
 
 async def test_unreachable_and_unsupported(speech_wav: Path, tmp_path: Path) -> None:

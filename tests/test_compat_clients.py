@@ -1,309 +1,102 @@
-"""The real FunASR and Wyoming clients against the real server, with the tagged model.
+"""The real Deepgram and OpenAI client libraries against the real server and tagged model.
 
-Each client hears the same espeak audio ("the quick brown fox ...", then "hello there")
-and must come out with protocol v1's finals for it:
-
-- funasr-client 0.1.6's async client (its sync client deadlocks in its own ``close()``:
-  see docs/funasr.md), in 2pass and offline mode;
-- funasr-python 0.1.5, in a process of its own (it installs the same package name);
-- FunASR's html5 demo's message sequence, in headless Chromium;
-- the ``wyoming`` package's client in Home Assistant's call sequence.
+Each protocol's transcripts must equal protocol v1's finals for the same audio: the
+adapters change the wire, never what is recognised.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+import soxr
 
 from streamer.client.connection import ClientOptions, transcribe
-from streamer.core.compat.textjoin import join_texts
-from streamer.server.server import ServerOptions
+from streamer.core.protocol import StreamOptions
 from streamer.testkit import speech as synth
-from tests.server_fixtures import ServerThread, recognizer_loader
+from tests import compat_clients as clients
 
-REPO = Path(__file__).resolve().parents[1]
-FUNASR_PYTHON = Path(os.environ.get("FUNASR_PYTHON_DIR", REPO / ".cache/clients/funasr-python"))
-CHROMIUM = "/usr/bin/chromium"
-FOX = "the quick brown fox jumps over the lazy dog"
-HELLO = "hello there"
-CHUNK_60_MS = 1920  # what funasr-client and the html5 demo send (chunk_size [5, 10, 5])
+EXPECTED = ["the quick brown fox jumps over the lazy dog", "hello there"]
 
 
 @pytest.fixture(scope="module")
-def server(tagged_model_dir: Path):
-    options = ServerOptions(funasr_port=0, wyoming_port=0)
-    thread = ServerThread(recognizer_loader(tagged_model_dir), options).start()
-    yield thread
-    thread.shutdown()
+def speech16(speech_cache) -> np.ndarray:
+    """The tagged model's two clips, 1.5 s apart, with silence after."""
+    fox = synth.speak(EXPECTED[0], "en", cache_dir=speech_cache)
+    hello = synth.speak(EXPECTED[1], "en", cache_dir=speech_cache)
+    pcm, _ = synth.join_with_silence([("en", "fox", fox), ("en", "hello", hello)], 1500)
+    return np.concatenate([pcm, np.zeros(16000, dtype=np.int16)])
 
 
 @pytest.fixture(scope="module")
-def speech(speech_cache: Path) -> np.ndarray:
-    clips = [("en", text, synth.speak(text, "en", cache_dir=speech_cache)) for text in (FOX, HELLO)]
-    pcm, _ = synth.join_with_silence(clips, 1200)  # the last utterance ends in silence too
-    return pcm
+def speech24(speech16) -> np.ndarray:
+    return soxr.resample(speech16, 16000, 24000).astype(np.int16)
 
 
-@pytest.fixture(scope="module")
-def v1_finals(server: ServerThread, speech: np.ndarray) -> list[str]:
-    result = asyncio.run(transcribe(ClientOptions(url=server.url), speech, 16000, speed=None))
-    texts = [final.text for final in result.finals]
-    assert texts == [FOX, HELLO]  # what the tagged model was trained to answer
-    return texts
+async def v1_finals(url: str, pcm: np.ndarray, rate: int, **stream) -> list[str]:
+    options = ClientOptions(url=url, stream=StreamOptions(sample_rate=rate, **stream))
+    result = await transcribe(options, pcm, rate, speed=8.0)
+    return [f.text for f in result.finals if f.text]
 
 
-def funasr_uri(server: ServerThread) -> str:
-    return f"ws://127.0.0.1:{server.server.listeners['funasr'].port}/"
+# what deepgram-sdk's query (clients.DEEPGRAM_QUERY) means for protocol v1
+DEEPGRAM_AS_V1 = dict(language="en", itn=True, partials=True, endpoint_ms=500)
 
 
-def wyoming_port(server: ServerThread) -> int:
-    return server.server.listeners["wyoming"].port
+async def test_deepgram_sdk_async(tagged_server, speech16) -> None:
+    reference = await v1_finals(tagged_server.url, speech16, 16000, **DEEPGRAM_AS_V1)
+    assert len(reference) == 2 and reference[1].lower().startswith("hello")
+    messages = await clients.deepgram_sdk_async(tagged_server.port, speech16.tobytes())
+    assert clients.deepgram_finals(messages) == reference
+    names = [type(m).__name__ for m in messages]
+    assert names.count("ListenV1SpeechStarted") == 2
+    assert names.count("ListenV1UtteranceEnd") == 2
+    assert "ListenV1Results" in names and names[-1] == "ListenV1Metadata"
+    assert None not in messages  # every message parsed to a known type
 
 
-def pieces(pcm: np.ndarray, size: int) -> list[bytes]:
-    data = pcm.astype("<i2").tobytes()
-    return [data[i : i + size] for i in range(0, len(data), size)]
-
-
-# -- funasr-client ---------------------------------------------------------------------
-
-
-async def funasr_client_session(uri: str, pcm: np.ndarray, mode: str, pace_s: float) -> list:
-    from funasr_client import async_funasr_client
-
-    got = []
-    async with async_funasr_client(
-        uri, mode=mode, wav_name="fox", audio_fs=16000, svs_lang="auto", svs_itn=True, blocking=True
-    ) as client:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        for index, piece in enumerate(pieces(pcm, CHUNK_60_MS)):
-            await client.send(piece)
-            await asyncio.sleep(max(0.0, start + (index + 1) * pace_s - loop.time()))
-        await client.signal_close()
-        async with asyncio.timeout(30):
-            async for message in client.stream():
-                got.append(message)
-    # leaving the block ran close(), which sends {"is_speaking": false} a second time
-    return got
-
-
-async def test_funasr_client_2pass(server, speech, v1_finals):
-    from funasr_client import merge_messages
-
-    # at real-time pace, as from a microphone: partials (and their stable text) form
-    got = await funasr_client_session(funasr_uri(server), speech, "2pass", 0.06)
-    assert [m["is_final"] for m in got] == [False] * (len(got) - 1) + [True]
-    sentences = [m for m in got if m["mode"] == "2pass-offline" and m["text"]]
-    assert [m["text"].strip() for m in sentences] == v1_finals
-    assert merge_messages(got)["text"] == join_texts(v1_finals)
-    assert all(m["wav_name"] == "fox" for m in got)
-    online = [m["text"] for m in got if m["mode"] == "2pass-online"]
-    assert online, "no 2pass-online text (from the partials)"
-    for m in sentences:  # funasr-client decodes the timestamp string itself
-        assert len(m["timestamp"]) == len(m["text"].split())
-        assert m["timestamp"] == sorted(m["timestamp"])
-
-
-async def test_funasr_client_offline(server, speech, v1_finals):
-    got = await funasr_client_session(funasr_uri(server), speech, "offline", 0.0)
-    (only,) = got
-    assert (only["mode"], only["is_final"]) == ("offline", True)
-    assert only["text"] == join_texts(v1_finals)
-
-
-# -- funasr-python ---------------------------------------------------------------------
-
-
-def run_funasr_python(uri: str, mode: str, pcm: np.ndarray, tmp_path: Path) -> list:
-    if not (FUNASR_PYTHON / "funasr_client" / "protocols.py").exists():
-        pytest.fail(
-            f"funasr-python is not installed in {FUNASR_PYTHON}: run scripts/test.sh, or "
-            f"pip install --no-deps --target {FUNASR_PYTHON} funasr-python==0.1.5"
-        )
-    path = tmp_path / f"{mode}.pcm"
-    path.write_bytes(pcm.astype("<i2").tobytes())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FUNASR_PYTHON), str(REPO)]))
-    driver = Path(__file__).with_name("funasr_python_driver.py")
-    done = subprocess.run(
-        [sys.executable, str(driver), uri, mode, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+async def test_deepgram_sdk_sync(tagged_server, speech16) -> None:
+    reference = await v1_finals(tagged_server.url, speech16, 16000, **DEEPGRAM_AS_V1)
+    messages = await asyncio.to_thread(
+        clients.deepgram_sdk_sync, tagged_server.port, speech16.tobytes()
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    assert clients.deepgram_finals(messages) == reference
+    from deepgram.listen.v1.types import ListenV1Results
+
+    finals = [m for m in messages if isinstance(m, ListenV1Results) and m.is_final]
+    assert finals[-1].from_finalize  # the Finalize sent before CloseStream is answered
+    assert type(messages[-1]).__name__ == "ListenV1Metadata"
 
 
-async def test_funasr_python_offline_and_2pass(server, speech, v1_finals, tmp_path):
-    uri = funasr_uri(server)
-    offline = await asyncio.to_thread(run_funasr_python, uri, "offline", speech, tmp_path)
-    assert offline == [["final", join_texts(v1_finals)]]
-    got = await asyncio.to_thread(run_funasr_python, uri, "2pass", speech, tmp_path)
-    # funasr-python calls every is_final: false message a partial, so each sentence shows
-    # up there, or as the final when it was still decoding at the end of input
-    finals = [text for kind, text in got if kind == "final"]
-    assert len(finals) == 1 and finals[0] in ("", v1_finals[-1])
-    texts = [text for _, text in got]
-    positions = [texts.index(final) for final in v1_finals]
-    assert positions == sorted(positions)
-    assert not [text for kind, text in got if kind == "error"]
+async def test_deepgram_sdk_telephony_mulaw(tagged_server, speech16) -> None:
+    """8 kHz μ-law (Twilio's format) decodes like the same audio as linear16 at 8 kHz."""
+    from tests.test_compat_deepgram import ulaw_encode
+
+    pcm8 = soxr.resample(speech16, 16000, 8000).astype(np.int16)
+    reference = await v1_finals(tagged_server.url, pcm8, 8000, **DEEPGRAM_AS_V1)
+    ulaw = ulaw_encode(pcm8)
+    mulaw = await clients.deepgram_sdk_async(
+        tagged_server.port, ulaw, encoding="mulaw", sample_rate="8000"
+    )
+    assert len(clients.deepgram_finals(mulaw)) == len(reference) == 2
 
 
-# -- FunASR's html5 demo ---------------------------------------------------------------
-
-# The demo's behaviour (runtime/html5/static/main.js and wsconnecter.js in FunASR),
-# written anew: the same first JSON (no "type", no subprotocol), 960-sample Int16 PCM
-# pieces, the same stop JSON, and the same caption logic: online text is appended,
-# an offline sentence replaces it, timestamps are parsed and indexed per word or character.
-H5_PAGE = """<!doctype html><meta charset="utf-8"><textarea id="varArea"></textarea><script>
-let recText = "", offlineText = "";
-window.received = [];
-function withTimestamp(text, stamp) {
-  if (stamp == null || text.length <= 0) return text;
-  const words = text.replace(/。|？|，|、|\\?|\\.|\\ /g, ",").split(",");
-  const times = JSON.parse(stamp);
-  let index = 0, out = "";
-  for (const word of words) {
-    if (word.length <= 0) continue;
-    out += times[index][0] / 1000 + ":" + word + "\\n";  // throws if a span is missing
-    index += /^[a-zA-Z]+$/.test(word) ? 1 : word.length;
-  }
-  return out;
-}
-function onMessage(event) {
-  const m = JSON.parse(event.data);
-  window.received.push(m);
-  if (m.mode == "2pass-offline" || m.mode == "offline") {
-    offlineText += withTimestamp("" + m.text, m.timestamp);
-    recText = offlineText;
-  } else {
-    recText += m.text;
-  }
-  document.getElementById("varArea").value = recText;
-}
-window.runDemo = (url, pcmBase64, mode) => new Promise((resolve, reject) => {
-  const bytes = Uint8Array.from(atob(pcmBase64), c => c.charCodeAt(0));
-  const samples = new Int16Array(bytes.buffer);
-  const ws = new WebSocket(url);
-  ws.onerror = () => reject(new Error("websocket error"));
-  ws.onmessage = event => {
-    onMessage(event);
-    if (JSON.parse(event.data).is_final) setTimeout(() => { ws.close(); resolve(); }, 300);
-  };
-  ws.onopen = () => {
-    ws.send(JSON.stringify({chunk_size: [5, 10, 5], wav_name: "h5", is_speaking: true,
-                            chunk_interval: 10, itn: false, mode: mode}));
-    let offset = 0;
-    const started = performance.now();
-    const tick = () => {  // 60 ms of audio every 60 ms, as the microphone mode sends it
-      if (offset + 960 <= samples.length) {
-        ws.send(samples.slice(offset, offset + 960));
-        offset += 960;
-        setTimeout(tick, Math.max(0, started + offset / 16 - performance.now()));
-        return;
-      }
-      if (offset < samples.length) ws.send(samples.slice(offset));
-      ws.send(JSON.stringify({chunk_size: [5, 10, 5], wav_name: "h5", is_speaking: false,
-                              chunk_interval: 10, mode: mode}));
-    };
-    tick();
-  };
-});
-</script>"""
+async def test_openai_realtime_ga(tagged_server, speech24) -> None:
+    reference = await v1_finals(tagged_server.url, speech24, 24000, language="en")
+    events = await clients.openai_ga(tagged_server.port, speech24.tobytes(), len(reference))
+    assert clients.openai_transcripts(events) == reference
+    types = [e.type for e in events]
+    assert types[:2] == ["session.created", "session.updated"]
+    assert types.count("input_audio_buffer.speech_started") == 2
+    assert types.count("input_audio_buffer.committed") == 2
+    assert "error" not in types
 
 
-@pytest.mark.browser
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
-async def test_html5_demo_sequence_in_a_browser_gets_captions(server, speech, v1_finals):
-    playwright_api = pytest.importorskip("playwright.async_api")
-    pcm64 = base64.b64encode(speech.astype("<i2").tobytes()).decode()
-    async with playwright_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-            ],
-        )
-        try:
-            page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.set_content(H5_PAGE)
-            await page.evaluate(
-                "([u, p, m]) => runDemo(u, p, m)", [funasr_uri(server), pcm64, "2pass"]
-            )
-            received = await page.evaluate("window.received")
-            captions = await page.input_value("#varArea")
-        finally:
-            await browser.close()
-    assert errors == []  # the timestamps fit the page's per-word indexing
-    assert [m["is_final"] for m in received].count(True) == 1
-    assert any(m["mode"] == "2pass-online" for m in received)
-    # the captions are the sentences, one "seconds:word" line per word
-    lines = captions.strip().split("\n")
-    assert all(re.fullmatch(r"\d+(\.\d+)?:[a-z]+", line) for line in lines), lines
-    assert " ".join(line.split(":")[1] for line in lines) == join_texts(v1_finals)
-
-
-# -- Wyoming, in Home Assistant's sequence ---------------------------------------------
-
-
-async def test_wyoming_client_in_home_assistants_sequence(server, speech, v1_finals):
-    from wyoming.asr import Transcribe, Transcript
-    from wyoming.audio import AudioChunk, AudioStart, AudioStop
-    from wyoming.client import AsyncTcpClient
-    from wyoming.info import Describe, Info
-
-    port = wyoming_port(server)
-    # setup: describe on a connection of its own
-    async with AsyncTcpClient("127.0.0.1", port) as client:
-        await client.write_event(Describe().event())
-        info = Info.from_event(await asyncio.wait_for(client.read_event(), 10))
-    (asr,) = info.asr
-    assert asr.installed and asr.supports_transcript_streaming
-    assert set(asr.models[0].languages) == {"zh", "en", "yue", "ja", "ko"}
-
-    # one utterance: a new connection, then read until the transcript
-    seen = []
-    async with AsyncTcpClient("127.0.0.1", port) as client:
-        await client.write_event(Transcribe(language="en").event())
-        await client.write_event(AudioStart(rate=16000, width=2, channels=1).event())
-        for piece in pieces(speech, 1024):
-            await client.write_event(
-                AudioChunk(rate=16000, width=2, channels=1, audio=piece).event()
-            )
-            await asyncio.sleep(0.008)  # 32 ms of audio each: four times real time
-        await client.write_event(AudioStop().event())
-        async with asyncio.timeout(30):
-            while True:
-                event = await client.read_event()
-                assert event is not None, f"connection lost after {seen}"
-                seen.append(event)
-                if Transcript.is_type(event.type):
-                    break
-        transcript = Transcript.from_event(seen[-1])
-        after = await asyncio.wait_for(client.read_event(), 10)
-        assert after is not None and after.type == "transcript-stop"
-        assert await asyncio.wait_for(client.read_event(), 10) is None  # the server closed
-    assert transcript.text == join_texts(v1_finals)
-    assert transcript.language == "en"
-    types = [event.type for event in seen]
-    assert types[0] == "transcript-start" and "transcript-chunk" in types
-    streamed = "".join(e.data["text"] for e in seen if e.type == "transcript-chunk")
-    assert streamed == transcript.text
+async def test_openai_realtime_beta(tagged_server, speech24) -> None:
+    reference = await v1_finals(tagged_server.url, speech24, 24000, language="en")
+    events = await clients.openai_beta(tagged_server.port, speech24.tobytes(), len(reference))
+    assert clients.openai_transcripts(events) == reference
+    types = [e.type for e in events]
+    assert types[:2] == ["transcription_session.created", "transcription_session.updated"]
+    assert "error" not in types

@@ -288,7 +288,7 @@ async def test_metrics_count_sessions_by_protocol(make_ports_server):
     await client.close()
     text = server.server.metrics.render().decode()
     for name in ("funasr", "wyoming", "v1"):
-        assert f'streamer_protocol_sessions_total{{protocol="{name}"}} 1.0' in text
+        assert f'streamer_sessions_total{{protocol="{name}"}} 1.0' in text
 
 
 def test_cli_flags_and_environment(monkeypatch):

@@ -21,47 +21,18 @@ from streamer.model.recognizer import (
     RecognizerOptions,
 )
 from streamer.testkit.speech import SAMPLE_RATE, speak
-
-LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
-FRONT_CENTER = Path("/usr/share/sounds/alsa/Front_Center.wav")
-OPTION_LANGUAGES = ("auto", "zh", "en", "yue", "ja", "ko")
-SYNTH_CLIPS = [
-    ("en", "streaming speech recognition should feel instant"),
-    ("zh", "今天天气很好"),
-    ("yue", "你今日食咗飯未呀"),
-    ("ja", "こんにちは、げんきですか"),
-    ("ko", "안녕하세요 반갑습니다"),
-]
-
-
-def _load_wav(path: Path) -> np.ndarray:
-    import soundfile as sf
-    import soxr
-
-    data, rate = sf.read(path, dtype="float32", always_2d=True)
-    mono = data.mean(axis=1)
-    if rate != SAMPLE_RATE:
-        mono = soxr.resample(mono, rate, SAMPLE_RATE)
-    return np.clip(np.round(mono * 32768), -32768, 32767).astype(np.int16)
+from tests import clips as clips_module
+from tests.clips import OPTION_LANGUAGES, load_clips
 
 
 @pytest.fixture(scope="module")
 def clips(speech_cache: Path) -> dict[str, np.ndarray]:
-    """Synthesised speech in every language and real recordings, 16 kHz int16."""
-    found = {f"tts-{lang}": speak(text, lang, cache_dir=speech_cache) for lang, text in SYNTH_CLIPS}
-    for path in sorted(LIBRIVOX.glob("*.wav")):
-        found[f"librivox-{path.stem[-4:]}"] = _load_wav(path)
-    found["front-center"] = _load_wav(FRONT_CENTER)
-    assert len(found) == len(SYNTH_CLIPS) + 6, "pocketsphinx-testdata and alsa-utils are needed"
-    return found
+    return load_clips(speech_cache)
 
 
 @pytest.fixture(scope="module")
 def long_speech(clips: dict[str, np.ndarray]) -> np.ndarray:
-    """More than 7 s of mixed real and synthesised speech, cut to length by the tests."""
-    signal = np.concatenate([clips["librivox-0870"], clips["tts-zh"], clips["front-center"]])
-    assert signal.size > 7 * SAMPLE_RATE
-    return signal
+    return clips_module.long_speech(clips)
 
 
 def _recognizer(model_dir: Path, **options: object) -> Recognizer:
@@ -112,6 +83,8 @@ def _assert_parity(recognizer: Recognizer, pcm: np.ndarray, language: str, use_i
         {"quantize": "int8", "device": "cuda"},
         {"quantize": "int8", "dtype": "bf16"},
         {"threads": -1},
+        {"backend": "tensorflow"},
+        {"backend": "onnx", "dtype": "fp16", "device": "cuda"},
     ],
 )
 def test_invalid_options(options: dict[str, object]) -> None:
@@ -267,7 +240,7 @@ def test_tagged_fields_through_the_direct_path(tagged: Recognizer, speech_cache:
 def test_properties_and_random_model_warning(
     cache_dir: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="streamer.model.recognizer")
+    caplog.set_level(logging.INFO, logger="streamer.model")
     recognizer = Recognizer(
         RecognizerOptions(model="random:tiny", cache_dir=cache_dir, device="auto", threads=1)
     )

@@ -149,3 +149,54 @@ def test_options_validated():
         SegmenterOptions(min_speech_ms=500, onset_window_ms=300)
     with pytest.raises(ConfigError):
         SegmenterOptions(max_utterance_ms=500)
+
+
+# --- continuous speech: long segments end at the first pause --------------------------------
+
+
+def test_long_segment_ends_at_the_first_short_pause():
+    """Past long_segment_ms (4 s), a 100 ms pause ends the segment; before it, it does not."""
+    speech, pause = [True] * 50, [False] * 12  # 1 s of speech, 240 ms pauses
+    flags = [False] * 20 + (speech + pause) * 6 + [False] * 40
+    _, events = run(flags)
+    segments = ends(events)
+    first = segments[0]
+    assert first.reason == "silence"
+    # the pauses after 1 and 2 s of speech are too early; the third spans the segment's
+    # 4 s mark (the segment began 300 ms before the speech) and ends it
+    assert 3.5 <= (first.end_sample - first.start_sample) / 16000 < 4.5
+    # it ends 100 ms (the end padding, at most the pause) after the last speech frame
+    last_speech = 20 + 3 * 62 - 12
+    assert first.end_sample == (last_speech + 5) * FRAME
+
+
+def test_short_pauses_below_the_long_length_keep_the_normal_endpoint():
+    flags = [False] * 20 + ([True] * 50 + [False] * 12) * 3 + [False] * 40
+    _, events = run(flags)
+    assert len(ends(events)) == 1  # one segment: the 240 ms pauses at 1 and 2 s did not cut
+
+
+def test_long_rule_can_be_turned_off():
+    options = SegmenterOptions(long_segment_ms=7000)
+    speech, pause = [True] * 50, [False] * 12
+    flags = [False] * 20 + (speech + pause) * 6 + [False] * 40
+    _, events = run(flags, options=options)
+    assert [e.reason for e in ends(events)][0] == "max_duration"
+
+
+def test_tentative_end_is_known_once_the_pause_holds_the_end_padding():
+    seg = Segmenter(SegmenterOptions())
+    for flag in [False] * 10 + [True] * 30:
+        seg.push(flag, 1000.0 if flag else 1.0)
+    assert seg.in_segment and seg.tentative_end_sample is None  # speech goes on
+    for _ in range(9):
+        seg.push(False, 1.0)
+        assert seg.tentative_end_sample is None  # less than 200 ms of pause yet
+    seg.push(False, 1.0)
+    assert seg.tentative_end_sample == (40 + 10) * FRAME
+    events = []
+    for _ in range(15):
+        events += seg.push(False, 1.0)
+    (end,) = [e for e in events if isinstance(e, SegmentEnd)]
+    assert end.end_sample == (40 + 10) * FRAME  # the segment ended exactly there
+    assert seg.tentative_end_sample is None

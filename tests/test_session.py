@@ -349,3 +349,96 @@ def test_first_partial_of_a_segment_is_marked_until_text_is_shown():
     feed(s, tone(400), respond=False)
     (refresh,) = s.jobs_to_submit()
     assert not refresh.first
+
+
+# --- speculative finals -----------------------------------------------------------------
+
+
+def _decoded(job, text):
+    raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>{text}"
+    t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)
+    return DecodeResult(job=job, transcript=t, decode_ms=7.0, queue_ms=2.0)
+
+
+def test_pause_decode_becomes_the_final_without_a_second_decode():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1500), silence(300)]), respond=False)
+    (spec,) = s.jobs_to_submit()
+    assert spec.kind == "partial" and spec.speculative
+    s.decode_finished(_decoded(spec, "hello"))
+    feed(s, silence(600), respond=False)
+    assert s.jobs_to_submit() == []  # the endpoint needed no decode of its own
+    (final,) = [m for m in s.messages_to_send() if isinstance(m, Final)]
+    assert final.text == "hello" and final.reason == "silence"
+    assert (final.start_ms, final.end_ms) == (spec.start_sample / 16, spec.end_sample / 16)
+    assert (final.decode_ms, final.queue_ms) == (7.0, 2.0)
+    assert not [m for m in s.messages_to_send() if isinstance(m, Partial)]  # partials off
+
+
+def test_final_waits_for_a_speculative_decode_still_running():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1500), silence(1000)]), respond=False)
+    (spec,) = s.jobs_to_submit()  # the segment ended while its decode is still running
+    assert s.pending_finals == 1
+    assert not [m for m in s.messages_to_send() if isinstance(m, Final)]
+    s.decode_finished(_decoded(spec, "late"))
+    (final,) = [m for m in s.messages_to_send() if isinstance(m, Final)]
+    assert final.text == "late" and s.pending_finals == 0
+
+
+def test_speech_after_the_pause_discards_the_speculation():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1000), silence(300)]), respond=False)
+    (spec,) = s.jobs_to_submit()
+    s.decode_finished(_decoded(spec, "too early"))
+    feed(s, np.concatenate([tone(800), silence(1000)]), respond=False)
+    jobs = s.jobs_to_submit()
+    specs = [j for j in jobs if j.speculative]
+    assert len(specs) == 1 and specs[0].end_sample > spec.end_sample  # the new pause's
+    s.decode_finished(_decoded(specs[0], "whole utterance"))
+    finals = [m for m in s.messages_to_send() if isinstance(m, Final)]
+    assert [f.text for f in finals] == ["whole utterance"]
+
+
+def test_dropped_speculation_is_decoded_as_a_final():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1500), silence(1000)]), respond=False)
+    (spec,) = s.jobs_to_submit()
+    s.decode_finished(DecodeResult(job=spec, dropped=True))  # e.g. superseded in the queue
+    (job,) = s.jobs_to_submit()
+    assert job.kind == "final" and job.reason == "silence" and not job.speculative
+    assert (job.start_sample, job.end_sample) == (spec.start_sample, spec.end_sample)
+    assert np.array_equal(job.pcm, spec.pcm)
+    s.decode_finished(_decoded(job, "decoded again"))
+    assert [m.text for m in s.messages_to_send() if isinstance(m, Final)] == ["decoded again"]
+
+
+def test_speculation_gives_the_same_finals_as_without_it():
+    """A deterministic decoder: the finals' text and bounds do not depend on speculation."""
+    pcm = np.concatenate(
+        [silence(400), tone(1200), silence(900), tone(700), silence(350), tone(900), silence(900)]
+    )
+
+    def finals(speculate):
+        s = Session(
+            "s1",
+            SessionOptions(model_name="fake", speculative_finals=speculate),
+            StreamOptions(),
+            loudness_classifier(),
+        )
+        s.start()
+        data = pcm.tobytes()
+        for i in range(0, len(data), 640):
+            s.receive_audio(data[i : i + 640])
+            answer(s, text_for=lambda job: f"{job.start_sample}-{job.end_sample}")
+        s.receive_text('{"type":"stop"}')
+        answer(s, text_for=lambda job: f"{job.start_sample}-{job.end_sample}")
+        messages = s.messages_to_send()
+        return [(m.text, m.start_ms, m.end_ms) for m in messages if isinstance(m, Final)]
+
+    with_speculation = finals(True)
+    assert with_speculation == finals(False) and len(with_speculation) == 2

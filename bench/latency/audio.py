@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from streamer.audio_io import load_audio
+from streamer.core.audio import SAMPLE_RATE  # Hz, what the bench streams
 from streamer.testkit import speech as synth
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16000  # Hz, what the bench streams
 AUDIO_CHOICES = ("auto", "synth", "recorded", "mixed")
 
 # Pauses after each clip, cycled: all longer than a 500 ms endpoint plus the VAD's

@@ -40,6 +40,7 @@ from streamer.core.protocol import (
     message_dict,
     parse_stream_options,
 )
+from streamer.core.transcript import EMOTION_BADGES, EVENT_BADGES
 from streamer.errors import (
     ClientError,
     ConfigError,
@@ -76,25 +77,7 @@ exit codes:
   {EXIT_AUTH}  authentication refused (HTTP 401/403: wrong --token or origin)
 """
 
-_EMOTION_EMOJI = {
-    "HAPPY": "😊",
-    "SAD": "😢",
-    "ANGRY": "😠",
-    "FEARFUL": "😰",
-    "DISGUSTED": "🤢",
-    "SURPRISED": "😮",
-}
-_EVENT_EMOJI = {
-    "BGM": "🎼",
-    "Applause": "👏",
-    "Laughter": "😀",
-    "Cry": "😭",
-    "Sneeze": "🤧",
-    "Cough": "😷",
-    "Breath": "💨",
-    "Sing": "🎤",
-}
-_UNREMARKABLE = {"NEUTRAL", "EMO_UNKNOWN", "Speech", None}
+_UNREMARKABLE = {"NEUTRAL"}  # the terminal leaves out what most speech is
 _CLEAR_LINE = "\r\x1b[2K"
 _DIM = "\x1b[2m"
 _RESET = "\x1b[0m"
@@ -176,9 +159,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 def tag_label(language: str | None, emotion: str | None, event: str | None, emoji: bool) -> str:
     """``[en 😊 👏]`` (or ``[en HAPPY Laughter]`` without emoji); neutral tags are left out."""
     parts = [language] if language else []
-    for value, table in ((emotion, _EMOTION_EMOJI), (event, _EVENT_EMOJI)):
-        if value not in _UNREMARKABLE:
-            parts.append(table.get(value, value) if emoji else value)
+    for value, table in ((emotion, EMOTION_BADGES), (event, EVENT_BADGES)):
+        if value is not None and value in table and value not in _UNREMARKABLE:
+            parts.append(table[value][0] if emoji else value)
     return f"[{' '.join(parts)}]" if parts else ""
 
 
@@ -467,5 +450,10 @@ async def run_client(args: argparse.Namespace) -> int:
         return EXIT_SERVER_ERROR
     if not args.quiet:
         err.write(_summary(result, time.monotonic() - started_s) + "\n")
+        segments = sum(1 for f in result.finals if f.text.strip())
+        for path in args.output:
+            if path != "-":
+                fmt = format_for(path, args.format)
+                err.write(f"wrote {segments} captioned segments to {path} ({fmt})\n")
         err.flush()
     return EXIT_OK

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-BYTES_PER_SAMPLE = 2  # PCM s16le
+from streamer.core.audio import BYTES_PER_SAMPLE
 
 
 class S16Decoder:

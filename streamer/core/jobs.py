@@ -27,6 +27,9 @@ class DecodeJob:
     itn: bool
     reason: EndReason | None = None  # why the segment ended (finals only)
     first: bool = False  # the segment's first partial: it decides time-to-first-token
+    # a partial of exactly the audio the segment's final will hold if no speech follows:
+    # decoded during the pause, it becomes the final the moment the endpoint is reached
+    speculative: bool = False
 
 
 @dataclass(frozen=True, eq=False)

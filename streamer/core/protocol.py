@@ -12,18 +12,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import orjson
 
+from streamer.core.audio import SAMPLE_RATE
+from streamer.core.segmenter import EndReason
 from streamer.errors import InvalidOption, MalformedMessage, UnsupportedSampleRate
 
 PROTOCOL_VERSION = 1
 PATH = "/v1/asr"
-NATIVE_SAMPLE_RATE = 16000
+NATIVE_SAMPLE_RATE = SAMPLE_RATE  # what the server decodes at; other rates are resampled
 SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 LANGUAGES = ("auto", "zh", "en", "yue", "ja", "ko")
-FINAL_REASONS = ("silence", "max_duration", "finalize", "stop")
 MIN_ENDPOINT_MS = 100
 MAX_ENDPOINT_MS = 5000
 
@@ -228,7 +229,7 @@ class Final:
     event: str | None
     raw: str
     rich: str
-    reason: Literal["silence", "max_duration", "finalize", "stop"]
+    reason: EndReason  # why the segment ended
     decode_ms: float  # model time spent on this final
     queue_ms: float  # time the final waited for the model
     error: dict[str, str] | None = None  # {code, message} when decoding failed
@@ -267,9 +268,16 @@ def encode(message: ServerMessage) -> bytes:
 
 
 def decode_server_message(data: str | bytes) -> ServerMessage:
-    """Parse a server message; unknown fields are ignored so newer servers stay readable."""
-    obj = orjson.loads(data)
-    cls = _SERVER_TYPES.get(obj.get("type")) if isinstance(obj, dict) else None
+    """Parse a server message; unknown fields are ignored so newer servers stay readable.
+
+    Raises MalformedMessage for anything else (not JSON, not an object, unknown type).
+    """
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedMessage(f"not JSON: {exc}") from None
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    cls = _SERVER_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise MalformedMessage(f"not a protocol v1 server message: {data[:200]!r}")
     names = {f.name for f in dataclasses.fields(cls)}
@@ -303,7 +311,6 @@ __all__ = [
     "NATIVE_SAMPLE_RATE",
     "SUPPORTED_SAMPLE_RATES",
     "LANGUAGES",
-    "FINAL_REASONS",
     "StreamOptions",
     "parse_stream_options",
     "ConfigMessage",

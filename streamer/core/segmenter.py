@@ -13,6 +13,9 @@ Rules:
   window (never before the previous segment's end), so the first syllable is kept.
 * **Endpoint**: ``endpoint_ms`` of consecutive non-speech ends the segment, which then
   ends ``end_pad_ms`` after its last speech frame.
+* **Long segments end at the first pause**: once a segment is ``long_segment_ms`` long,
+  ``long_endpoint_ms`` of non-speech (a breath between phrases) ends it, so people who
+  talk without stopping get segments cut at pauses and the hard cap stays the exception.
 * **Hard cap**: a segment reaching ``max_utterance_ms`` is cut at the quietest point of
   its last ``cut_search_ms``; the next segment starts at exactly that sample, so
   consecutive segments tile the audio.
@@ -44,6 +47,8 @@ class SegmenterOptions:
     endpoint_ms: int = 500  # trailing non-speech that ends a segment
     end_pad_ms: int = 200  # audio kept after the last speech frame (at most endpoint_ms)
     max_utterance_ms: int = 7000  # hard cap on a segment's length
+    long_segment_ms: int = 4000  # from this length on, a shorter pause ends the segment
+    long_endpoint_ms: int = 100  # that pause, as webrtcvad sees it (about 230 ms of silence)
     cut_search_ms: int = 1000  # a capped segment is cut at the quietest point of this tail
     quiet_window_ms: int = 60  # energy is averaged over this span when looking for the cut
 
@@ -58,6 +63,8 @@ class SegmenterOptions:
             raise ConfigError("need 0 < cut_search_ms < max_utterance_ms")
         if self.max_utterance_ms < 1000:
             raise ConfigError("max_utterance_ms must be at least 1000")
+        if self.long_endpoint_ms <= 0 or self.long_segment_ms <= 0:
+            raise ConfigError("long_endpoint_ms and long_segment_ms must be positive")
         if self.pre_roll_ms < 0 or self.end_pad_ms < 0:
             raise ConfigError("pre_roll_ms and end_pad_ms must not be negative")
 
@@ -100,6 +107,8 @@ class Segmenter:
         self._endpoint_frames = o.frames(o.endpoint_ms)
         self._end_pad_frames = min(o.frames(o.end_pad_ms), self._endpoint_frames)
         self._max_frames = o.max_utterance_ms * o.sample_rate // 1000 // self._frame
+        self._long_frames = o.long_segment_ms * o.sample_rate // 1000 // self._frame
+        self._long_endpoint_frames = min(o.frames(o.long_endpoint_ms), self._endpoint_frames)
         self._cut_search_frames = o.frames(o.cut_search_ms)
         self._quiet_frames = max(1, o.frames(o.quiet_window_ms))
 
@@ -139,6 +148,22 @@ class Segmenter:
         return self._frame_index * self._frame
 
     @property
+    def tentative_end_sample(self) -> int | None:
+        """Where the open segment ends if no more speech comes, once that is certain.
+
+        Set while the open segment is in a pause long enough to hold its end padding
+        (the audio up to the end is then all here); None otherwise. A caller may decode
+        ``[open_start_sample, tentative_end_sample)`` ahead of the endpoint: if the
+        segment then ends by silence at exactly that sample, that decode is its final.
+        """
+        if self._open_id is None or self._silence_frames == 0:
+            return None
+        pad = min(self._end_pad_frames, self._endpoint_now())
+        if self._silence_frames < pad:
+            return None
+        return (self._last_speech_frame + pad) * self._frame
+
+    @property
     def keep_from_sample(self) -> int:
         """Audio before this sample will never be part of a segment again."""
         if self._open_id is not None:
@@ -168,8 +193,10 @@ class Segmenter:
             self._silence_frames = 0
         else:
             self._silence_frames += 1
-            if self._silence_frames >= self._endpoint_frames:
-                end = min(self._last_speech_frame + self._end_pad_frames, self._frame_index)
+            endpoint = self._endpoint_now()
+            if self._silence_frames >= endpoint:
+                pad = min(self._end_pad_frames, endpoint)
+                end = min(self._last_speech_frame + pad, self._frame_index)
                 events.append(self._close(end * self._frame, "silence"))
                 return events
         if self._frame_index - self._start_frame >= self._max_frames:
@@ -189,6 +216,12 @@ class Segmenter:
         return [self._close(end, reason)]
 
     # -- internals -------------------------------------------------------------
+
+    def _endpoint_now(self) -> int:
+        """Frames of non-speech that end the open segment at its current length."""
+        if self._frame_index - self._start_frame >= self._long_frames:
+            return self._long_endpoint_frames
+        return self._endpoint_frames
 
     def _open(self, start_frame: int, energies_from: int) -> SegmentStart:
         self._open_id = self._next_id

@@ -62,6 +62,7 @@ class SessionOptions:
     model_name: str = "unknown"  # reported in the ready message
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)  # VAD timing
     partial_interval_ms: int = 300  # re-decode the open segment after this much new audio
+    speculative_finals: bool = True  # decode a pause's final before its endpoint is reached
     max_text_message_bytes: int = 65536  # larger control messages are rejected
 
 
@@ -238,13 +239,8 @@ class Session:
 
     def _configure(self, stream: StreamOptions) -> None:
         self.stream = stream
-        seg_options = self.options.segmenter
-        if seg_options.endpoint_ms != stream.endpoint_ms:
-            seg_options = replace(
-                seg_options,
-                endpoint_ms=stream.endpoint_ms,
-                end_pad_ms=min(seg_options.end_pad_ms, stream.endpoint_ms),
-            )
+        # the client's endpoint wins; the segmenter keeps its end padding within it
+        seg_options = replace(self.options.segmenter, endpoint_ms=stream.endpoint_ms)
         self._segmenter = Segmenter(seg_options)
         self._framer = PcmFramer(seg_options.frame_samples)
         self._buffer = AudioBuffer()
@@ -261,6 +257,11 @@ class Session:
         self._partial_inflight = False
         self._partial_mark = 0  # where the last partial tick happened
         self._partial_submitted_end = 0
+        # speculative final of the open segment: the range submitted, and its result
+        self._spec_range: tuple[int, int] | None = None
+        self._spec_result: DecodeResult | None = None
+        # segments that ended while their speculative decode runs: their finals follow it
+        self._awaiting_spec: dict[int, SegmentEnd] = {}
 
     def _send_ready(self) -> None:
         self._emit(
@@ -283,6 +284,7 @@ class Session:
             if events:
                 self._handle_events(events)
             elif self._open_id is not None:
+                self._maybe_speculate()
                 self._maybe_partial()
         self._buffer.discard_before(self._segmenter.keep_from_sample)
 
@@ -295,13 +297,15 @@ class Session:
                 self._last_partial_text = ""
                 self._partial_mark = event.start_sample
                 self._partial_submitted_end = event.start_sample
+                self._spec_range = None
+                self._spec_result = None
                 self._emit(
                     SpeechStart(segment_id=event.segment_id, start_ms=_ms(event.start_sample))
                 )
                 self._maybe_partial()
             elif isinstance(event, SegmentEnd):
                 self._open_id = None
-                self._submit_final(event)
+                self._end_segment(event)
 
     def _maybe_partial(self) -> None:
         if not self.stream.partials or self._open_id is None:
@@ -319,10 +323,10 @@ class Session:
             return
         self._submit_partial(position)
 
-    def _submit_partial(self, position: int) -> None:
+    def _submit_partial(self, position: int, speculative: bool = False) -> None:
         assert self._open_id is not None
         self._partial_inflight = True
-        self._partial_submitted_end = position
+        self._partial_submitted_end = max(position, self._partial_submitted_end)
         self._jobs.append(
             DecodeJob(
                 session_id=self.session_id,
@@ -334,8 +338,39 @@ class Session:
                 language=self.stream.language,
                 itn=self.stream.itn,
                 first=self._revision == 0,
+                speculative=speculative,
             )
         )
+
+    def _maybe_speculate(self) -> None:
+        """In a pause that holds the segment's whole end, decode what its final will be."""
+        if not self.options.speculative_finals or self.state is not State.STREAMING:
+            return
+        end = self._segmenter.tentative_end_sample
+        if end is None or self._open_id is None:
+            return
+        if self._spec_range == (self._open_start, end):
+            return  # already submitted (or decoded) for this pause
+        self._spec_range = (self._open_start, end)
+        self._spec_result = None
+        self._submit_partial(end, speculative=True)
+
+    def _end_segment(self, event: SegmentEnd) -> None:
+        """Finish a closed segment: from its speculative decode when that covered it."""
+        if (event.reason == "silence" or event.reason == "max_duration") and (
+            self._spec_range == (event.start_sample, event.end_sample)
+        ):
+            self._pending_finals.add(event.segment_id)
+            if self._spec_result is not None:
+                result, self._spec_result = self._spec_result, None
+                self._spec_range = None
+                self._final_finished(replace(result, job=_final_job(result.job, event)))
+            else:
+                self._awaiting_spec[event.segment_id] = event
+            return
+        self._spec_range = None
+        self._spec_result = None
+        self._submit_final(event)
 
     def _submit_final(self, event: SegmentEnd) -> None:
         self._pending_finals.add(event.segment_id)
@@ -382,10 +417,13 @@ class Session:
     def _partial_finished(self, result: DecodeResult) -> None:
         self._partial_inflight = False
         job = result.job
+        if job.speculative and self._speculation_finished(result):
+            return
         if result.dropped or job.segment_id != self._open_id or result.transcript is None:
             # superseded, too late (the segment already ended) or failed: not shown
-            self.stats.partials_skipped += 1
-        else:
+            if not job.speculative:
+                self.stats.partials_skipped += 1
+        elif self.stream.partials:  # with partials off, a speculative decode is not shown
             text = result.transcript.text
             if text != self._last_partial_text:
                 self._revision += 1
@@ -406,7 +444,7 @@ class Session:
                 )
                 self._last_partial_text = text
         # catch up at once if audio arrived while this partial was decoding
-        if self._open_id is not None and self.state is State.STREAMING:
+        if self.stream.partials and self._open_id is not None and self.state is State.STREAMING:
             interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
             position = self._segmenter.position_sample
             if (
@@ -415,6 +453,30 @@ class Session:
             ):
                 self._partial_mark = position
                 self._submit_partial(position)
+
+    def _speculation_finished(self, result: DecodeResult) -> bool:
+        """Keep a speculative result for the final; True when it was the final itself."""
+        job = result.job
+        waiting = self._awaiting_spec.get(job.segment_id)
+        if waiting is not None and (job.start_sample, job.end_sample) == (
+            waiting.start_sample,
+            waiting.end_sample,
+        ):
+            del self._awaiting_spec[job.segment_id]
+            if result.dropped:  # superseded or the worker stopped: decode it as a final
+                self._jobs.append(_final_job(job, waiting))
+            else:  # decoded, or failed (a final of the same audio would fail the same way)
+                self._final_finished(replace(result, job=_final_job(job, waiting)))
+            return True
+        if (
+            result.transcript is not None
+            and job.segment_id == self._open_id
+            and self._spec_range == (job.start_sample, job.end_sample)
+        ):
+            self._spec_result = result
+        elif self._spec_range == (job.start_sample, job.end_sample):
+            self._spec_range = None  # dropped or failed while the segment is open: forget it
+        return False
 
     def _final_finished(self, result: DecodeResult) -> None:
         job = result.job
@@ -483,3 +545,8 @@ class Session:
 
 def _ms(samples: int) -> float:
     return round(samples * 1000 / SAMPLE_RATE, 1)
+
+
+def _final_job(job: DecodeJob, event: SegmentEnd) -> DecodeJob:
+    """The final's job for a segment that a speculative decode already covered."""
+    return replace(job, kind="final", reason=event.reason, first=False, speculative=False)

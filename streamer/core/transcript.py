@@ -32,6 +32,30 @@ EVENT_TAGS = frozenset(
 )
 ITN_TAGS = {"withitn": True, "woitn": False}
 
+# How clients show the tags: (emoji, words). The one table; web_demo/captions.js holds a
+# copy for the browser, and tests/test_transcript_display.py checks that they agree.
+# Tags missing here (EMO_UNKNOWN, Speech, Event_UNK) are shown as nothing.
+EMOTION_BADGES = {
+    "HAPPY": ("😊", "happy"),
+    "SAD": ("😢", "sad"),
+    "ANGRY": ("😠", "angry"),
+    "NEUTRAL": ("😐", "neutral"),
+    "FEARFUL": ("😨", "fearful"),
+    "DISGUSTED": ("🤢", "disgusted"),
+    "SURPRISED": ("😮", "surprised"),
+}
+EVENT_BADGES = {
+    "BGM": ("🎼", "background music"),
+    "Applause": ("👏", "applause"),
+    "Laughter": ("😀", "laughter"),
+    "Cry": ("😭", "crying"),
+    "Sneeze": ("🤧", "sneeze"),
+    "Cough": ("😷", "cough"),
+    "Breath": ("💨", "breath"),
+    "Sing": ("🎤", "singing"),
+    "Speech_Noise": ("🔊", "noise"),
+}
+
 _TAG_RE = re.compile(r"<\|([^|<>]*)\|>")
 
 
@@ -81,6 +105,11 @@ class Transcript:
     token_ids: tuple[int, ...]  # CTC output tokens after collapsing repeats and blanks
     audio_ms: float  # length of the decoded audio
     decode_ms: float  # wall time the model spent on it
+    # Per token (empty when the recognizer does not report them): the encoder frame where
+    # its CTC run starts (frames 0-3 are the query frames; frame f >= 4 starts at
+    # (f - 4) * 60 ms of the audio), and its softmax posterior at that frame.
+    token_frames: tuple[int, ...] = ()
+    token_confidences: tuple[float, ...] = ()
 
     @classmethod
     def from_raw(
@@ -91,6 +120,8 @@ class Transcript:
         token_ids: tuple[int, ...],
         audio_ms: float,
         decode_ms: float,
+        token_frames: tuple[int, ...] = (),
+        token_confidences: tuple[float, ...] = (),
     ) -> Transcript:
         tags = parse_tags(raw)
         return cls(
@@ -104,4 +135,6 @@ class Transcript:
             token_ids=token_ids,
             audio_ms=audio_ms,
             decode_ms=decode_ms,
+            token_frames=token_frames,
+            token_confidences=token_confidences,
         )

@@ -1,65 +1,81 @@
-"""SenseVoiceSmall, loaded once and decoding one utterance at a time.
+"""Recognizer options, and SenseVoiceSmall on torch/funasr.
 
-This module and :mod:`streamer.testkit.models` are the only ones that import torch and
-funasr, and they do so inside functions, so importing the package stays fast.
+:func:`streamer.model.loading.load_recognizer` builds the backend
+:attr:`RecognizerOptions.backend` names: :class:`Recognizer` here (torch and funasr) or
+:class:`streamer.model.onnx_backend.OnnxRecognizer` (ONNX Runtime). Both decode through
+:class:`streamer.model.decoding.CtcRecognizer`, so greedy CTC, tokens, tags and token
+times are computed by the same code whichever runs the network.
 
-:meth:`Recognizer.decode` runs the model directly (features, query frames, encoder, CTC
-argmax) instead of going through ``AutoModel.generate()``, whose per-call bookkeeping
+:class:`Recognizer` runs the model directly (features, query frames, encoder, CTC logits)
+instead of going through ``AutoModel.generate()``, whose per-call bookkeeping
 (deep-copying its configuration, building batches, emptying the CUDA cache) buys
 nothing for one short utterance. It produces exactly the token ids of
 ``AutoModel.generate(..., batch_size=1)`` on the same weights and audio; the tests hold
 it to that, and :meth:`Recognizer.decode_reference` runs ``generate()`` for comparison.
+
+torch and funasr are imported inside functions only, so importing this module is fast.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import re
-import socket
-import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from typing import Any
 
 import numpy as np
 
 from streamer.core.transcript import Transcript
-from streamer.errors import ConfigError, DecodeError, ModelError
-from streamer.testkit.models import LID_ROWS, TEXTNORM_ROWS, prepend_queries
-
-if TYPE_CHECKING:
-    import torch
+from streamer.errors import ConfigError, ModelError
+from streamer.model.decoding import (
+    CtcRecognizer,
+    SentencePieceTokenizer,
+    Utterance,
+    as_int16,
+    as_waveform,
+    empty_transcript,
+    language_row,
+)
+from streamer.model.files import (
+    RANDOM_PREFIX,
+    check_vocabulary,
+    default_cache_dir,
+    locate_model,
+    model_files,
+)
+from streamer.model.sensevoice import (
+    EMO_UNKNOWN_ID,
+    LANGUAGES,
+    MIN_DECODE_SAMPLES,
+    SAMPLE_RATE,
+    prepend_queries,
+)
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16000  # the model's input rate, in Hz
-# Below one 25 ms analysis window the fbank backends fail (generate() raises), and there
-# is nothing to recognise: both decode paths return an empty transcript instead.
-MIN_DECODE_SAMPLES = 400
-LANGUAGES = tuple(LID_ROWS)  # "auto", "zh", "en", "yue", "ja", "ko", "nospeech"
-RANDOM_PREFIX = "random:"
-HUB_PROBE_TIMEOUT_S = 2.5  # how long an unreachable hub may delay start-up
-WARMUP_SECONDS = (1.0, 3.0, 7.0)  # lengths decoded at start-up
-MAX_DEFAULT_THREADS = 8  # beyond this, torch's intra-op threads stop paying on one decode
+__all__ = [
+    "LANGUAGES",
+    "MIN_DECODE_SAMPLES",
+    "SAMPLE_RATE",
+    "BACKENDS",
+    "Recognizer",
+    "RecognizerOptions",
+    "default_threads",
+    "import_funasr",
+    "quiet_funasr",
+]
 
-_EMO_UNKNOWN_ID = 25009  # what ban_emo_unk suppresses in inference()
-_CTC_HEAD_KEY = "ctc.ctc_lo.weight"
-_HF_ALIASES = {"iic/SenseVoiceSmall": "FunAudioLLM/SenseVoiceSmall"}
+BACKENDS = ("auto", "torch", "onnx")
+MAX_DEFAULT_THREADS = 8  # beyond this, intra-op threads stop paying on one decode
+
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-def default_cache_dir() -> Path:
-    """``$STREAMER_CACHE_DIR``, else ``~/.cache/sensevoice-streamer``."""
-    env = os.environ.get("STREAMER_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "sensevoice-streamer"
 
 
 @dataclass(frozen=True)
@@ -67,13 +83,14 @@ class RecognizerOptions:
     """How to load the model. Validated on construction (raises ConfigError)."""
 
     model: str = "iic/SenseVoiceSmall"  # hub id, local directory, or random:tiny|small|tagged
+    backend: str = "auto"  # "torch", "onnx", or "auto" (see loading.resolve_backend)
     hub: str = "ms"  # where a hub id comes from: "ms" (ModelScope) or "hf" (Hugging Face)
     device: str = "auto"  # "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N"
     dtype: str = "fp32"  # weights and activations: "fp32"; "fp16" or "bf16" on CUDA only
-    quantize: str | None = None  # "int8": dynamic int8 quantization of Linear layers (CPU)
-    threads: int = 0  # torch intra-op threads; 0 = one per usable CPU core, at most 8
+    quantize: str | None = None  # "int8": int8 weights (torch: dynamic Linear; onnx: MatMul)
+    threads: int = 0  # intra-op threads; 0 = one per usable CPU core, at most 8
     warmup: bool = True  # decode 1, 3 and 7 s at start-up so no user pays first-call costs
-    cache_dir: Path = field(default_factory=default_cache_dir)  # random models: cache_dir/models
+    cache_dir: Path = field(default_factory=default_cache_dir)  # random models, ONNX exports
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
@@ -88,6 +105,8 @@ class RecognizerOptions:
                     f"unknown random model {self.model!r}; choose random:"
                     + ", random:".join(MODEL_NAMES)
                 )
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.hub not in ("ms", "hf"):
             raise ConfigError(f"hub must be 'ms' or 'hf', not {self.hub!r}")
         if not _DEVICE_RE.match(self.device):
@@ -96,6 +115,8 @@ class RecognizerOptions:
             raise ConfigError(f"dtype must be fp32, fp16 or bf16, not {self.dtype!r}")
         if self.dtype != "fp32" and self.device == "cpu":
             raise ConfigError(f"dtype {self.dtype} needs a CUDA device; use fp32 on the CPU")
+        if self.dtype != "fp32" and self.backend == "onnx":
+            raise ConfigError(f"dtype {self.dtype} runs on the torch backend only")
         if self.quantize not in (None, "int8"):
             raise ConfigError(f"quantize must be int8 or unset, not {self.quantize!r}")
         if self.quantize == "int8" and self.device.startswith("cuda"):
@@ -107,7 +128,7 @@ class RecognizerOptions:
 
 
 def default_threads() -> int:
-    """One torch thread per CPU core this process may use, at most 8."""
+    """One intra-op thread per CPU core this process may use, at most 8."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -115,31 +136,23 @@ def default_threads() -> int:
     return max(1, min(usable, MAX_DEFAULT_THREADS))
 
 
-@dataclass(frozen=True)
-class ModelFiles:
-    """The files of one model directory, as funasr's loader will pick them."""
+class Recognizer(CtcRecognizer):
+    """SenseVoiceSmall on torch and funasr, loaded once; see :class:`CtcRecognizer`.
 
-    directory: Path
-    config: Path  # config.yaml
-    checkpoint: Path  # model.pt
-    tokenizer: Path | None  # sentencepiece model; None when the config names another kind
-    cmvn: Path  # am.mvn
-
-
-class Recognizer:
-    """SenseVoiceSmall loaded once; decodes one utterance per call.
-
-    Construction blocks for seconds (hub look-up, loading, warm-up): call it off the
-    event loop, in the thread that will decode. Not thread-safe: decode from one thread
-    at a time. Start-up problems raise :class:`ModelError` (or :class:`ConfigError` for
-    impossible options) with a message meant for the person starting the server.
+    This is the torch backend whatever ``options.backend`` says ("onnx" is refused):
+    :func:`load_recognizer` picks the backend. Construction blocks for seconds (hub
+    look-up, loading, warm-up): call it off the event loop, in the thread that will
+    decode. Not thread-safe: decode from one thread at a time. Start-up problems raise
+    :class:`ModelError` (or :class:`ConfigError` for impossible options) with a message
+    meant for the person starting the server.
     """
 
     def __init__(self, options: RecognizerOptions | None = None) -> None:
         self.options = options or RecognizerOptions()
+        if self.options.backend == "onnx":
+            raise ConfigError("Recognizer is the torch backend; load_recognizer() picks ONNX")
         started = time.perf_counter()
-        self._random = self.options.model.startswith(RANDOM_PREFIX)
-        source = self._locate_model()
+        source = locate_model(self.options.model, self.options.hub, self.options.cache_dir)
         _check_fbank_backend()
 
         import torch
@@ -153,16 +166,19 @@ class Recognizer:
         kwargs = self._automodel.kwargs
         self._model = self._automodel.model
         self._frontend = kwargs["frontend"]
-        self._tokenizer = kwargs["tokenizer"]
-        self._ban_emo_unk = bool(kwargs.get("ban_emo_unk", False))
+        self._funasr_tokenizer = kwargs["tokenizer"]
+        self.tokenizer: _FunasrTokenizer = _FunasrTokenizer(self._funasr_tokenizer)
+        if kwargs.get("ban_emo_unk", False):
+            self.banned_ids = (EMO_UNKNOWN_ID,)
         self._dtype = next(self._model.parameters()).dtype
         model_path = kwargs.get("model_path")
-        if not isinstance(source, Path) and model_path and Path(model_path).is_dir():
-            _check_vocabulary(_model_files(Path(model_path)))  # downloaded just now
+        self.model_dir = Path(model_path) if model_path else None  # where funasr read it
+        if not isinstance(source, Path) and self.model_dir and self.model_dir.is_dir():
+            check_vocabulary(model_files(self.model_dir))  # downloaded just now
         if self.options.quantize == "int8":
             self._quantize_int8()
         logger.info(
-            "loaded model %s on %s (%s%s, %d threads) in %.1f s",
+            "loaded model %s on %s with torch (%s%s, %d threads) in %.1f s",
             self.name,
             self._device,
             self.options.dtype,
@@ -181,59 +197,46 @@ class Recognizer:
         return self.options.model
 
     @property
+    def backend(self) -> str:
+        return "torch"
+
+    @property
     def device(self) -> str:
         """Where the model runs: "cpu" or "cuda:N"."""
         return self._device
 
     @property
-    def sample_rate(self) -> int:
-        return SAMPLE_RATE
+    def tokenizer_file(self) -> Path | None:
+        """The sentencepiece model funasr decodes with (None for other tokenizers)."""
+        return self.tokenizer.sentencepiece_file
 
     # --- decoding -----------------------------------------------------------------------
 
-    def decode(
-        self, pcm: np.ndarray | bytes, *, language: str = "auto", use_itn: bool = True
-    ) -> Transcript:
-        """Recognise one utterance of 16 kHz mono audio.
-
-        ``pcm`` is an int16 array, s16le bytes, or a float32 array in [-1, 1]. Audio shorter
-        than :data:`MIN_DECODE_SAMPLES` gives an empty transcript. Raises DecodeError when
-        the model fails (the recognizer stays usable) and ConfigError for malformed audio or
-        an unknown language.
-        """
-        waveform = _waveform(pcm)
-        started = time.perf_counter()
-        lid = _language_row(language)
-        if waveform.size < MIN_DECODE_SAMPLES:
-            return _empty_transcript(waveform.size)
-        try:
-            token_ids = self._run(waveform, lid, use_itn)
-        except RuntimeError as error:  # CUDA out of memory, a backend failure, ...
-            raise DecodeError(
-                f"decoding {waveform.size / SAMPLE_RATE:.2f} s of audio failed: {error}"
-            ) from error
-        raw = self._tokenizer.decode(list(token_ids))
-        return self._transcript(raw, token_ids, waveform.size, started)
-
-    def _run(self, waveform: np.ndarray, lid: int, use_itn: bool) -> tuple[int, ...]:
-        """Features, query frames, encoder, CTC argmax: the token ids, blanks removed."""
+    def _logits(self, batch: Sequence[Utterance]) -> list[np.ndarray]:
+        """Features, query frames, encoder, CTC head: one (frames, vocab) array each."""
         torch = self._torch
         from funasr.utils.load_utils import extract_fbank
 
         with torch.inference_mode(), self._autocast():
-            feats, lengths = extract_fbank([torch.from_numpy(waveform)], frontend=self._frontend)
+            waveforms = [torch.from_numpy(u.waveform) for u in batch]
+            feats, lengths = extract_fbank(waveforms, frontend=self._frontend)
             feats = feats.to(device=self._device)
-            lengths = lengths.to(device=self._device)
-            speech, speech_lengths = self._prepend_queries(feats, lengths, lid, use_itn)
+            lengths = lengths.to(device=self._device).reshape(-1)
+            # As SenseVoiceSmall.inference(): [language, 1, 2, textnorm] + features, in new
+            # tensors each call (the encoder scales its input in place).
+            speech, speech_lengths = prepend_queries(
+                self._model,
+                feats,
+                lengths,
+                [u.language_row for u in batch],
+                [u.textnorm_row for u in batch],
+            )
             encoded, encoded_lengths = self._model.encoder(speech, speech_lengths)
             if isinstance(encoded, tuple):
                 encoded = encoded[0]
-            logits = self._model.ctc.ctc_lo(encoded)[0, : int(encoded_lengths[0])]
-            if self._ban_emo_unk:
-                logits[:, _EMO_UNKNOWN_ID] = -float("inf")
-            best = self._argmax(logits)
-            best = torch.unique_consecutive(best, dim=-1)
-            return tuple(best[best != self._model.blank_id].tolist())
+            logits = self._model.ctc.ctc_lo(encoded).float().cpu().numpy()
+            frames = encoded_lengths.reshape(-1).tolist()
+        return [logits[i, : int(frames[i])] for i in range(len(batch))]
 
     def decode_reference(
         self, pcm: np.ndarray | bytes, language: str = "auto", use_itn: bool = True
@@ -241,45 +244,37 @@ class Recognizer:
         """The same decode through ``AutoModel.generate(..., batch_size=1)`` (slower).
 
         For parity tests and the bench. int16 input goes in as s16le bytes (generate()
-        mis-scales int16 arrays), float32 input as an array.
+        mis-scales int16 arrays), float32 input as an array. ``rich`` is funasr's own
+        rich_transcription_postprocess.
         """
-        waveform = _waveform(pcm)
+        from funasr.utils.postprocess_utils import rich_transcription_postprocess
+
+        waveform = as_waveform(pcm)
         started = time.perf_counter()
-        _language_row(language)
+        language_row(language)
         if waveform.size < MIN_DECODE_SAMPLES:
-            return _empty_transcript(waveform.size)
+            return empty_transcript(waveform.size)
         data: bytes | np.ndarray
         if isinstance(pcm, np.ndarray) and pcm.dtype.kind == "f":
             data = waveform
         else:
-            data = _as_int16(pcm).tobytes()
-        recorder = _RecordingTokenizer(self._tokenizer)
+            data = as_int16(pcm).tobytes()
+        recorder = _RecordingTokenizer(self._funasr_tokenizer)
         with quiet_funasr(), self._autocast():
             results = self._automodel.generate(
                 data, language=language, use_itn=use_itn, batch_size=1, tokenizer=recorder
             )
         raw = results[0]["text"]
         token_ids = tuple(int(t) for t in recorder.decoded[-1]) if recorder.decoded else ()
-        return self._transcript(raw, token_ids, waveform.size, started)
-
-    def warmup(self) -> None:
-        """Decode a few lengths of low noise so first users pay no first-call costs."""
-        started = time.perf_counter()
-        rng = np.random.default_rng(0)
-        for seconds in WARMUP_SECONDS:
-            noise = rng.normal(0.0, 30.0, int(seconds * SAMPLE_RATE)).astype(np.int16)
-            self.decode(noise)
-        logger.info("warm-up took %.1f s", time.perf_counter() - started)
+        return Transcript.from_raw(
+            raw,
+            rich=rich_transcription_postprocess(raw) if raw else "",
+            token_ids=token_ids,
+            audio_ms=waveform.size * 1000 / SAMPLE_RATE,
+            decode_ms=(time.perf_counter() - started) * 1000,
+        )
 
     # --- internals ----------------------------------------------------------------------
-
-    def _prepend_queries(
-        self, feats: torch.Tensor, lengths: torch.Tensor, lid: int, use_itn: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # As SenseVoiceSmall.inference(): [language, 1, 2, textnorm] + features. New
-        # tensors each call: the encoder scales its input in place.
-        textnorm = TEXTNORM_ROWS["withitn" if use_itn else "woitn"]
-        return prepend_queries(self._model, feats, lengths, [lid], [textnorm])
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Half precision: weights are fp16/bf16, and autocast keeps every op consistent.
@@ -290,75 +285,6 @@ class Recognizer:
         if self._dtype == self._torch.float32:
             return contextlib.nullcontext()
         return self._torch.autocast(device_type="cuda", dtype=self._dtype)
-
-    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        """Per-frame argmax of the logits, equal to inference()'s argmax of log_softmax.
-
-        log_softmax subtracts one constant per frame, which preserves the order except
-        where two logits are so close that rounding makes them equal; those frames (about
-        one in a million) are recomputed through log_softmax.
-        """
-        torch = self._torch
-        top = torch.topk(logits, 2, dim=-1)
-        best = top.indices[:, 0]
-        values = top.values.float()
-        tolerance = 1e-4 * values[:, 0].abs().clamp_min(1.0)
-        close = (values[:, 0] - values[:, 1]) <= tolerance
-        if bool(close.any()):
-            rows = close.nonzero().squeeze(-1)
-            exact = torch.nn.functional.log_softmax(logits[rows], dim=-1).argmax(dim=-1)
-            best = best.clone()
-            best[rows] = exact
-        return best
-
-    def _transcript(
-        self, raw: str, token_ids: tuple[int, ...], samples: int, started: float
-    ) -> Transcript:
-        from funasr.utils.postprocess_utils import rich_transcription_postprocess
-
-        return Transcript.from_raw(
-            raw,
-            rich=rich_transcription_postprocess(raw) if raw else "",
-            token_ids=token_ids,
-            audio_ms=samples * 1000 / SAMPLE_RATE,
-            decode_ms=(time.perf_counter() - started) * 1000,
-        )
-
-    def _locate_model(self) -> Path | str:
-        """A checked local directory, or the hub id funasr should download."""
-        model = self.options.model
-        if self._random:
-            from streamer.testkit.models import ensure_random_model
-
-            name = model[len(RANDOM_PREFIX) :]
-            directory = ensure_random_model(name, self.options.cache_dir)
-            logger.warning(
-                "MODEL %s HAS RANDOM WEIGHTS: every transcript it produces is meaningless. "
-                "Use it for tests and timing only.",
-                model,
-            )
-        else:
-            path = Path(model).expanduser()
-            if path.exists() or _looks_like_path(model):
-                directory = path
-            else:
-                cached = _hub_cache_dir(model, self.options.hub)
-                if cached is None:
-                    _require_hub(model, self.options.hub)
-                    return model
-                directory = cached
-        files = _model_files(directory)
-        _check_vocabulary(files)
-        if not self._random:
-            from streamer.testkit.models import read_build_info
-
-            if read_build_info(directory) is not None:
-                logger.warning(
-                    "model directory %s was built with random weights: its transcripts "
-                    "are meaningless",
-                    directory,
-                )
-        return directory
 
     def _load(self, source: Path | str) -> Any:
         from funasr import AutoModel
@@ -404,6 +330,30 @@ class Recognizer:
             )
 
 
+class _FunasrTokenizer:
+    """funasr's SentencepiecesTokenizer as a :class:`~streamer.model.decoding.Tokenizer`."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    @property
+    def size(self) -> int:
+        return int(self._tokenizer.get_vocab_size())
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids)))
+
+    def pieces(self) -> list[str]:
+        if self.sentencepiece_file is None:
+            raise ModelError("this model's tokenizer is not sentencepiece; it has no piece list")
+        return SentencePieceTokenizer(self.sentencepiece_file).pieces()
+
+    @property
+    def sentencepiece_file(self) -> Path | None:
+        path = getattr(self._tokenizer, "bpemodel", None)
+        return Path(path) if path else None
+
+
 class _RecordingTokenizer:
     """Delegates to funasr's tokenizer and remembers the ids each decode() received."""
 
@@ -420,49 +370,6 @@ class _RecordingTokenizer:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _RecordingTokenizer:
         return self  # generate() may deep-copy its kwargs; keep recording into this one
-
-
-# --- audio --------------------------------------------------------------------------------
-
-
-def _as_int16(pcm: np.ndarray | bytes) -> np.ndarray:
-    if isinstance(pcm, bytes | bytearray | memoryview):
-        data = bytes(pcm)
-        if len(data) % 2:
-            raise ConfigError("s16le audio must have an even number of bytes")
-        return np.frombuffer(data, dtype="<i2")
-    array = np.asarray(pcm)
-    if array.ndim != 1:
-        raise ConfigError(f"audio must be mono (one dimension), not shape {array.shape}")
-    if array.dtype == np.int16:
-        return array
-    # float arrays never get here: both decode paths use them as they are
-    raise ConfigError(f"audio must be int16, float32 or s16le bytes, not {array.dtype}")
-
-
-def _waveform(pcm: np.ndarray | bytes) -> np.ndarray:
-    """float32 samples scaled exactly as funasr's load_bytes() scales s16le input."""
-    if isinstance(pcm, np.ndarray) and pcm.dtype.kind == "f":
-        if pcm.ndim != 1:
-            raise ConfigError(f"audio must be mono (one dimension), not shape {pcm.shape}")
-        return np.ascontiguousarray(pcm, dtype=np.float32)
-    samples = _as_int16(pcm)
-    return (samples.astype(np.float32) - 0) / 32768
-
-
-def _language_row(language: str) -> int:
-    try:
-        return LID_ROWS[language]
-    except KeyError:
-        raise ConfigError(
-            f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}"
-        ) from None
-
-
-def _empty_transcript(samples: int) -> Transcript:
-    return Transcript.from_raw(
-        "", rich="", token_ids=(), audio_ms=samples * 1000 / SAMPLE_RATE, decode_ms=0.0
-    )
 
 
 # --- start-up checks ----------------------------------------------------------------------
@@ -503,166 +410,6 @@ def _check_fbank_backend() -> None:
             "kaldi-native-fbank (pip install kaldi-native-fbank) or a torchaudio build that "
             "matches your torch."
         )
-
-
-def _looks_like_path(model: str) -> bool:
-    """Hub ids are ``owner/name``; anything else that does not exist is a missing path."""
-    if model.startswith(("/", "./", "../", "~")) or Path(model).is_absolute():
-        return True
-    return model.count("/") != 1
-
-
-def _model_files(directory: Path) -> ModelFiles:
-    """The files funasr will read from ``directory``; ModelError naming any missing one."""
-    if not directory.is_dir():
-        raise ModelError(
-            f"Model directory {directory} does not exist. Pass the directory that holds "
-            "SenseVoiceSmall's config.yaml, model.pt, tokenizer and am.mvn, a hub id such as "
-            "iic/SenseVoiceSmall, or random:tiny for a test model."
-        )
-    metas: dict[str, Any] = {}
-    meta_file = directory / "configuration.json"
-    if meta_file.exists():
-        try:
-            metas = json.loads(meta_file.read_text(encoding="utf-8")).get("file_path_metas", {})
-        except (OSError, ValueError) as error:
-            raise ModelError(
-                f"{meta_file} is not valid JSON ({error}); restore it from the original "
-                "download or delete it to use config.yaml, model.pt, bpe.model and am.mvn."
-            ) from error
-    tokenizer_name = (metas.get("tokenizer_conf") or {}).get("bpemodel") or "bpe.model"
-    expected = {
-        "config": metas.get("config") or "config.yaml",
-        "checkpoint": metas.get("init_param") or "model.pt",
-        "tokenizer": tokenizer_name,
-        "cmvn": (metas.get("frontend_conf") or {}).get("cmvn_file") or "am.mvn",
-    }
-    if not metas and not (directory / "bpe.model").exists():
-        del expected["tokenizer"]  # layout B without bpe.model: config.yaml names it
-    missing = [name for name in expected.values() if not (directory / name).is_file()]
-    if missing:
-        raise ModelError(
-            f"Model directory {directory} is missing {', '.join(missing)}. A SenseVoiceSmall "
-            "directory holds config.yaml, model.pt, its sentencepiece tokenizer and am.mvn; "
-            "download it again (or rebuild it with streamer build-model) and retry."
-        )
-    tokenizer = expected.get("tokenizer")
-    return ModelFiles(
-        directory=directory,
-        config=directory / expected["config"],
-        checkpoint=directory / expected["checkpoint"],
-        tokenizer=directory / tokenizer if tokenizer else None,
-        cmvn=directory / expected["cmvn"],
-    )
-
-
-def _check_vocabulary(files: ModelFiles) -> None:
-    """ModelError when the tokenizer and the checkpoint's CTC head disagree in size.
-
-    funasr would skip loading the mismatched head and decode garbage without a warning.
-    """
-    if files.tokenizer is None:
-        return
-    import sentencepiece as spm
-    import torch
-
-    try:
-        pieces = spm.SentencePieceProcessor(model_file=str(files.tokenizer)).get_piece_size()
-    except (OSError, RuntimeError) as error:
-        raise ModelError(
-            f"Tokenizer {files.tokenizer} cannot be read ({error}); download the model again."
-        ) from error
-    try:
-        state = torch.load(files.checkpoint, map_location="cpu", mmap=True, weights_only=True)
-    except RuntimeError:
-        try:  # files saved in the legacy (non-zip) format cannot be memory-mapped
-            state = torch.load(files.checkpoint, map_location="cpu", weights_only=True)
-        except Exception as error:
-            raise ModelError(
-                f"{files.checkpoint} cannot be read ({error}); it is damaged or not a torch "
-                "checkpoint. Download the model again."
-            ) from error
-    head = _find_tensor(state, _CTC_HEAD_KEY)
-    if head is None:
-        logger.debug("no %s in %s; vocabulary not checked", _CTC_HEAD_KEY, files.checkpoint)
-        return
-    outputs = int(head.shape[0])
-    if outputs != pieces:
-        raise ModelError(
-            f"Model {files.directory} is inconsistent: its tokenizer {files.tokenizer.name} has "
-            f"{pieces} pieces but {files.checkpoint.name}'s CTC head has {outputs} outputs. "
-            "funasr would silently skip loading that head and decode garbage. Use the "
-            "tokenizer that was shipped with these weights."
-        )
-
-
-def _find_tensor(state: Any, key: str) -> Any:
-    for wrapper in ("state_dict", "model_state_dict", "model"):
-        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
-            state = state[wrapper]
-    if not isinstance(state, dict):
-        return None
-    return state.get(key, state.get("module." + key))
-
-
-def _hub_cache_dir(model: str, hub: str) -> Path | None:
-    """The locally cached snapshot of hub id ``model``, found without network access."""
-    try:
-        if hub == "ms":
-            from modelscope.hub.snapshot_download import snapshot_download
-
-            path = snapshot_download(model, local_files_only=True)
-        else:
-            from huggingface_hub import snapshot_download as hf_snapshot_download
-
-            path = hf_snapshot_download(_HF_ALIASES.get(model, model), local_files_only=True)
-    except Exception as error:  # each hub library has its own "not cached" errors
-        logger.debug("%s is not in the %s cache: %s", model, hub, error)
-        return None
-    return Path(path) if path and Path(path).is_dir() else None
-
-
-def _hub_host(hub: str) -> str:
-    if hub == "ms":
-        domain = os.environ.get("MODELSCOPE_DOMAIN", "www.modelscope.cn")
-        return urlparse(domain if "//" in domain else f"//{domain}").hostname or domain
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    return urlparse(endpoint).hostname or "huggingface.co"
-
-
-def _require_hub(model: str, hub: str) -> None:
-    """ModelError within a few seconds when the hub cannot be reached."""
-    host = _hub_host(hub)
-    problem = _probe(host, 443, HUB_PROBE_TIMEOUT_S)
-    if problem is None:
-        return
-    hub_name = "ModelScope" if hub == "ms" else "Hugging Face"
-    other = "--hub hf" if hub == "ms" else "--hub ms"
-    raise ModelError(
-        f"Cannot load model {model!r}: it is not in the local {hub_name} cache and {host} "
-        f"cannot be reached ({problem}). Run once with network access so it is downloaded "
-        "and cached, or download the model directory elsewhere, copy it here and pass its "
-        f"path as the model; {other} tries the other hub, and random:tiny needs no download."
-    )
-
-
-def _probe(host: str, port: int, timeout_s: float) -> str | None:
-    """None if a TCP connection to host:port opens within ``timeout_s``, else why not."""
-    outcome: list[str | None] = []
-
-    def connect() -> None:
-        try:  # name resolution has no timeout of its own, hence the thread
-            with socket.create_connection((host, port), timeout=timeout_s):
-                outcome.append(None)
-        except OSError as error:
-            outcome.append(f"{type(error).__name__}: {error}")
-
-    thread = threading.Thread(target=connect, name="hub-probe", daemon=True)
-    thread.start()
-    thread.join(timeout_s + 0.5)
-    if not outcome:
-        return f"no answer within {timeout_s:.1f} s"
-    return outcome[0]
 
 
 def import_funasr() -> Any:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamer.core.framing import BYTES_PER_SAMPLE
+from streamer.core.audio import BYTES_PER_SAMPLE
 from streamer.core.jobs import DecodeResult
 from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechStart
 from streamer.core.session import State

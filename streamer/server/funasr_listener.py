@@ -17,10 +17,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from streamer.core.compat.funasr import FunAsrAdapter
 from streamer.core.protocol import StreamOptions
-from streamer.server.http import Endpoint, bearer_or_query_token, json_response
+from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
 
 if TYPE_CHECKING:
     from streamer.server.server import StreamingServer
@@ -31,24 +32,31 @@ PATH = "/"  # where FunASR's clients and its html5 demo connect
 SUBPROTOCOL = "binary"  # what FunASR's Python clients ask for
 
 
-class FunAsrEndpoint(Endpoint):
-    """FunASR sessions: options come from the first JSON frame, not from the query."""
-
-    def stream_options(self, query: Mapping[str, str], defaults: StreamOptions) -> StreamOptions:
-        return defaults
+def _negotiate(request: Request, query: Mapping[str, str], defaults: StreamOptions) -> Negotiation:
+    """The stream options come from the first JSON frame (the query only carries a token)."""
+    return Negotiation(defaults, FunAsrAdapter)
 
 
-FUNASR_ENDPOINT = FunAsrEndpoint(
+def _binary_if_offered(offered: Sequence[str]) -> str | None:
+    """Echo ``binary`` when offered; accept clients that offer none (the html5 demo)."""
+    return SUBPROTOCOL if SUBPROTOCOL in offered else None
+
+
+FUNASR_ENDPOINT = Endpoint(
     name="funasr",
     presented_token=bearer_or_query_token,
     auth_hint="a valid token is required: connect to ws://HOST:PORT/?token=TOKEN",
     make_adapter=FunAsrAdapter,
+    negotiate=_negotiate,
+    select_subprotocol=_binary_if_offered,
 )
 
 
-def _select_subprotocol(connection: ServerConnection, subprotocols: Sequence[str]) -> str | None:
-    """Echo ``binary`` when offered; accept clients that offer none (the html5 demo)."""
-    return SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
+def _select_subprotocol(
+    connection: ServerConnection, offered: Sequence[Subprotocol]
+) -> Subprotocol | None:
+    chosen = _binary_if_offered(offered)
+    return Subprotocol(chosen) if chosen is not None else None
 
 
 class FunAsrListener:

@@ -11,7 +11,7 @@ import hmac
 import http
 import logging
 import mimetypes
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,24 @@ def token_matches(presented: str | None, expected: str) -> bool:
     return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
+def offered_subprotocols(request: Request) -> list[str]:
+    """The ``Sec-WebSocket-Protocol`` values a client offered, in its order."""
+    return [
+        value.strip()
+        for header in request.headers.get_all("Sec-WebSocket-Protocol")
+        for value in header.split(",")
+        if value.strip()
+    ]
+
+
+@dataclass(frozen=True)
+class Negotiation:
+    """What an endpoint made of one upgrade request."""
+
+    stream: StreamOptions  # the new session's stream options
+    make_adapter: Callable[[Session], WireAdapter]  # wraps the new session
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """A WebSocket path and the wire protocol spoken there."""
@@ -63,12 +81,31 @@ class Endpoint:
     presented_token: Callable[[Request, Mapping[str, str]], str | None]  # its auth scheme
     auth_hint: str  # what a refused client is told to send
     make_adapter: Callable[[Session], WireAdapter]  # wraps a new session
+    # Protocols whose handshake says more than v1's stream options read the whole request
+    # here; a ProtocolError is refused with HTTP 400 before the upgrade.
+    negotiate: Callable[[Request, Mapping[str, str], StreamOptions], Negotiation] | None = None
+    select_subprotocol: Callable[[Sequence[str]], str | None] | None = None  # one to echo
+    refusal: Callable[[http.HTTPStatus, str, str], Response] | None = None  # its error shape
 
     def stream_options(self, query: Mapping[str, str], defaults: StreamOptions) -> StreamOptions:
         """The session's stream options from the handshake's query (raises ProtocolError)."""
         from streamer.core import protocol
 
         return protocol.parse_stream_options(dict(query), defaults)
+
+    def negotiation(
+        self, request: Request, query: Mapping[str, str], defaults: StreamOptions
+    ) -> Negotiation:
+        """Stream options and adapter for one upgrade request (raises ProtocolError)."""
+        if self.negotiate is None:
+            return Negotiation(self.stream_options(query, defaults), self.make_adapter)
+        return self.negotiate(request, query, defaults)
+
+    def refuse(self, status: http.HTTPStatus, code: str, message: str) -> Response:
+        """A refused handshake, in the protocol's own error shape."""
+        if self.refusal is None:
+            return json_response(status, {"error": code, "message": message})
+        return self.refusal(status, code, message)
 
 
 V1_ENDPOINT = Endpoint(

@@ -36,16 +36,25 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.sessions_active = Gauge("streamer_sessions_active", "Open sessions", registry=r)
-        self.sessions_total = Counter("streamer_sessions", "Sessions accepted", registry=r)
-        self.protocol_sessions_total = Counter(
-            "streamer_protocol_sessions",
-            "Sessions accepted, by wire protocol",
-            ["protocol"],
-            registry=r,
+        # protocol: the endpoint's name ("v1", "deepgram", "openai", ...)
+        self.sessions_active = Gauge(
+            "streamer_sessions_active", "Open sessions", ["protocol"], registry=r
+        )
+        # sum(active) / capacity is the utilisation an autoscaler targets (deploy/k8s/)
+        self.sessions_capacity = Gauge(
+            "streamer_sessions_capacity", "Most sessions admitted at once", registry=r
+        )
+        self.draining = Gauge(
+            "streamer_draining", "1 while new sessions are refused before a restart", registry=r
+        )
+        self.sessions_total = Counter(
+            "streamer_sessions", "Sessions accepted", ["protocol"], registry=r
         )
         self.rejected_total = Counter(
-            "streamer_handshakes_rejected", "Handshakes refused", ["reason"], registry=r
+            "streamer_handshakes_rejected",
+            "Handshakes refused",
+            ["reason", "protocol"],
+            registry=r,
         )
         self.audio_seconds_total = Counter(
             "streamer_audio_seconds", "Client audio received", registry=r

@@ -9,20 +9,24 @@ socket's frames; :mod:`streamer.server.http` answers plain HTTP on the same port
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import http
 import importlib.resources
 import logging
 import secrets
 import ssl
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from streamer.core import protocol
 from streamer.core.protocol import Error, StreamOptions
@@ -36,6 +40,7 @@ from streamer.errors import (
     close_code_for,
 )
 from streamer.model.worker import ModelWorker
+from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import Connection, ConnectionLimits
 from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import (
@@ -49,6 +54,9 @@ from streamer.server.http import (
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
 from streamer.server.wyoming import WyomingListener
+
+if TYPE_CHECKING:
+    from streamer.model.loading import LoadProgress
 
 Listener = FunAsrListener | WyomingListener
 
@@ -73,6 +81,7 @@ class ServerOptions:
     idle_timeout_s: float = 60.0  # no audio or keepalive for this long ends the session
     max_session_s: float = 4 * 3600.0  # longest session
     shutdown_grace_s: float = 10.0  # time to finish open segments when stopping
+    drain_s: float = 5.0  # drain(): refuse new sessions, serve open ones this long at most
     max_backlog_bytes: int = 1 << 20  # per session, audio read ahead of the model (32 s)
     ping_interval_s: float = 20.0  # keepalive pings detect vanished clients
     ping_timeout_s: float = 20.0  # a pong must arrive within this
@@ -96,6 +105,8 @@ class ServerOptions:
             raise ConfigError("max_pending_finals must be at least 1")
         if self.max_backlog_bytes < 1:
             raise ConfigError("max_backlog_bytes must be positive")
+        if self.drain_s < 0 or self.shutdown_grace_s < 0:
+            raise ConfigError("drain_s and shutdown_grace_s must not be negative")
         if self.token is not None and self.wyoming_port is not None and not self.wyoming_insecure:
             raise ConfigError(
                 "Wyoming clients cannot send a token: with --token, serve --wyoming-port only "
@@ -117,8 +128,10 @@ class StreamingServer:
         *,
         metrics: Metrics | None = None,
         classifier_factory: Callable[[], FrameClassifier] | None = None,
+        loading: LoadProgress | None = None,
     ) -> None:
         self.options = options
+        self._loading = loading  # the model's loading stage, shown by /readyz until ready
         self.worker = worker
         self.metrics = metrics or Metrics()
         self._classifier_factory = classifier_factory or (
@@ -129,10 +142,13 @@ class StreamingServer:
         self._no_connections.set()
         self._server: Server | None = None
         self._shutting_down = False
+        self._draining = False  # new sessions refused, open ones served (start_draining)
         self._lag_task: asyncio.Task[None] | None = None
         web_root = options.web_root or Path(str(importlib.resources.files("streamer.web_demo")))
         self._static = StaticFiles(web_root)
-        self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT}
+        self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT, **COMPAT_ENDPOINTS}
+        for endpoint in self._endpoints.values():
+            self.metrics.sessions_active.labels(endpoint.name)  # exported at 0 from the start
         self._limits = ConnectionLimits(
             max_pending_finals=options.max_pending_finals,
             max_backlog_bytes=options.max_backlog_bytes,
@@ -141,6 +157,7 @@ class StreamingServer:
             close_timeout_s=options.close_timeout_s,
         )
         worker.on_decoded = self.metrics.observe_decode
+        self.metrics.sessions_capacity.set(options.max_sessions)
         self.ssl_context: ssl.SSLContext | None = None  # set by start() when TLS is on
         # The other protocols' ports, sharing admission, --max-sessions and the worker.
         self.listeners: dict[str, Listener] = {}
@@ -148,6 +165,8 @@ class StreamingServer:
             self.listeners["funasr"] = FunAsrListener(self, options.funasr_port)
         if options.wyoming_port is not None:
             self.listeners["wyoming"] = WyomingListener(self, options.wyoming_port)
+        for name in self.listeners:
+            self.metrics.sessions_active.labels(name)  # exported at 0 from the start
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -171,22 +190,39 @@ class StreamingServer:
         ssl_context = None
         if o.certfile is not None and o.keyfile is not None:
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ssl_context.load_cert_chain(o.certfile, o.keyfile)
+            try:
+                ssl_context.load_cert_chain(o.certfile, o.keyfile)
+            except (OSError, ssl.SSLError) as error:
+                raise ConfigError(
+                    f"cannot load the TLS certificate {o.certfile} and key {o.keyfile}: "
+                    f"{getattr(error, 'strerror', None) or error}"
+                ) from error
         self.ssl_context = ssl_context
-        self._server = await serve(
-            self._handle,
-            o.host,
-            o.port,
-            ssl=ssl_context,
-            process_request=self._process_request,
-            compression=None,  # PCM does not compress; deflate would only cost CPU
-            max_size=o.max_message_bytes,
-            max_queue=16,
-            ping_interval=o.ping_interval_s,
-            ping_timeout=o.ping_timeout_s,
-            close_timeout=o.close_timeout_s,
-            server_header="sensevoice-streamer",
-        )
+        try:
+            self._server = await serve(
+                self._handle,
+                o.host,
+                o.port,
+                ssl=ssl_context,
+                process_request=self._process_request,
+                select_subprotocol=self._select_subprotocol,
+                compression=None,  # PCM does not compress; deflate would only cost CPU
+                max_size=o.max_message_bytes,
+                max_queue=16,
+                ping_interval=o.ping_interval_s,
+                ping_timeout=o.ping_timeout_s,
+                close_timeout=o.close_timeout_s,
+                server_header="sensevoice-streamer",
+            )
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"cannot listen on {o.host}:{o.port}: the port is already in use "
+                    "(another server is running there?); choose another with --port"
+                ) from error
+            raise ConfigError(
+                f"cannot listen on {o.host}:{o.port}: {error.strerror or error}"
+            ) from error
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
         scheme = "wss" if ssl_context else "ws"
         logger.info(
@@ -194,14 +230,25 @@ class StreamingServer:
             scheme,
             o.host,
             self.port,
-            protocol.PATH,
+            ", ".join(self._endpoints),
         )
         for listener in self.listeners.values():
             await listener.start()
 
     async def wait_ready(self) -> None:
         """Wait until the model is loaded and warmed; raises its loading error."""
-        await asyncio.to_thread(self.worker.ready.wait)
+        loop = asyncio.get_running_loop()
+        loaded = asyncio.Event()
+
+        def wait_in_thread() -> None:
+            self.worker.ready.wait()
+            with contextlib.suppress(RuntimeError):  # the loop closed first: nobody waits
+                loop.call_soon_threadsafe(loaded.set)
+
+        # a daemon thread, not the loop's executor: the executor would make the loop's
+        # shutdown wait for a model that is still loading
+        threading.Thread(target=wait_in_thread, name="wait-ready", daemon=True).start()
+        await loaded.wait()
         if self.worker.load_error is not None:
             error = self.worker.load_error
             if isinstance(error, ModelError | ConfigError):
@@ -209,6 +256,40 @@ class StreamingServer:
             raise ModelError(f"loading the model failed: {error!r}") from error
         self.metrics.model_ready.set(1)
         logger.info("model ready: %s", self.worker.model_name)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start_draining(self) -> None:
+        """Refuse new sessions (HTTP 503 ``draining``; ``/readyz`` 503) and serve open ones.
+
+        A load balancer that checks ``/readyz``, or retries a 503 on another server,
+        sends new sessions elsewhere meanwhile. :meth:`stop_draining` undoes it.
+        """
+        if not self._draining:
+            logger.info("draining: refusing new sessions; %d open", len(self._connections))
+        self._draining = True
+        self.metrics.draining.set(1)
+
+    def stop_draining(self) -> None:
+        """Admit new sessions again (after :meth:`start_draining`; not once shutting down)."""
+        if self._draining and not self._shutting_down:
+            logger.info("no longer draining: admitting new sessions")
+            self._draining = False
+            self.metrics.draining.set(0)
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """:meth:`start_draining`, then wait until every open session has ended by itself
+        or ``timeout_s`` (default ``options.drain_s``) has passed. :meth:`shutdown` next."""
+        timeout_s = self.options.drain_s if timeout_s is None else timeout_s
+        self.start_draining()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._no_connections.wait()
+            logger.info("drained: no session is open")
+        except TimeoutError:
+            logger.info("drain period over: %d sessions still open", len(self._connections))
 
     async def shutdown(self) -> None:
         """Refuse new sessions, finish open segments, send ``end``, close with 1001."""
@@ -263,11 +344,15 @@ class StreamingServer:
             return json_response(http.HTTPStatus.OK, {"status": "ok"})
         if path == "/readyz":
             if self.ready and not self._shutting_down:
-                return json_response(
-                    http.HTTPStatus.OK, {"status": "ready", "model": self.worker.model_name}
-                )
-            state = "shutting_down" if self._shutting_down else "loading"
-            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"status": state})
+                return self._readiness()
+            body: dict[str, object] = {"status": "loading"}
+            if self._shutting_down:
+                body = {"status": "shutting_down"}
+            elif self.worker.ready.is_set():
+                body = {"status": "failed", "message": "the model failed to load"}
+            elif self._loading is not None:
+                body.update(self._loading.snapshot())
+            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, body)
         if path == "/metrics":
             return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
         endpoint = self._endpoints.get(path)
@@ -280,10 +365,36 @@ class StreamingServer:
             )
         return found
 
-    def _refuse(self, status: http.HTTPStatus, code: str, message: str) -> Response:
-        self.metrics.rejected_total.labels(code).inc()
-        logger.info("refused a session: %s (%s)", code, message)
-        return json_response(status, {"error": code, "message": message})
+    def _readiness(self) -> Response:
+        """``/readyz`` once the model is ready: 200 only while a new session is admitted."""
+        counts = {"sessions": len(self._connections), "max_sessions": self.options.max_sessions}
+        status = "ready"
+        if self._draining:
+            status = "draining"
+        elif len(self._connections) >= self.options.max_sessions:
+            status = "full"
+        if status != "ready":
+            return json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"status": status, **counts})
+        return json_response(
+            http.HTTPStatus.OK, {"status": status, "model": self.worker.model_name, **counts}
+        )
+
+    def _refuse(
+        self, status: http.HTTPStatus, code: str, message: str, endpoint: Endpoint
+    ) -> Response:
+        self.metrics.rejected_total.labels(code, endpoint.name).inc()
+        logger.info("refused a %s session: %s (%s)", endpoint.name, code, message)
+        return endpoint.refuse(status, code, message)
+
+    def _select_subprotocol(
+        self, connection: ServerConnection, offered: Sequence[Subprotocol]
+    ) -> Subprotocol | None:
+        request = connection.request
+        endpoint = self._endpoints.get(urlsplit(request.path).path) if request else None
+        if endpoint is None or endpoint.select_subprotocol is None:
+            return None  # proceed without one, whatever the client offered
+        chosen = endpoint.select_subprotocol(offered)
+        return Subprotocol(chosen) if chosen is not None else None
 
     def _admit(
         self, request: Request, endpoint: Endpoint, query: dict[str, str]
@@ -292,22 +403,39 @@ class StreamingServer:
         if o.token is not None:
             if not token_matches(endpoint.presented_token(request, query), o.token):
                 return self._refuse(
-                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint
+                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint, endpoint
                 )
         origin = request.headers.get("Origin")
         if o.allowed_origins and origin is not None and origin not in o.allowed_origins:
             return self._refuse(
-                http.HTTPStatus.FORBIDDEN, "origin_not_allowed", f"origin {origin!r} is not allowed"
+                http.HTTPStatus.FORBIDDEN,
+                "origin_not_allowed",
+                f"origin {origin!r} is not allowed",
+                endpoint,
             )
+        if endpoint.negotiate is not None:
+            # options we cannot serve are refused before the upgrade: a 4xx tells the
+            # clients not to retry
+            try:
+                endpoint.negotiation(request, query, o.default_stream)
+            except ProtocolError as error:
+                return self._refuse(
+                    http.HTTPStatus.BAD_REQUEST, error.code, error.message, endpoint
+                )
         refusal = self.refusal()
         if refusal is not None:
-            return self._refuse(http.HTTPStatus.SERVICE_UNAVAILABLE, *refusal)
+            return self._refuse(http.HTTPStatus.SERVICE_UNAVAILABLE, *refusal, endpoint)
         return None
 
     def refusal(self) -> tuple[str, str] | None:
         """Why a new session of any protocol is refused now: ``(code, message)``, or None."""
         if self._shutting_down:
             return "shutting_down", "the server is shutting down"
+        if self._draining:
+            return (
+                "draining",
+                "the server is draining before a restart; connect again (another server)",
+            )
         if not self.ready:
             return "not_ready", "the model is still loading; retry shortly"
         if len(self._connections) >= self.options.max_sessions:
@@ -315,7 +443,7 @@ class StreamingServer:
             return "server_full", f"the server is at its limit of {limit} sessions"
         return None
 
-    # -- sessions of every protocol --------------------------------------------
+    # -- sessions of the ports without WebSocket (Wyoming) -----------------------
 
     def new_session(self, stream: StreamOptions) -> Session:
         """A session with the server's options, its VAD and a fresh id."""
@@ -326,52 +454,56 @@ class StreamingServer:
         """Count an open connection (it must have ``shutdown()``) until :meth:`untrack`."""
         self._connections.add(connection)
         self._no_connections.clear()
-        self.metrics.sessions_total.inc()
-        self.metrics.protocol_sessions_total.labels(protocol_name).inc()
-        self.metrics.sessions_active.set(len(self._connections))
+        self.metrics.sessions_total.labels(protocol_name).inc()
+        self.metrics.sessions_active.labels(protocol_name).inc()
 
-    def untrack(self, connection: Any) -> None:
+    def untrack(self, connection: Any, protocol_name: str) -> None:
         self._connections.discard(connection)
         if not self._connections:
             self._no_connections.set()
-        self.metrics.sessions_active.set(len(self._connections))
+        self.metrics.sessions_active.labels(protocol_name).dec()
 
     # -- WebSocket -------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection, endpoint: Endpoint | None = None) -> None:
         """Serve one WebSocket; ``endpoint`` is given by ports with one protocol (FunASR)."""
+        assert ws.request is not None  # the handshake is over
+        url = urlsplit(ws.request.path)
+        endpoint = endpoint or self._endpoints.get(url.path, V1_ENDPOINT)
         if len(self._connections) >= self.options.max_sessions or self._shutting_down:
             # lost a race with other handshakes admitted at the same time
-            self.metrics.rejected_total.labels("server_full").inc()
+            self.metrics.rejected_total.labels("server_full", endpoint.name).inc()
             await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
             return
         session_id = secrets.token_hex(6)
-        url = urlsplit(ws.request.path) if ws.request else urlsplit("/")
-        endpoint = endpoint or self._endpoints.get(url.path, V1_ENDPOINT)
         query = dict(parse_qsl(url.query))
         session_options = replace(self.options.session, model_name=self.worker.model_name)
         try:
-            stream = endpoint.stream_options(query, self.options.default_stream)
+            negotiation = endpoint.negotiation(ws.request, query, self.options.default_stream)
         except ProtocolError as error:
             logger.info("session %s refused: %s", session_id, error.message)
             self.metrics.errors_total.labels(error.code).inc()
             message = Error(code=error.code, message=error.message, fatal=True)
             try:
-                await ws.send(protocol.encode(message), text=True)
+                if endpoint.negotiate is None:  # the others refused it before the upgrade
+                    await ws.send(protocol.encode(message), text=True)
                 await ws.close(close_code_for(error), error.code)
             except ConnectionClosed:
                 pass
             return
+        stream = negotiation.stream
         session = Session(session_id, session_options, stream, self._classifier_factory())
-        adapter = endpoint.make_adapter(session)
+        adapter = negotiation.make_adapter(session)
         adapter.start()
         connection = Connection(ws, adapter, self.worker, self.metrics, self._limits)
         self._connections.add(connection)
         self._no_connections.clear()
-        self.metrics.sessions_total.inc()
-        self.metrics.protocol_sessions_total.labels(endpoint.name).inc()
-        self.metrics.sessions_active.set(len(self._connections))
+        self.metrics.sessions_total.labels(endpoint.name).inc()
+        self.metrics.sessions_active.labels(endpoint.name).inc()
         peer = ws.remote_address[0] if ws.remote_address else "?"
+        forwarded = ws.request.headers.get("X-Forwarded-For") if ws.request else None
+        if forwarded:  # behind a proxy (deploy/nginx.conf); logged, never trusted for limits
+            peer = f"{peer} for {forwarded[:200]}"
         connection.log.info(
             "session %s opened from %s (%s: %s)",
             session_id,
@@ -389,7 +521,7 @@ class StreamingServer:
             self._connections.discard(connection)
             if not self._connections:
                 self._no_connections.set()
-            self.metrics.sessions_active.set(len(self._connections))
+            self.metrics.sessions_active.labels(endpoint.name).dec()
             stats = session.stats
             connection.log.info(
                 "session %s closed: %d segments, %.1f s audio, %d partials (%d skipped), %s",

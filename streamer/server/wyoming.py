@@ -257,7 +257,7 @@ class WyomingListener:
             await self._server.wait_closed()
 
     async def _refuse(self, writer: asyncio.StreamWriter, code: str, message: str) -> None:
-        self.server.metrics.rejected_total.labels(code).inc()
+        self.server.metrics.rejected_total.labels(code, WyomingAdapter.name).inc()
         logger.info("refused a Wyoming connection: %s (%s)", code, message)
         writer.write(encode_event(WyomingEvent("error", {"text": message, "code": code})))
         with contextlib.suppress(ConnectionError, TimeoutError):
@@ -293,7 +293,7 @@ class WyomingListener:
             connection.log.exception("session %s failed", session.session_id)
         finally:
             self._open.discard(connection)
-            server.untrack(connection)
+            server.untrack(connection, WyomingAdapter.name)
             connection.log.info(
                 "session %s closed after %.1f s: %d segments, %.1f s audio, %s",
                 session.session_id,

@@ -37,6 +37,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamer.errors import ConfigError, ModelError
+from streamer.model.sensevoice import (
+    FEATURE_DIM,
+    FRONTEND_CONF,
+    KNOWN_SPECIAL_IDS,
+    LID_ROWS,
+    REAL_VOCAB_SIZE,
+    TEXTNORM_ROWS,
+    prepend_queries,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -49,27 +58,6 @@ BUILDER_VERSION = 2
 MODEL_NAMES = ("tiny", "small", "tagged")
 MARKER_FILE = "random_model.json"  # written into every directory built here
 
-# Rows of SenseVoiceSmall.embed used as query frames (not token ids), as in inference().
-LID_ROWS = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
-TEXTNORM_ROWS = {"withitn": 14, "woitn": 15}
-EVENT_EMO_ROWS = (1, 2)
-
-# Special tokens at the ids the real 25055-piece vocabulary uses (from funasr's code).
-KNOWN_SPECIAL_IDS = {
-    "<|zh|>": 24884,
-    "<|en|>": 24885,
-    "<|yue|>": 24888,
-    "<|ja|>": 24892,
-    "<|ko|>": 24896,
-    "<|nospeech|>": 24992,
-    "<|HAPPY|>": 25001,
-    "<|SAD|>": 25002,
-    "<|ANGRY|>": 25003,
-    "<|NEUTRAL|>": 25004,
-    "<|EMO_UNKNOWN|>": 25009,
-    "<|withitn|>": 25016,
-    "<|woitn|>": 25017,
-}
 # Tags whose real ids funasr's code does not name: placed in free special slots.
 OTHER_SPECIALS = (
     "<|Speech|>",
@@ -88,7 +76,6 @@ OTHER_SPECIALS = (
     "<|Event_UNK|>",
 )
 FIRST_SPECIAL_ID = 24884
-REAL_VOCAB_SIZE = 25055
 TINY_VOCAB_SIZE = 400
 
 # What unmodified generate() returns for the two training clips of the tagged model
@@ -127,17 +114,6 @@ ENCODER_CONF = {
         **_ENCODER_COMMON,
     },
 }
-FRONTEND_CONF = {
-    "fs": 16000,
-    "window": "hamming",
-    "n_mels": 80,
-    "frame_length": 25,
-    "frame_shift": 10,
-    "lfr_m": 7,
-    "lfr_n": 6,
-}
-FEATURE_DIM = 560  # n_mels * lfr_m
-
 # Training of the tagged model (about 4 minutes on 2 cores; only when it is rebuilt).
 TAGGED_STEPS = 800
 TAGGED_BATCH = 16  # examples per Adam step, drawn from the pool of padded clips
@@ -284,31 +260,6 @@ def write_am_mvn(path: Path, mean: np.ndarray, std: np.ndarray) -> None:
         f"<LearnRateCoef> 0 [ {vector(1.0 / std)} ]\n"
         "</Nnet>\n"
     )
-
-
-def prepend_queries(
-    model: Any,
-    speech: torch.Tensor,
-    lengths: torch.Tensor,
-    language_rows: Sequence[int],
-    textnorm_rows: Sequence[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefix features with the 4 query frames exactly as ``SenseVoiceSmall.inference``.
-
-    Frames are ``[language, 1, 2, textnorm]`` rows of ``model.embed``, one row index per
-    batch item. Returns new tensors (the encoder scales its input in place).
-    """
-    import torch
-
-    device = speech.device
-    language = model.embed(torch.tensor(list(language_rows), device=device)[:, None])
-    textnorm = model.embed(torch.tensor(list(textnorm_rows), device=device)[:, None])
-    event_emo = model.embed(torch.tensor([list(EVENT_EMO_ROWS)], device=device)).repeat(
-        speech.size(0), 1, 1
-    )
-    speech = torch.cat((textnorm, speech), dim=1)
-    speech = torch.cat((torch.cat((language, event_emo), dim=1), speech), dim=1)
-    return speech, lengths + 4
 
 
 def main_build(argv: Sequence[str] | None = None) -> int:

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import ConfigError
-
-SAMPLE_RATE = 16000
 
 # espeak-ng voice for each SenseVoice language; the ja voice reads kanji as Mandarin,
 # so Japanese sentences are written in kana.
@@ -52,21 +51,35 @@ def tools_available() -> bool:
     return shutil.which("espeak-ng") is not None and shutil.which("sox") is not None
 
 
-def speak(text: str, language: str = "en", *, cache_dir: Path, speed_wpm: int = 160) -> np.ndarray:
-    """``text`` spoken by espeak-ng as 16 kHz mono int16, cached by content."""
+def speak(
+    text: str,
+    language: str = "en",
+    *,
+    cache_dir: Path,
+    speed_wpm: int = 160,
+    voice: str | None = None,
+    pitch: int | None = None,
+) -> np.ndarray:
+    """``text`` spoken by espeak-ng as 16 kHz mono int16, cached by content.
+
+    ``voice`` overrides the language's espeak voice (``en-us+m3``, ``en-us+f2`` for two
+    speakers); ``pitch`` is espeak's ``-p`` (0-99).
+    """
     if not tools_available():
         raise ConfigError(
             "speech synthesis needs espeak-ng and sox (apt-get install espeak-ng sox)"
         )
-    voice = VOICES.get(language, language)
-    key = hashlib.sha1(f"{voice}|{speed_wpm}|{text}".encode()).hexdigest()[:16]
+    voice = voice or VOICES.get(language, language)
+    extra = ["-p", str(pitch)] if pitch is not None else []
+    key_text = f"{voice}|{speed_wpm}|{text}" + (f"|p{pitch}" if pitch is not None else "")
+    key = hashlib.sha1(key_text.encode()).hexdigest()[:16]
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = cache_dir / f"tts-{language}-{key}.s16"
     if not target.exists():
         with tempfile.TemporaryDirectory() as tmp:
             raw_wav = Path(tmp) / "raw.wav"
             subprocess.run(
-                ["espeak-ng", "-v", voice, "-s", str(speed_wpm), "-w", str(raw_wav), text],
+                ["espeak-ng", "-v", voice, "-s", str(speed_wpm), *extra, "-w", str(raw_wav), text],
                 check=True,
                 capture_output=True,
             )

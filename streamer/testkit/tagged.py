@@ -61,7 +61,11 @@ def verified_dir() -> Path:
             f"the shipped tagged test model is missing ({directory / CHECKSUMS}: {error}); "
             "reinstall the package or run python -m streamer.testkit.tagged --rebuild"
         ) from error
-    expected = dict(reversed(line.split(maxsplit=1)) for line in lines if line.strip())
+    expected: dict[str, str] = {}
+    for line in lines:
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            expected[name.strip()] = digest
     for name in FILES:
         path = directory / name
         if not path.is_file() or _sha256(path) != expected.get(name):

@@ -41,7 +41,8 @@ from typing import Any
 import orjson
 
 from streamer.core import protocol
-from streamer.core.compat.textjoin import AppendOnlyText, language_code, separator
+from streamer.core.compat.common import core_language
+from streamer.core.compat.textjoin import AppendOnlyText, separator
 from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter
@@ -129,7 +130,7 @@ def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
         mode=mode,
         wav_name=wav_name,
         sample_rate=rate,
-        language=language_code(obj.get("svs_lang")),
+        language=core_language(obj.get("svs_lang")),
         itn=itn,
     )
 

@@ -1,4 +1,4 @@
-"""Joining transcript pieces, append-only text streams, client language codes (I/O-free).
+"""Append-only text streams, and what goes between two utterances (I/O-free).
 
 Several client protocols append what the server sends instead of replacing it (FunASR's
 ``2pass-online`` text, Wyoming's ``transcript-chunk``), while our partials replace each
@@ -7,11 +7,6 @@ already sent, so a client never shows text it would have to take back.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-from typing import Any
-
-from streamer.core.protocol import LANGUAGES
 
 # Text in these scripts is written without spaces between words (Korean uses spaces).
 _NO_SPACE_RANGES = (
@@ -45,15 +40,6 @@ def separator(left: str, right: str) -> str:
     return " "
 
 
-def join_texts(texts: Iterable[str]) -> str:
-    """Transcript pieces (one per utterance) as one text; empty pieces are skipped."""
-    out = ""
-    for text in texts:
-        if text:
-            out += separator(out, text) + text
-    return out
-
-
 class AppendOnlyText:
     """The text an append-only stream has sent so far."""
 
@@ -75,19 +61,3 @@ class AppendOnlyText:
 
     def reset(self) -> None:
         self.sent = ""
-
-
-def language_code(value: Any) -> str:
-    """A client's language ("en", "en-US", "zh_CN", "zh-HK", ...) as one of LANGUAGES.
-
-    Anything we cannot map is "auto": the model detects the language itself.
-    """
-    if not isinstance(value, str):
-        return "auto"
-    code = value.strip().lower().replace("_", "-")
-    if code in LANGUAGES:
-        return code
-    if code in ("zh-hk", "zh-mo", "zh-yue") or code.startswith("yue-"):
-        return "yue"
-    base = code.split("-")[0]
-    return base if base in LANGUAGES else "auto"

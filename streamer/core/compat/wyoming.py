@@ -32,7 +32,8 @@ import numpy as np
 import orjson
 
 from streamer.core import protocol
-from streamer.core.compat.textjoin import AppendOnlyText, language_code, separator
+from streamer.core.compat.common import core_language
+from streamer.core.compat.textjoin import AppendOnlyText, separator
 from streamer.core.protocol import End, Error, Final, Partial
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter
@@ -294,7 +295,7 @@ class WyomingAdapter(WireAdapter):
             self._send(WyomingEvent("pong", {"text": event.data.get("text")}))
         elif kind == "transcribe":
             if self.session.state is State.CONFIGURING:
-                self._language = language_code(event.data.get("language"))
+                self._language = core_language(event.data.get("language"))
         elif kind == "audio-start" and streaming:
             self._start_audio(AudioFormat.from_data(event.data))
         elif kind == "audio-chunk" and streaming:

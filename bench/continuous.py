@@ -1,0 +1,240 @@
+"""Latency on continuous speech: onset and continuation segments, two server settings.
+
+People who talk without stopping (a phone call, a monologue) leave pauses shorter than
+the endpoint. This bench streams, in real time with one client, two kinds of audio:
+
+* ``continuous``: two espeak voices taking turns of 5-20 s, with gaps of 100-400 ms
+  between sentences and turns (optionally with white noise);
+* ``paused``: the same sentences with pauses of 0.9-1.7 s (the latency bench's kind).
+
+and measures each segment against the audio's truth (where speech really is, from the
+clips before they were joined):
+
+* TTFT: arrival of the segment's first non-empty partial (or final) minus the send time
+  of the first speech sample inside the segment;
+* final latency: arrival of the final minus the send time of the last speech sample
+  inside it (the endpoint is part of it).
+
+Segments are *onset* segments when at least ``endpoint_ms`` of true silence precedes
+their first speech, else *continuation* segments. Servers are started with the current
+defaults ("new") and with the behaviour before long-segment pauses and speculative
+finals ("old": ``--long-segment-ms 7000 --no-speculative-finals``); the two alternate
+in ``--rounds`` rounds within one run so a noisy machine hits both alike.
+
+    python -m bench.continuous --model random:small --quantize int8 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.latency.serverproc import ManagedServer, ServerOptions
+from streamer.client.connection import ClientOptions, SessionResult, transcribe
+from streamer.core.audio import SAMPLE_RATE
+from streamer.core.protocol import Final, Partial, StreamOptions
+from streamer.testkit import speech as synth
+
+logger = logging.getLogger("bench.continuous")
+
+VOICES = (("en-us+m3", 40), ("en-us+f2", 70))  # (espeak voice, pitch): two speakers
+SENTENCES = (
+    "the quick brown fox jumps over the lazy dog",
+    "please turn on the lights in the kitchen",
+    "streaming speech recognition should feel instant",
+    "we are going to eat dinner together this evening",
+    "what time is it today and how is the weather",
+    "send a message to mom tomorrow morning",
+    "the river runs past the mountain and the city",
+    "one two three four five six seven eight nine ten",
+)
+SHORT_GAPS_MS = (100, 250, 400, 150, 300, 200, 350)
+LONG_GAPS_MS = (900, 1300, 1100, 1700, 1000, 1500)
+CONFIGS = {
+    "new": (),
+    "old": ("--long-segment-ms", "7000", "--no-speculative-finals"),
+}
+
+
+@dataclass(frozen=True)
+class Track:
+    name: str
+    pcm: np.ndarray
+    speech: np.ndarray  # bool per sample: inside a spoken clip (trimmed of silence)
+
+
+def _turns(cache_dir: Path, seed: int) -> list[tuple[np.ndarray, int]]:
+    """Clips of two voices in turns of 5-20 s; each clip with the gap that follows it."""
+    rng = np.random.default_rng(seed)
+    clips: list[tuple[np.ndarray, int]] = []
+    speaker = 0
+    for turn in range(6):
+        voice, pitch = VOICES[speaker]
+        target_s = float(rng.uniform(5, 20))
+        spoken_s = 0.0
+        while spoken_s < target_s:
+            text = SENTENCES[int(rng.integers(len(SENTENCES)))]
+            pcm = synth.speak(text, "en", cache_dir=cache_dir, voice=voice, pitch=pitch)
+            gap = SHORT_GAPS_MS[len(clips) % len(SHORT_GAPS_MS)]
+            clips.append((pcm, gap))
+            spoken_s += (pcm.size / SAMPLE_RATE) + gap / 1000
+        speaker = 1 - speaker
+        del turn
+    return clips
+
+
+def build_track(name: str, clips: list[tuple[np.ndarray, int]], snr_db: float | None) -> Track:
+    lead = np.zeros(SAMPLE_RATE, np.int16)
+    parts, truth = [lead], [np.zeros(lead.size, bool)]
+    for i, (pcm, gap_ms) in enumerate(clips):
+        if name == "paused":
+            gap_ms = LONG_GAPS_MS[i % len(LONG_GAPS_MS)]
+        gap = np.zeros(gap_ms * SAMPLE_RATE // 1000, np.int16)
+        parts += [pcm, gap]
+        truth += [np.abs(pcm.astype(np.int32)) > 64, np.zeros(gap.size, bool)]
+    tail = np.zeros(2 * SAMPLE_RATE, np.int16)
+    parts.append(tail)
+    truth.append(np.zeros(tail.size, bool))
+    pcm = np.concatenate(parts)
+    if snr_db is not None:
+        pcm = synth.add_noise(pcm, snr_db, seed=3)
+    speech = np.concatenate(truth)
+    # a sample is speech when a loud sample lies within 20 ms (syllables, not waveforms)
+    window = SAMPLE_RATE // 50
+    speech = np.convolve(speech.astype(np.int32), np.ones(window, np.int32), "same") > 0
+    return Track(name, pcm, speech)
+
+
+def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> list[dict]:
+    """Per final: kind (onset/continuation), TTFT, final latency, length, reason."""
+    first_text: dict[int, float] = {}
+    rows = []
+    for item in result.messages:
+        message = item.message
+        if isinstance(message, Partial | Final) and message.text.strip():
+            first_text.setdefault(message.segment_id, item.arrival_s)
+        if not isinstance(message, Final):
+            continue
+        start = int(message.start_ms * SAMPLE_RATE / 1000)
+        end = int(message.end_ms * SAMPLE_RATE / 1000)
+        inside = np.flatnonzero(track.speech[start:end])
+        if inside.size == 0 or message.segment_id not in first_text:
+            continue
+        first_speech, last_speech = start + int(inside[0]), start + int(inside[-1])
+        before = track.speech[
+            max(0, first_speech - endpoint_ms * SAMPLE_RATE // 1000) : first_speech
+        ]
+        sent_first = result.sent_time_s(first_speech)
+        sent_last = result.sent_time_s(last_speech)
+        if sent_first is None or sent_last is None:
+            continue
+        rows.append(
+            {
+                "kind": "continuation" if before.any() else "onset",
+                "ttft_ms": (first_text[message.segment_id] - sent_first) * 1000,
+                "final_ms": (item.arrival_s - sent_last) * 1000,
+                "length_s": (end - start) / SAMPLE_RATE,
+                "reason": message.reason,
+            }
+        )
+    return rows
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(rows: list[dict]) -> dict[str, dict[str, float | int | None]]:
+    out: dict[str, dict[str, float | int | None]] = {}
+    for kind in ("onset", "continuation", "all"):
+        chosen = [r for r in rows if kind == "all" or r["kind"] == kind]
+        ttft = [r["ttft_ms"] for r in chosen]
+        final = [r["final_ms"] for r in chosen]
+        out[kind] = {
+            "n": len(chosen),
+            "ttft_p50": _pct(ttft, 50),
+            "ttft_p95": _pct(ttft, 95),
+            "ttft_p99": _pct(ttft, 99),
+            "final_p50": _pct(final, 50),
+            "final_p95": _pct(final, 95),
+            "final_p99": _pct(final, 99),
+            "capped": sum(1 for r in chosen if r["reason"] == "max_duration"),
+        }
+    return out
+
+
+async def _stream(url: str, track: Track) -> SessionResult:
+    options = ClientOptions(url=url, stream=StreamOptions(language="en"))
+    return await transcribe(options, track.pcm, SAMPLE_RATE, speed=1.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="random:small")
+    parser.add_argument("--quantize", default="int8", help="'none' for fp32")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of old and new")
+    parser.add_argument("--snr-db", type=float, default=None, help="add white noise")
+    parser.add_argument("--endpoint-ms", type=int, default=500)
+    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
+    parser.add_argument("--json", type=Path, default=None, help="write every row here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    clips = _turns(args.cache_dir, seed=1)
+    tracks = [build_track(name, clips, args.snr_db) for name in ("continuous", "paused")]
+    for track in tracks:
+        logger.info("%s: %.1f s of audio", track.name, track.pcm.size / SAMPLE_RATE)
+    rows: dict[tuple[str, str], list[dict]] = {}
+    started = time.time()
+    for round_index in range(args.rounds):
+        for config, extra in CONFIGS.items():
+            options = ServerOptions(
+                model=args.model,
+                quantize=None if args.quantize == "none" else args.quantize,
+                endpoint_ms=args.endpoint_ms,
+                extra_args=extra,
+            )
+            log = Path("bench/out") / f"continuous-{config}-{round_index}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with ManagedServer(options, log) as server:
+                for track in tracks:
+                    result = asyncio.run(_stream(server.url, track))
+                    figures = segment_figures(result, track, args.endpoint_ms)
+                    rows.setdefault((config, track.name), []).extend(figures)
+                    logger.info("round %d %s %s: %d segments", round_index, config, track.name,
+                                len(figures))  # fmt: skip
+    elapsed_s = time.time() - started
+    print(f"# continuous-speech bench, {args.model} {args.quantize}, endpoint "
+          f"{args.endpoint_ms} ms, {args.rounds} rounds, {elapsed_s:.0f} s")  # fmt: skip
+    print("| audio | server | segments | n | TTFT p50 / p95 / p99 ms | final p50 / p95 / p99 ms "
+          "| capped |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    table = {}
+    for (config, track_name), chosen in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        summary = summarize(chosen)
+        table[f"{track_name}/{config}"] = summary
+        for kind, s in summary.items():
+
+            def f(key: str, s: dict = s) -> str:
+                value = s[key]
+                return "-" if value is None else f"{value:.0f}"
+
+            print(f"| {track_name} | {config} | {kind} | {s['n']} | {f('ttft_p50')} / "
+                  f"{f('ttft_p95')} / {f('ttft_p99')} | {f('final_p50')} / {f('final_p95')} / "
+                  f"{f('final_p99')} | {s['capped']} |")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"summary": table, "rows": {
+            f"{k[1]}/{k[0]}": v for k, v in rows.items()}}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,354 @@
+"""Deepgram's live-streaming protocol, ``GET /v1/listen``, over the core session (I/O-free).
+
+What the clients send (``docs/deepgram.md`` has the details): options as query
+parameters, then binary audio, and three text messages, ``KeepAlive``, ``Finalize`` and
+``CloseStream``. What they get: ``Results`` (interim and final), ``SpeechStarted``,
+``UtteranceEnd``, ``Metadata`` and, for a message we cannot read, ``Error``. The mapping
+from the core's messages:
+
+- ``speech_start`` -> ``SpeechStarted`` (only with ``vad_events=true``);
+- ``partial`` -> ``Results`` with ``is_final: false`` (only with ``interim_results=true``;
+  an interim replaces the previous one, as a partial does);
+- ``final`` -> ``Results`` with ``is_final: true``; ``speech_final`` when silence (or the
+  end of the stream) ended it, ``from_finalize`` when a ``Finalize`` did; then
+  ``UtteranceEnd`` when ``utterance_end_ms`` was given and the utterance had words;
+- ``Finalize`` with no open utterance is answered with an empty ``from_finalize`` result,
+  in order after the finals still decoding (pipecat waits for one after every Finalize);
+- ``CloseStream`` -> every final, then ``Metadata``, then close 1000.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from streamer.core import protocol
+from streamer.core.compat import common
+from streamer.core.compat.audio import ENCODINGS, AudioDecoder
+from streamer.core.protocol import (
+    End,
+    Error,
+    Final,
+    Partial,
+    ServerMessage,
+    SpeechStart,
+    StreamOptions,
+)
+from streamer.core.session import Session, State
+from streamer.core.wire import OutFrame, WireAdapter
+from streamer.errors import InvalidOption, UnexpectedMessage, UnsupportedSampleRate
+
+PATH = "/v1/listen"
+MAX_CHANNELS = 8  # more interleaved channels than this are refused
+TELEPHONY_SAMPLE_RATE = 8000  # the default rate of mulaw and alaw
+SUBPROTOCOL = "token"  # browsers send ["token", KEY] and need "token" echoed
+_MODEL_NAMESPACE = uuid.UUID("5b0e7f6a-2c51-4e8e-9a43-0a6c1f1c9d11")  # model_uuid from its name
+
+
+@dataclass(frozen=True)
+class ListenOptions:
+    """A Deepgram session's options, read from the handshake's query."""
+
+    stream: StreamOptions  # what the core session gets (the rate is the decoded audio's)
+    encoding: str = "linear16"  # one of ENCODINGS
+    channels: int = 1  # interleaved channels, averaged to mono
+    vad_events: bool = False  # send SpeechStarted
+    utterance_end_ms: int | None = None  # send UtteranceEnd after each spoken utterance
+    detect_language: bool = False  # language=multi: report the detected one per result
+
+
+def parse_listen_query(query: Mapping[str, str], defaults: StreamOptions) -> ListenOptions:
+    """The options of ``GET /v1/listen?...``; raises :class:`InvalidOption` only for
+    audio we cannot decode (an unknown encoding, too many channels, a bad sample rate).
+
+    Unknown parameters (``model``, ``diarize``, ``filler_words``...) are ignored;
+    ``endpointing`` is clamped to what the segmenter accepts.
+    """
+    encoding = query.get("encoding", "linear16").strip().lower()
+    if encoding not in ENCODINGS:
+        raise InvalidOption(
+            f"encoding {encoding!r} is not supported (supported: {', '.join(ENCODINGS)}; "
+            "send raw PCM, not a container such as WAV or MP3)"
+        )
+    default_rate = protocol.NATIVE_SAMPLE_RATE if encoding == "linear16" else TELEPHONY_SAMPLE_RATE
+    rate = common.lenient_int(query.get("sample_rate", default_rate))
+    if rate not in protocol.SUPPORTED_SAMPLE_RATES:
+        rates = ", ".join(map(str, protocol.SUPPORTED_SAMPLE_RATES))
+        raise UnsupportedSampleRate(
+            f"sample_rate {query.get('sample_rate')!r} is not supported (supported: {rates})"
+        )
+    channels = common.lenient_int(query.get("channels", 1))
+    if channels is None or not 1 <= channels <= MAX_CHANNELS:
+        raise InvalidOption(f"channels must be 1..{MAX_CHANNELS}, got {query.get('channels')!r}")
+    if channels > 1 and common.lenient_bool(query.get("multichannel"), False):
+        raise InvalidOption(
+            "multichannel=true is not supported: each channel would need its own "
+            "transcript; omit it to transcribe the channels mixed to one"
+        )
+    changes: dict[str, Any] = {"sample_rate": rate}
+    language = query.get("language")
+    if language is not None:
+        changes["language"] = common.core_language(language)
+    formatting = [query[k] for k in ("punctuate", "smart_format") if k in query]
+    if formatting:
+        changes["itn"] = any(common.lenient_bool(v, False) for v in formatting)
+    changes["partials"] = common.lenient_bool(query.get("interim_results"), False)
+    endpointing = common.lenient_int(query.get("endpointing"))
+    if endpointing is not None:
+        changes["endpoint_ms"] = common.clamp_endpoint_ms(endpointing)
+    utterance_end_ms = common.lenient_int(query.get("utterance_end_ms"))
+    return ListenOptions(
+        stream=replace(defaults, **changes),
+        encoding=encoding,
+        channels=channels,
+        vad_events=common.lenient_bool(query.get("vad_events"), False),
+        utterance_end_ms=utterance_end_ms if utterance_end_ms and utterance_end_ms > 0 else None,
+        detect_language=language is not None and changes["language"] == "auto",
+    )
+
+
+def presented_key(authorization: str | None, subprotocols: Sequence[str]) -> str | None:
+    """The API key a Deepgram client presents: ``Authorization: Token K`` (or
+    ``Bearer K``), or a browser's ``Sec-WebSocket-Protocol: token, K``."""
+    if authorization:
+        scheme, _, key = authorization.strip().partition(" ")
+        if scheme.lower() in ("token", "bearer") and key.strip():
+            return key.strip()
+    if len(subprotocols) >= 2 and subprotocols[0] == SUBPROTOCOL:
+        return subprotocols[1]
+    return None
+
+
+def select_subprotocol(offered: Sequence[str]) -> str | None:
+    """Echo ``token`` when a browser offers it (its key is the next entry)."""
+    return SUBPROTOCOL if SUBPROTOCOL in offered else None
+
+
+def refusal_body(code: str, message: str, request_id: str) -> dict[str, str]:
+    """Deepgram's shape for a refused handshake (also sent in its ``dg-error`` header)."""
+    return {"err_code": code.upper(), "err_msg": message, "request_id": request_id}
+
+
+@dataclass(frozen=True)
+class _FinalizeAnswer:
+    after_finals: int  # answer once this many finals have been translated
+
+
+class DeepgramAdapter(WireAdapter):
+    """One Deepgram live session. ``request_id`` and ``created`` (ISO 8601, UTC) come
+    from the server, which owns the clock and the randomness."""
+
+    name = "deepgram"
+
+    def __init__(
+        self, session: Session, options: ListenOptions, *, request_id: str, created: str
+    ) -> None:
+        super().__init__(session)
+        self.options = options
+        self.request_id = request_id
+        self.created = created
+        model = session.options.model_name
+        self._model_uuid = str(uuid.uuid5(_MODEL_NAMESPACE, model))
+        self._metadata = {
+            "request_id": request_id,
+            "model_info": {"name": model, "version": "1", "arch": "sensevoice"},
+            "model_uuid": self._model_uuid,
+        }
+        self._decoder = AudioDecoder(options.encoding, options.channels)
+        self._sha256 = hashlib.sha256()
+        self._frames: list[OutFrame] = []
+        self._finals_seen = 0
+        self._finalize_answers: deque[_FinalizeAnswer] = deque()
+        self._close_requested = False  # CloseStream received: Metadata goes before the close
+        self._fatal: Error | None = None  # sent last, right before the close
+
+    # -- client -> server ------------------------------------------------------
+
+    def receive_bytes(self, data: bytes) -> None:
+        if self._close_requested or self.session.state in (State.STOPPING, State.ENDED):
+            return  # Deepgram ignores audio after CloseStream
+        self._sha256.update(data)
+        pcm = self._decoder.push(data)
+        if pcm:
+            self.session.receive_audio(pcm)
+
+    def receive_text(self, text: str) -> None:
+        if self.session.state is State.ENDED:
+            return
+        try:
+            message = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            message = None
+        kind = message.get("type") if isinstance(message, dict) else None
+        if not isinstance(kind, str):
+            self._send_error(
+                "SchemaError", "text messages must be JSON objects with a 'type'", text
+            )
+            return
+        if kind == "Finalize":
+            self._finalize()
+        elif kind == "CloseStream":
+            self._close_stream()
+        # KeepAlive resets the server's idle timer, which any message does; unknown types
+        # (Configure and those of newer API versions) are ignored like unknown options
+
+    def _finalize(self) -> None:
+        before = common.finals_submitted(self.session)
+        try:
+            self.session.finalize()
+        except UnexpectedMessage:
+            pass  # after CloseStream: still answered
+        if common.finals_submitted(self.session) == before:
+            # nothing was open: an empty from_finalize result answers it, after the
+            # finals already decoding so the order holds
+            self._finalize_answers.append(_FinalizeAnswer(after_finals=before))
+
+    def _close_stream(self) -> None:
+        if self._close_requested:
+            return
+        self._close_requested = True
+        try:
+            self.session.stop()
+        except UnexpectedMessage:
+            pass  # the server already stopped the session (shutdown, limit)
+
+    # -- server -> client ------------------------------------------------------
+
+    def drain(self) -> list[OutFrame]:
+        for message in self.session.messages_to_send():
+            self._translate(message)
+        self._answer_finalizes()
+        frames, self._frames = self._frames, []
+        return frames
+
+    def _translate(self, message: ServerMessage) -> None:
+        if isinstance(message, SpeechStart):
+            if self.options.vad_events:
+                self._send(
+                    {
+                        "type": "SpeechStarted",
+                        "channel": [0, 1],
+                        "timestamp": _seconds(message.start_ms),
+                    },
+                    message,
+                )
+        elif isinstance(message, Partial):
+            self._send(self._results(message, is_final=False), message)
+        elif isinstance(message, Final):
+            self._finals_seen += 1
+            self._send(self._results(message, is_final=True), message)
+            if (
+                self.options.utterance_end_ms is not None
+                and message.reason in ("silence", "stop")
+                and message.text
+            ):
+                self._send(
+                    {
+                        "type": "UtteranceEnd",
+                        "channel": [0, 1],
+                        "last_word_end": _seconds(message.end_ms),
+                    }
+                )
+        elif isinstance(message, Error):
+            if message.fatal:
+                self._fatal = message
+            else:
+                self._send_error(message.code, message.message, message=message)
+        elif isinstance(message, End):
+            self._answer_finalizes()
+            if self._close_requested:
+                self._send(self._metadata_message(message))
+            if self._fatal is not None:
+                self._send_error(self._fatal.code, self._fatal.message, message=self._fatal)
+
+    def _answer_finalizes(self) -> None:
+        ended = self.session.state is State.ENDED
+        while self._finalize_answers and (
+            ended or self._finalize_answers[0].after_finals <= self._finals_seen
+        ):
+            self._finalize_answers.popleft()
+            self._send(self._empty_finalize_result())
+
+    def _results(self, message: Partial | Final, *, is_final: bool) -> dict[str, Any]:
+        start_s = _seconds(message.start_ms)
+        alternative: dict[str, Any] = {
+            "transcript": message.text,
+            "confidence": common.UNKNOWN_CONFIDENCE if message.text else 0.0,
+            "words": [
+                {
+                    "word": w.bare,
+                    "start": _seconds(w.start_ms),
+                    "end": _seconds(w.end_ms),
+                    "confidence": w.confidence,
+                    "punctuated_word": w.text,
+                }
+                for w in common.message_words(message)
+            ],
+        }
+        if self.options.detect_language and message.language:
+            alternative["languages"] = [message.language]
+        reason = message.reason if isinstance(message, Final) else None
+        return {
+            "type": "Results",
+            "channel_index": [0, 1],
+            "duration": round(_seconds(message.end_ms) - start_s, 3),
+            "start": start_s,
+            "is_final": is_final,
+            "speech_final": reason in ("silence", "stop"),
+            "from_finalize": reason == "finalize",
+            "channel": {"alternatives": [alternative]},
+            "metadata": self._metadata,
+        }
+
+    def _empty_finalize_result(self) -> dict[str, Any]:
+        at_s = round(self.session.audio_ms / 1000, 3)
+        return {
+            "type": "Results",
+            "channel_index": [0, 1],
+            "duration": 0.0,
+            "start": at_s,
+            "is_final": True,
+            "speech_final": False,
+            "from_finalize": True,
+            "channel": {"alternatives": [{"transcript": "", "confidence": 0.0, "words": []}]},
+            "metadata": self._metadata,
+        }
+
+    def _metadata_message(self, end: End) -> dict[str, Any]:
+        model = self.session.options.model_name
+        return {
+            "type": "Metadata",
+            "transaction_key": "deprecated",
+            "request_id": self.request_id,
+            "sha256": self._sha256.hexdigest(),
+            "created": self.created,
+            "duration": round(end.audio_ms / 1000, 3),
+            "channels": self.options.channels,
+            "models": [self._model_uuid],
+            "model_info": {self._model_uuid: {"name": model, "version": "1", "arch": "sensevoice"}},
+        }
+
+    def _send_error(
+        self,
+        variant: str,
+        description: str,
+        original: str | None = None,
+        message: ServerMessage | None = None,
+    ) -> None:
+        error: dict[str, Any] = {"type": "Error", "variant": variant, "description": description}
+        if original is not None:
+            error["message"] = original[:1000]
+        self._send(error, message)
+
+    def _send(self, obj: dict[str, Any], message: ServerMessage | None = None) -> None:
+        self._frames.append(OutFrame(orjson.dumps(obj), message=message))
+
+
+def _seconds(ms: float) -> float:
+    return round(ms / 1000, 3)

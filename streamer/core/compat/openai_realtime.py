@@ -1,0 +1,658 @@
+"""OpenAI's Realtime transcription protocol over the core session (I/O-free).
+
+``GET /v1/realtime?intent=transcription``; everything is a JSON text frame. The GA shape
+is the default; ``OpenAI-Beta: realtime=v1`` (or the browser subprotocol
+``openai-beta.realtime-v1``) selects the beta shape, whose session events are called
+``transcription_session.*`` and whose session object is flat. ``docs/openai-realtime.md``
+has the client side. The mapping:
+
+- on open, ``session.created``; every ``session.update`` is answered with
+  ``session.updated`` carrying the effective configuration;
+- ``input_audio_buffer.append`` (base64 PCM16 at 24 kHz, or G.711 at 8 kHz) feeds the
+  session. Audio appended before the first update is held (up to
+  :data:`HOLD_BEFORE_UPDATE_MS`) so that the update still sets the format and language,
+  which the core fixes at the first audio;
+- server VAD (the default): ``speech_start`` -> ``input_audio_buffer.speech_started``;
+  partials -> ``...transcription.delta`` with only the growth of the stable prefix
+  (clients append deltas); ``final`` -> ``speech_stopped``, ``committed``, the rest of
+  the text as a last delta, ``...transcription.completed`` (or ``.failed``);
+- ``turn_detection: null`` (manual): no VAD events; finals collect until
+  ``input_audio_buffer.commit``, answered with ``committed`` and, once every segment
+  before the commit is decoded, one ``completed`` for the whole buffer;
+  ``input_audio_buffer.clear`` drops the uncommitted audio's text (``cleared``).
+
+``error`` events only for what the client must fix (unreadable JSON, an unknown event,
+bad base64, an unsupported format): LiveKit treats any ``error`` as fatal, so nothing
+benign (an empty commit, a language change mid-stream) ever produces one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from streamer.core import protocol
+from streamer.core.compat import common
+from streamer.core.compat.audio import AudioDecoder
+from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart
+from streamer.core.session import Session, State
+from streamer.core.wire import OutFrame, WireAdapter
+from streamer.errors import InvalidOption, ProtocolError, UnexpectedMessage
+
+PATH = "/v1/realtime"
+INTENT = "transcription"
+PCM_SAMPLE_RATE = 24000  # audio/pcm (beta: pcm16) is 24 kHz mono
+G711_SAMPLE_RATE = 8000
+HOLD_BEFORE_UPDATE_MS = 1000  # audio held while waiting for the first session.update
+BETA_HEADER_VALUE = "realtime=v1"
+SUBPROTOCOL = "realtime"  # the browser SDK offers it with the key and beta flag
+KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
+
+# GA format type <-> beta input_audio_format
+_FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
+_BETA_FORMATS = {beta: ga for ga, beta in _FORMATS.items()}
+_ENCODING = {"audio/pcm": "linear16", "audio/pcmu": "mulaw", "audio/pcma": "alaw"}
+_VAD_TYPES = ("server_vad", "semantic_vad")
+DEFAULT_TURN_DETECTION = {
+    "type": "server_vad",
+    "threshold": 0.5,
+    "prefix_padding_ms": 300,
+    "silence_duration_ms": 500,
+}
+
+
+@dataclass(frozen=True)
+class RealtimeOptions:
+    """What the handshake decides."""
+
+    beta: bool = False  # the beta event and session shapes
+    model: str | None = None  # ?model= of the URL, echoed in the session object
+
+
+def parse_realtime_handshake(
+    query: Mapping[str, str], beta_header: str | None, subprotocols: Sequence[str]
+) -> RealtimeOptions:
+    """Raises :class:`InvalidOption` unless ``intent=transcription``: conversation
+    sessions (speech in, model responses out) are not served."""
+    intent = query.get("intent")
+    if intent != INTENT:
+        raise InvalidOption(
+            f"only transcription sessions are served: connect to {PATH}?intent={INTENT} "
+            f"(got intent={intent!r})"
+        )
+    beta = BETA_HEADER_VALUE in (beta_header or "") or BETA_SUBPROTOCOL in subprotocols
+    return RealtimeOptions(beta=beta, model=query.get("model") or None)
+
+
+def presented_key(authorization: str | None, subprotocols: Sequence[str]) -> str | None:
+    """``Authorization: Bearer K``, or a browser's ``openai-insecure-api-key.K`` subprotocol."""
+    if authorization:
+        scheme, _, key = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and key.strip():
+            return key.strip()
+    for offered in subprotocols:
+        if offered.startswith(KEY_SUBPROTOCOL_PREFIX):
+            return offered[len(KEY_SUBPROTOCOL_PREFIX) :]
+    return None
+
+
+def select_subprotocol(offered: Sequence[str]) -> str | None:
+    return SUBPROTOCOL if SUBPROTOCOL in offered else None
+
+
+def refusal_body(code: str, message: str) -> dict[str, Any]:
+    """OpenAI's error shape for a refused handshake."""
+    return {
+        "error": {"message": message, "type": "invalid_request_error", "code": code, "param": None}
+    }
+
+
+@dataclass(frozen=True)
+class TranscriptionConfig:
+    """The transcription session's configuration as the client sees it."""
+
+    format_type: str = "audio/pcm"  # GA format type, a key of _FORMATS
+    rate: int = PCM_SAMPLE_RATE  # audio/pcm only; G.711 is always 8 kHz
+    model: str | None = None
+    language: str | None = None
+    prompt: str = ""
+    turn_detection: dict[str, Any] | None = field(
+        default_factory=lambda: dict(DEFAULT_TURN_DETECTION)
+    )  # None: manual commits
+    noise_reduction: Any = None
+    include: list[Any] = field(default_factory=list)
+
+    @property
+    def server_vad(self) -> bool:
+        td = self.turn_detection
+        return isinstance(td, dict) and td.get("type") in _VAD_TYPES
+
+    @property
+    def sample_rate(self) -> int:
+        return self.rate if self.format_type == "audio/pcm" else G711_SAMPLE_RATE
+
+
+class UpdateRejected(ProtocolError):
+    """A session.update that cannot be applied (the error event names ``param``)."""
+
+    code = "invalid_value"
+    fatal = False
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def parse_update(session: object, base: TranscriptionConfig) -> TranscriptionConfig:
+    """``session`` of a GA ``session.update`` or a beta ``transcription_session.update``
+    over ``base``; unknown fields are ignored. Raises :class:`UpdateRejected`."""
+    if not isinstance(session, dict):
+        raise UpdateRejected("'session' must be an object", "session")
+    kind = session.get("type")
+    if kind not in (None, "transcription"):
+        raise UpdateRejected(
+            f"only transcription sessions are served (session.type {kind!r})", "session.type"
+        )
+    changes: dict[str, Any] = {}
+    audio_in = (
+        session.get("audio", {}).get("input") if isinstance(session.get("audio"), dict) else None
+    )
+    if isinstance(audio_in, dict):  # GA
+        fmt, transcription = audio_in.get("format"), audio_in.get("transcription")
+        if isinstance(fmt, dict):
+            changes.update(_ga_format(fmt))
+        if "turn_detection" in audio_in:
+            changes["turn_detection"] = _turn_detection(audio_in["turn_detection"])
+        if "noise_reduction" in audio_in:
+            changes["noise_reduction"] = audio_in["noise_reduction"]
+    else:  # beta
+        transcription = session.get("input_audio_transcription")
+        if "input_audio_format" in session:
+            beta_format = session["input_audio_format"]
+            if beta_format not in _BETA_FORMATS:
+                raise UpdateRejected(
+                    f"input_audio_format {beta_format!r} is not supported "
+                    f"(supported: {', '.join(_BETA_FORMATS)})",
+                    "session.input_audio_format",
+                )
+            changes["format_type"] = _BETA_FORMATS[beta_format]
+            changes["rate"] = PCM_SAMPLE_RATE
+        if "turn_detection" in session:
+            changes["turn_detection"] = _turn_detection(session["turn_detection"])
+        if "input_audio_noise_reduction" in session:
+            changes["noise_reduction"] = session["input_audio_noise_reduction"]
+    if isinstance(transcription, dict):
+        for name in ("model", "language", "prompt"):
+            if name in transcription:
+                value = transcription[name]
+                changes[name] = value if isinstance(value, str) or name != "prompt" else ""
+    if isinstance(session.get("include"), list):
+        changes["include"] = session["include"]
+    return replace(base, **changes)
+
+
+def _ga_format(fmt: dict[str, Any]) -> dict[str, Any]:
+    kind = fmt.get("type", "audio/pcm")
+    if kind not in _FORMATS:
+        raise UpdateRejected(
+            f"audio format {kind!r} is not supported (supported: {', '.join(_FORMATS)})",
+            "session.audio.input.format.type",
+        )
+    if kind != "audio/pcm":
+        return {"format_type": kind, "rate": G711_SAMPLE_RATE}
+    rate = common.lenient_int(fmt.get("rate", PCM_SAMPLE_RATE))
+    if rate not in protocol.SUPPORTED_SAMPLE_RATES:
+        raise UpdateRejected(
+            f"audio/pcm rate {fmt.get('rate')!r} is not supported (use {PCM_SAMPLE_RATE})",
+            "session.audio.input.format.rate",
+        )
+    return {"format_type": kind, "rate": rate}
+
+
+def _turn_detection(value: object) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise UpdateRejected("turn_detection must be an object or null", "turn_detection")
+    return dict(value)
+
+
+@dataclass
+class _Commit:
+    """A manual commit whose item is complete once ``after_finals`` finals are in."""
+
+    item_id: str
+    after_finals: int
+    texts: list[str]
+    audio_ms: float  # the buffer's length, for usage
+
+
+class RealtimeAdapter(WireAdapter):
+    """One OpenAI Realtime transcription session."""
+
+    name = "openai"
+
+    def __init__(self, session: Session, options: RealtimeOptions) -> None:
+        super().__init__(session)
+        self.options = options
+        self.config = TranscriptionConfig(
+            model=options.model or session.options.model_name,
+            turn_detection={
+                **DEFAULT_TURN_DETECTION,
+                "silence_duration_ms": session.stream.endpoint_ms,
+            },
+        )
+        self._session_id = f"sess_{session.session_id}"
+        self._events = 0
+        self._items = 0
+        self._frames: list[OutFrame] = []
+        self._decoder = AudioDecoder()
+        self._holding = True  # no session.update yet: hold the audio
+        self._held: list[bytes] = []  # as the client sent it: the update may change the format
+        self._held_bytes = 0
+        self._binary_refused = False
+        self._previous_item: str | None = None
+        self._item_of_segment: dict[int, str] = {}
+        self._sent_text: dict[int, str] = {}  # per segment: the text its deltas added up to
+        self._finals_seen = 0
+        self._discard_before = 0  # finals before this index belong to cleared audio
+        self._uncommitted: list[str] = []  # manual mode: finals since the last commit
+        self._commits: deque[_Commit] = deque()
+        self._committed_audio_ms = 0.0
+        self._fatal: Error | None = None
+
+    # -- client -> server ------------------------------------------------------
+
+    def start(self) -> None:
+        self.session.start()
+        kind = "transcription_session.created" if self.options.beta else "session.created"
+        self._send({"type": kind, "session": self._session_object()})
+
+    def receive_bytes(self, data: bytes) -> None:
+        if self._binary_refused:
+            return  # said once
+        self._binary_refused = True
+        self._error(
+            "binary frames are not part of this protocol: send input_audio_buffer.append",
+            "unsupported_frame",
+        )
+
+    def receive_text(self, text: str) -> None:
+        if self.session.state is State.ENDED:
+            return
+        try:
+            event = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            self._error(f"the event is not valid JSON: {exc}", "invalid_json")
+            return
+        kind = event.get("type") if isinstance(event, dict) else None
+        if not isinstance(kind, str):
+            self._error(
+                "events must be JSON objects with a 'type'",
+                "invalid_event",
+            )
+            return
+        event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        if kind in ("session.update", "transcription_session.update"):
+            self._update(kind, event.get("session"), event_id)
+        elif kind == "input_audio_buffer.append":
+            self._append(event.get("audio"), event_id)
+        elif kind == "input_audio_buffer.commit":
+            self._commit()
+        elif kind == "input_audio_buffer.clear":
+            self._clear(event_id)
+        else:
+            self._error(
+                f"event type {kind!r} is not served here (transcription sessions take "
+                "session.update, input_audio_buffer.append, .commit and .clear)",
+                "unknown_event",
+                event_id=event_id,
+            )
+
+    def _update(self, kind: str, session: object, event_id: str | None) -> None:
+        try:
+            config = parse_update(session, self.config)
+        except UpdateRejected as error:
+            self._error(error.message, "invalid_value", error.param, event_id)
+            return
+        if self.session.state is State.CONFIGURING:
+            try:
+                self.session.configure(self._stream_params(config))
+            except ProtocolError as error:
+                self._error(error.message, "invalid_value", None, event_id)
+                return
+            self.config = replace(
+                config, turn_detection=self._effective_turn_detection(config.turn_detection)
+            )
+            self._decoder = AudioDecoder(_ENCODING[config.format_type])
+        else:
+            if (config.format_type, config.sample_rate) != (
+                self.config.format_type,
+                self.config.sample_rate,
+            ):
+                self._error(
+                    "the audio format cannot change once audio has been appended",
+                    "invalid_value",
+                    "session.audio.input.format",
+                    event_id,
+                )
+                return
+            # The core fixes language and silence duration at the first audio: keep them
+            # (the answer says so) and take what is the adapter's own, the turn mode.
+            config = replace(
+                config,
+                language=self.config.language,
+                turn_detection=self._effective_turn_detection(config.turn_detection),
+            )
+            self.config = config
+        self._send({"type": kind.replace(".update", ".updated"), "session": self._session_object()})
+        self._release_hold()
+
+    def _stream_params(self, config: TranscriptionConfig) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "sample_rate": config.sample_rate,
+            "language": common.core_language(config.language),
+            "partials": config.server_vad,  # deltas only in server VAD mode
+        }
+        td = config.turn_detection
+        silence_ms = common.lenient_int(td.get("silence_duration_ms")) if td else None
+        if silence_ms is not None:
+            params["endpoint_ms"] = common.clamp_endpoint_ms(silence_ms)
+        return params
+
+    def _effective_turn_detection(self, td: dict[str, Any] | None) -> dict[str, Any] | None:
+        if td is not None and td.get("type") == "server_vad":
+            return {**td, "silence_duration_ms": self.session.stream.endpoint_ms}
+        return td
+
+    def _append(self, audio: object, event_id: str | None) -> None:
+        if not isinstance(audio, str):
+            self._error(
+                "'audio' must be a base64 string",
+                "invalid_value",
+                "audio",
+                event_id,
+            )
+            return
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            self._error(
+                "'audio' is not valid base64",
+                "invalid_value",
+                "audio",
+                event_id,
+            )
+            return
+        if self.session.state in (State.STOPPING, State.ENDED):
+            return
+        if self._holding:
+            self._held.append(data)
+            self._held_bytes += len(data)
+            bytes_per_ms = self.config.sample_rate * self._decoder.bytes_per_sample / 1000
+            if self._held_bytes >= HOLD_BEFORE_UPDATE_MS * bytes_per_ms:
+                self._release_hold()  # no update is coming: go on with the defaults
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        pcm = self._decoder.push(data)
+        if pcm:
+            self.session.receive_audio(pcm)
+
+    def _release_hold(self) -> None:
+        self._holding = False
+        held, self._held, self._held_bytes = self._held, [], 0
+        for data in held:
+            self._feed(data)
+
+    def _commit(self) -> None:
+        self._release_hold()
+        if self.session.state in (State.STOPPING, State.ENDED):
+            return
+        try:
+            self.session.finalize()
+        except UnexpectedMessage:
+            return
+        if self.config.server_vad:
+            return  # the open segment's final commits its own item, as VAD would
+        item_id = self._new_item()
+        audio_ms = self.session.audio_ms
+        self._commits.append(
+            _Commit(
+                item_id=item_id,
+                after_finals=common.finals_submitted(self.session),
+                texts=self._uncommitted,
+                audio_ms=audio_ms - self._committed_audio_ms,
+            )
+        )
+        self._uncommitted = []
+        self._committed_audio_ms = audio_ms
+        self._send(
+            {
+                "type": "input_audio_buffer.committed",
+                "previous_item_id": self._previous_item,
+                "item_id": item_id,
+            }
+        )
+        self._previous_item = item_id
+
+    def _clear(self, event_id: str | None) -> None:
+        self._release_hold()
+        if self.session.state not in (State.STOPPING, State.ENDED):
+            try:
+                self.session.finalize()
+            except UnexpectedMessage:
+                pass
+        self._discard_before = common.finals_submitted(self.session)
+        self._uncommitted = []
+        self._committed_audio_ms = self.session.audio_ms
+        self._send({"type": "input_audio_buffer.cleared"})
+
+    # -- server -> client ------------------------------------------------------
+
+    def drain(self) -> list[OutFrame]:
+        for message in self.session.messages_to_send():
+            self._translate(message)
+        self._complete_commits()
+        frames, self._frames = self._frames, []
+        return frames
+
+    def _translate(self, message: ServerMessage) -> None:
+        if isinstance(message, SpeechStart):
+            if self.config.server_vad:
+                item_id = self._new_item()
+                self._item_of_segment[message.segment_id] = item_id
+                self._send(
+                    {
+                        "type": "input_audio_buffer.speech_started",
+                        "audio_start_ms": int(message.start_ms),
+                        "item_id": item_id,
+                    },
+                    message,
+                )
+        elif isinstance(message, Partial):
+            item_id = self._item_of_segment.get(message.segment_id)
+            if item_id is not None and self.config.server_vad:
+                self._delta(item_id, message.segment_id, message.stable_text, message)
+        elif isinstance(message, Final):
+            self._final(message)
+        elif isinstance(message, Error):
+            # non-fatal ones are benign here (a failed decode has its own .failed event)
+            if message.fatal:
+                self._fatal = message
+        elif isinstance(message, End):
+            self._complete_commits(everything=True)
+            if self._fatal is not None:
+                # a server limit (idle timeout, maximum duration) ended the session; sent
+                # after every transcript so a client that stops at an error loses none
+                code = self._fatal.code
+                self._error(
+                    self._fatal.message,
+                    "session_expired" if code == "max_session_duration" else code,
+                    core=self._fatal,
+                )
+
+    def _delta(self, item_id: str, segment_id: int, stable: str, partial: Partial) -> None:
+        """Only growth of the stable prefix: clients append deltas and cannot take back."""
+        sent = self._sent_text.get(segment_id, "")
+        if len(stable) > len(sent) and stable.startswith(sent):
+            self._sent_text[segment_id] = stable
+            self._send_delta(item_id, stable[len(sent) :], partial)
+
+    def _send_delta(self, item_id: str, delta: str, partial: Partial | None = None) -> None:
+        self._send(
+            {
+                "type": "conversation.item.input_audio_transcription.delta",
+                "item_id": item_id,
+                "content_index": 0,
+                "delta": delta,
+            },
+            partial,
+        )
+
+    def _final(self, final: Final) -> None:
+        index = self._finals_seen
+        self._finals_seen += 1
+        item_id = self._item_of_segment.pop(final.segment_id, None)
+        sent = self._sent_text.pop(final.segment_id, "")
+        commit = next((c for c in self._commits if index < c.after_finals), None)
+        if commit is not None:
+            commit.texts.append(final.text)
+            self._complete_commits()
+            return
+        if index < self._discard_before:
+            return  # its audio was cleared
+        if not self.config.server_vad:
+            self._uncommitted.append(final.text)
+            return
+        if item_id is None:
+            item_id = self._new_item()  # the segment began in manual mode
+        self._send(
+            {
+                "type": "input_audio_buffer.speech_stopped",
+                "audio_end_ms": int(final.end_ms),
+                "item_id": item_id,
+            }
+        )
+        self._send(
+            {
+                "type": "input_audio_buffer.committed",
+                "previous_item_id": self._previous_item,
+                "item_id": item_id,
+            }
+        )
+        self._previous_item = item_id
+        if final.error is not None:
+            self._send(
+                {
+                    "type": "conversation.item.input_audio_transcription.failed",
+                    "item_id": item_id,
+                    "content_index": 0,
+                    "error": {
+                        "type": "transcription_error",
+                        "code": final.error.get("code"),
+                        "message": final.error.get("message"),
+                        "param": None,
+                    },
+                },
+                final,
+            )
+            return
+        if len(final.text) > len(sent) and final.text.startswith(sent):
+            # the text the deltas have not said yet, when the final still extends them
+            self._send_delta(item_id, final.text[len(sent) :])
+        self._completed(
+            item_id, final.text, (final.end_ms - final.start_ms) / 1000, final.language, final
+        )
+
+    def _complete_commits(self, everything: bool = False) -> None:
+        while self._commits and (everything or self._commits[0].after_finals <= self._finals_seen):
+            commit = self._commits.popleft()
+            self._completed(commit.item_id, common.join_texts(commit.texts), commit.audio_ms / 1000)
+
+    def _completed(
+        self,
+        item_id: str,
+        transcript: str,
+        seconds: float,
+        language: str | None = None,
+        message: ServerMessage | None = None,
+    ) -> None:
+        event: dict[str, Any] = {
+            "type": "conversation.item.input_audio_transcription.completed",
+            "item_id": item_id,
+            "content_index": 0,
+            "transcript": transcript,
+            "usage": {"type": "duration", "seconds": round(max(0.0, seconds), 3)},
+        }
+        if language:
+            event["languages"] = [{"code": language}]
+        self._send(event, message)
+
+    def _session_object(self) -> dict[str, Any]:
+        c = self.config
+        transcription = {"model": c.model, "language": c.language, "prompt": c.prompt}
+        if self.options.beta:
+            return {
+                "id": self._session_id,
+                "object": "realtime.transcription_session",
+                "input_audio_format": _FORMATS[c.format_type],
+                "input_audio_transcription": transcription,
+                "turn_detection": c.turn_detection,
+                "input_audio_noise_reduction": c.noise_reduction,
+                "include": c.include or None,
+            }
+        audio_format: dict[str, Any] = {"type": c.format_type}
+        if c.format_type == "audio/pcm":
+            audio_format["rate"] = c.rate
+        return {
+            "id": self._session_id,
+            "object": "realtime.transcription_session",
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "format": audio_format,
+                    "transcription": transcription,
+                    "noise_reduction": c.noise_reduction,
+                    "turn_detection": c.turn_detection,
+                }
+            },
+            "include": c.include,
+        }
+
+    def _new_item(self) -> str:
+        self._items += 1
+        return f"item_{self.session.session_id}_{self._items:04d}"
+
+    def _error(
+        self,
+        description: str,
+        code: str,
+        param: str | None = None,
+        event_id: str | None = None,
+        *,
+        error_type: str = "invalid_request_error",
+        core: ServerMessage | None = None,
+    ) -> None:
+        """An ``error`` event: only for what the client must fix, or the session's end."""
+        error = {
+            "type": error_type,
+            "code": code,
+            "message": description,
+            "param": param,
+            "event_id": event_id,
+        }
+        self._send({"type": "error", "error": error}, core)
+
+    def _send(self, event: dict[str, Any], message: ServerMessage | None = None) -> None:
+        self._events += 1
+        event = {"type": event.pop("type"), "event_id": f"event_{self._events:06d}", **event}
+        self._frames.append(OutFrame(orjson.dumps(event), message=message))

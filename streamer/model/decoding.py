@@ -1,0 +1,332 @@
+"""What every backend shares: audio in, CTC logits from the backend, a transcript out.
+
+A backend (:mod:`streamer.model.recognizer` for torch, :mod:`streamer.model.onnx_backend`
+for ONNX Runtime) only turns a batch of waveforms into CTC logits, one ``(frames, vocab)``
+array per utterance. Everything around that lives here, once: checking the audio and the
+options, greedy CTC decoding (argmax, repeats collapsed, blanks dropped) with each token's
+first encoder frame and posterior, the tokenizer, and the tagged transcript.
+
+Encoder frame ``f`` of an utterance: frames 0-3 are the query frames (language, emotion,
+event, ITN); frame ``f >= 4`` covers audio from ``(f - 4) * FRAME_MS`` milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from streamer.core.transcript import Transcript
+from streamer.errors import ConfigError, DecodeError, ModelError
+from streamer.model.sensevoice import (
+    BLANK_ID,
+    LANGUAGES,
+    LID_ROWS,
+    MIN_DECODE_SAMPLES,
+    SAMPLE_RATE,
+    TEXTNORM_ROWS,
+    rich_text,
+)
+
+logger = logging.getLogger(__name__)
+
+WARMUP_SECONDS = (1.0, 3.0, 7.0)  # lengths decoded at start-up
+# log_softmax subtracts one constant per frame, so the argmax of the logits is the argmax
+# of inference()'s log-probabilities except where rounding makes two near-equal logits
+# equal; frames whose best two logits are this close (relative) are decided on log_softmax.
+_TIE_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One item of a decode request, ready for a backend."""
+
+    waveform: np.ndarray  # float32 samples at 16 kHz, scaled like funasr's s16le input
+    language_row: int  # query row of the model's embedding (LID_ROWS)
+    textnorm_row: int  # query row of the model's embedding (TEXTNORM_ROWS)
+
+
+@dataclass(frozen=True)
+class CtcTokens:
+    """Greedy CTC output of one utterance."""
+
+    ids: tuple[int, ...]  # token ids, repeats collapsed and blanks removed
+    frames: tuple[int, ...]  # encoder frame where each token's run starts
+    confidences: tuple[float, ...]  # softmax posterior of each token at that frame
+
+
+def greedy_ctc(
+    logits: np.ndarray, *, blank_id: int = BLANK_ID, banned_ids: Sequence[int] = ()
+) -> CtcTokens:
+    """Greedy CTC decoding of ``logits`` (frames, vocab), as SenseVoice's inference().
+
+    ``banned_ids`` never win a frame (inference()'s ``ban_emo_unk``).
+    """
+    logits = np.asarray(logits, dtype=np.float32)
+    if logits.ndim != 2:
+        raise DecodeError(f"CTC logits must be (frames, vocab), not shape {logits.shape}")
+    if logits.shape[0] == 0:
+        return CtcTokens((), (), ())
+    if banned_ids:
+        logits = logits.copy()
+        logits[:, list(banned_ids)] = -np.inf
+    best = logits.argmax(axis=-1)
+    rows = np.arange(logits.shape[0])
+    top = logits[rows, best]
+    runner_up = logits.copy()
+    runner_up[rows, best] = -np.inf
+    second = runner_up.max(axis=-1)
+    close = (top - second) <= _TIE_TOLERANCE * np.maximum(np.abs(top), 1.0)
+    if close.any():
+        best[close] = _log_softmax(logits[close]).argmax(axis=-1)
+    starts = np.flatnonzero(np.concatenate(([True], best[1:] != best[:-1])))
+    starts = starts[best[starts] != blank_id]
+    if starts.size == 0:
+        return CtcTokens((), (), ())
+    ids = best[starts]
+    log_posteriors = _log_softmax(logits[starts])[np.arange(starts.size), ids]
+    return CtcTokens(
+        ids=tuple(int(i) for i in ids),
+        frames=tuple(int(f) for f in starts),
+        confidences=tuple(float(p) for p in np.exp(log_posteriors)),
+    )
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    shifted = rows - rows.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+# --- tokenizers -----------------------------------------------------------------------------
+
+
+class Tokenizer(Protocol):
+    """Token ids to text, as funasr's SentencepiecesTokenizer decodes them."""
+
+    @property
+    def size(self) -> int: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def pieces(self) -> list[str]: ...
+
+
+class SentencePieceTokenizer:
+    """A sentencepiece model file (bpe.model, chn_jpn_yue_eng_ko_spectok.bpe.model)."""
+
+    def __init__(self, path: Path) -> None:
+        import sentencepiece as spm
+
+        try:
+            self._processor = spm.SentencePieceProcessor(model_file=str(path))
+        except (OSError, RuntimeError) as error:
+            raise ModelError(f"Tokenizer {path} cannot be read ({error})") from error
+        self.path = path
+
+    @property
+    def size(self) -> int:
+        return int(self._processor.get_piece_size())
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._processor.decode([int(t) for t in token_ids]))
+
+    def pieces(self) -> list[str]:
+        return [self._processor.id_to_piece(i) for i in range(self.size)]
+
+
+class PieceTableTokenizer:
+    """A list of pieces (sherpa-onnx tokens.txt, FunASR tokens.json), decoded like
+    sentencepiece: pieces joined, ``▁`` read as a space, the leading space dropped."""
+
+    def __init__(self, pieces: Sequence[str]) -> None:
+        self._pieces = list(pieces)
+
+    @property
+    def size(self) -> int:
+        return len(self._pieces)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        text = "".join(self._pieces[int(t)] for t in token_ids).replace("▁", " ")
+        return text[1:] if text.startswith(" ") else text
+
+    def pieces(self) -> list[str]:
+        return list(self._pieces)
+
+
+def read_tokens_txt(path: Path) -> list[str]:
+    """sherpa-onnx's ``tokens.txt``: one ``piece id`` per line, ids 0..V-1."""
+    pieces: dict[int, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        piece, _, index = line.rstrip("\n").rpartition(" ")
+        if not piece or not index.isdigit():
+            raise ModelError(f"{path}:{number} is not 'piece id': {line!r}")
+        pieces[int(index)] = piece
+    if sorted(pieces) != list(range(len(pieces))):
+        raise ModelError(f"{path} does not number its pieces 0..{len(pieces) - 1}")
+    return [pieces[i] for i in range(len(pieces))]
+
+
+def read_tokens_json(path: Path) -> list[str]:
+    """FunASR's ``tokens.json``: a JSON list of pieces, in id order."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ModelError(f"{path} is not a JSON list of tokens ({error})") from error
+    if not isinstance(data, list) or not all(isinstance(p, str) for p in data):
+        raise ModelError(f"{path} is not a JSON list of token strings")
+    return data
+
+
+def write_tokens_txt(path: Path, pieces: Sequence[str]) -> None:
+    path.write_text("".join(f"{p} {i}\n" for i, p in enumerate(pieces)), encoding="utf-8")
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+def as_waveform(pcm: np.ndarray | bytes) -> np.ndarray:
+    """float32 samples scaled exactly as funasr's load_bytes() scales s16le input.
+
+    ``pcm`` is an int16 array, s16le bytes, or a float32 array in [-1, 1] (used as is).
+    """
+    if isinstance(pcm, np.ndarray) and pcm.dtype.kind == "f":
+        if pcm.ndim != 1:
+            raise ConfigError(f"audio must be mono (one dimension), not shape {pcm.shape}")
+        return np.ascontiguousarray(pcm, dtype=np.float32)
+    return as_int16(pcm).astype(np.float32) / 32768
+
+
+def as_int16(pcm: np.ndarray | bytes) -> np.ndarray:
+    if isinstance(pcm, bytes | bytearray | memoryview):
+        data = bytes(pcm)
+        if len(data) % 2:
+            raise ConfigError("s16le audio must have an even number of bytes")
+        return np.frombuffer(data, dtype="<i2")
+    array = np.asarray(pcm)
+    if array.ndim != 1:
+        raise ConfigError(f"audio must be mono (one dimension), not shape {array.shape}")
+    if array.dtype == np.int16:
+        return array
+    raise ConfigError(f"audio must be int16, float32 or s16le bytes, not {array.dtype}")
+
+
+def language_row(language: str) -> int:
+    try:
+        return LID_ROWS[language]
+    except KeyError:
+        raise ConfigError(
+            f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}"
+        ) from None
+
+
+def textnorm_row(use_itn: bool) -> int:
+    return TEXTNORM_ROWS["withitn" if use_itn else "woitn"]
+
+
+def empty_transcript(samples: int) -> Transcript:
+    return Transcript.from_raw(
+        "", rich="", token_ids=(), audio_ms=samples * 1000 / SAMPLE_RATE, decode_ms=0.0
+    )
+
+
+# --- the shared recognizer ------------------------------------------------------------------
+
+
+class CtcRecognizer:
+    """The decode path every backend shares; a backend implements :meth:`_logits`.
+
+    Not thread-safe: decode from one thread at a time (the model worker's).
+    """
+
+    tokenizer: Tokenizer
+    banned_ids: tuple[int, ...] = ()  # token ids that never win a frame
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def sample_rate(self) -> int:
+        return SAMPLE_RATE
+
+    def decode(
+        self, pcm: np.ndarray | bytes, *, language: str = "auto", use_itn: bool = True
+    ) -> Transcript:
+        """Recognise one utterance of 16 kHz mono audio.
+
+        ``pcm`` is an int16 array, s16le bytes, or a float32 array in [-1, 1]. Audio shorter
+        than :data:`MIN_DECODE_SAMPLES` gives an empty transcript. Raises DecodeError when
+        the model fails (the recognizer stays usable) and ConfigError for malformed audio or
+        an unknown language.
+        """
+        return self.decode_batch([pcm], languages=[language], use_itns=[use_itn])[0]
+
+    def decode_batch(
+        self,
+        pcms: Sequence[np.ndarray | bytes],
+        *,
+        languages: Sequence[str],
+        use_itns: Sequence[bool],
+    ) -> list[Transcript]:
+        """Recognise several utterances in one model call (padded to the longest).
+
+        Each transcript is the one :meth:`decode` gives for that utterance alone, up to
+        float rounding of the padded batch; ``decode_ms`` is the time of the whole call.
+        """
+        if not len(pcms) == len(languages) == len(use_itns):
+            raise ConfigError("decode_batch needs one language and one ITN flag per utterance")
+        started = time.perf_counter()
+        requests = [
+            Utterance(as_waveform(pcm), language_row(language), textnorm_row(use_itn))
+            for pcm, language, use_itn in zip(pcms, languages, use_itns, strict=True)
+        ]
+        runnable = [i for i, r in enumerate(requests) if r.waveform.size >= MIN_DECODE_SAMPLES]
+        logits: dict[int, np.ndarray] = {}
+        if runnable:
+            seconds = sum(requests[i].waveform.size for i in runnable) / SAMPLE_RATE
+            try:
+                outputs = self._logits([requests[i] for i in runnable])
+            except (RuntimeError, MemoryError) as error:  # out of memory, a backend failure
+                raise DecodeError(f"decoding {seconds:.2f} s of audio failed: {error}") from error
+            logits = dict(zip(runnable, outputs, strict=True))
+        results = []
+        for index, request in enumerate(requests):
+            samples = request.waveform.size
+            if index not in logits:
+                results.append(empty_transcript(samples))
+                continue
+            tokens = greedy_ctc(logits[index], banned_ids=self.banned_ids)
+            raw = self.tokenizer.decode(tokens.ids)
+            results.append(
+                Transcript.from_raw(
+                    raw,
+                    rich=rich_text(raw) if raw else "",
+                    token_ids=tokens.ids,
+                    token_frames=tokens.frames,
+                    token_confidences=tokens.confidences,
+                    audio_ms=samples * 1000 / SAMPLE_RATE,
+                    decode_ms=(time.perf_counter() - started) * 1000,
+                )
+            )
+        return results
+
+    def warmup(self) -> None:
+        """Decode a few lengths of low noise so first users pay no first-call costs."""
+        started = time.perf_counter()
+        rng = np.random.default_rng(0)
+        for seconds in WARMUP_SECONDS:
+            noise = rng.normal(0.0, 30.0, int(seconds * SAMPLE_RATE)).astype(np.int16)
+            self.decode(noise)
+        logger.info("warm-up took %.1f s", time.perf_counter() - started)
+
+    def _logits(self, batch: Sequence[Utterance]) -> list[np.ndarray]:
+        """CTC logits, one float32 ``(encoder frames, vocab)`` array per utterance."""
+        raise NotImplementedError

@@ -1,0 +1,244 @@
+"""Model directories: where a model's files are, whether they fit together, the hub.
+
+Finding the files funasr will read, checking that the tokenizer and the CTC head agree
+(funasr silently decodes garbage when they do not), and finding a hub id in the local
+cache, or failing fast when the hub cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from streamer.errors import ModelError
+
+logger = logging.getLogger(__name__)
+
+HUB_PROBE_TIMEOUT_S = 2.5  # how long an unreachable hub may delay start-up
+RANDOM_PREFIX = "random:"  # model names built by streamer.testkit.models
+
+_CTC_HEAD_KEY = "ctc.ctc_lo.weight"
+_HF_ALIASES = {"iic/SenseVoiceSmall": "FunAudioLLM/SenseVoiceSmall"}
+
+
+def default_cache_dir() -> Path:
+    """``$STREAMER_CACHE_DIR``, else ``~/.cache/sensevoice-streamer``."""
+    env = os.environ.get("STREAMER_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "sensevoice-streamer"
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """The files of one model directory, as funasr's loader will pick them."""
+
+    directory: Path
+    config: Path  # config.yaml
+    checkpoint: Path  # model.pt
+    tokenizer: Path | None  # sentencepiece model; None when the config names another kind
+    cmvn: Path  # am.mvn
+
+
+def locate_model(model: str, hub: str, cache_dir: Path) -> Path | str:
+    """A checked local model directory, or the hub id funasr should download.
+
+    ``random:NAME`` is built (once) under ``cache_dir`` by the test-model builder; a
+    directory is checked for missing files and a tokenizer that does not fit the weights;
+    a hub id is looked up in the local hub cache, and when it is not there the hub must
+    answer within :data:`HUB_PROBE_TIMEOUT_S`. Raises ModelError otherwise.
+    """
+    if model.startswith(RANDOM_PREFIX):
+        from streamer.testkit.models import ensure_random_model
+
+        directory = ensure_random_model(model[len(RANDOM_PREFIX) :], cache_dir)
+        logger.warning(
+            "MODEL %s HAS RANDOM WEIGHTS: every transcript it produces is meaningless. "
+            "Use it for tests and timing only.",
+            model,
+        )
+    else:
+        path = Path(model).expanduser()
+        if path.exists() or looks_like_path(model):
+            directory = path
+        else:
+            cached = hub_cache_dir(model, hub)
+            if cached is None:
+                require_hub(model, hub)
+                return model
+            directory = cached
+    check_vocabulary(model_files(directory))
+    if not model.startswith(RANDOM_PREFIX):
+        from streamer.testkit.models import read_build_info
+
+        if read_build_info(directory) is not None:
+            logger.warning(
+                "model directory %s was built with random weights: its transcripts are meaningless",
+                directory,
+            )
+    return directory
+
+
+def looks_like_path(model: str) -> bool:
+    """Hub ids are ``owner/name``; anything else that does not exist is a missing path."""
+    if model.startswith(("/", "./", "../", "~")) or Path(model).is_absolute():
+        return True
+    return model.count("/") != 1
+
+
+def model_files(directory: Path) -> ModelFiles:
+    """The files funasr will read from ``directory``; ModelError naming any missing one."""
+    if not directory.is_dir():
+        raise ModelError(
+            f"Model directory {directory} does not exist. Pass the directory that holds "
+            "SenseVoiceSmall's config.yaml, model.pt, tokenizer and am.mvn, a hub id such as "
+            "iic/SenseVoiceSmall, or random:tiny for a test model."
+        )
+    metas: dict[str, Any] = {}
+    meta_file = directory / "configuration.json"
+    if meta_file.exists():
+        try:
+            metas = json.loads(meta_file.read_text(encoding="utf-8")).get("file_path_metas", {})
+        except (OSError, ValueError) as error:
+            raise ModelError(
+                f"{meta_file} is not valid JSON ({error}); restore it from the original "
+                "download or delete it to use config.yaml, model.pt, bpe.model and am.mvn."
+            ) from error
+    tokenizer_name = (metas.get("tokenizer_conf") or {}).get("bpemodel") or "bpe.model"
+    expected = {
+        "config": metas.get("config") or "config.yaml",
+        "checkpoint": metas.get("init_param") or "model.pt",
+        "tokenizer": tokenizer_name,
+        "cmvn": (metas.get("frontend_conf") or {}).get("cmvn_file") or "am.mvn",
+    }
+    if not metas and not (directory / "bpe.model").exists():
+        del expected["tokenizer"]  # layout B without bpe.model: config.yaml names it
+    missing = [name for name in expected.values() if not (directory / name).is_file()]
+    if missing:
+        raise ModelError(
+            f"Model directory {directory} is missing {', '.join(missing)}. A SenseVoiceSmall "
+            "directory holds config.yaml, model.pt, its sentencepiece tokenizer and am.mvn; "
+            "download it again (or rebuild it with streamer build-model) and retry."
+        )
+    tokenizer = expected.get("tokenizer")
+    return ModelFiles(
+        directory=directory,
+        config=directory / expected["config"],
+        checkpoint=directory / expected["checkpoint"],
+        tokenizer=directory / tokenizer if tokenizer else None,
+        cmvn=directory / expected["cmvn"],
+    )
+
+
+def check_vocabulary(files: ModelFiles) -> None:
+    """ModelError when the tokenizer and the checkpoint's CTC head disagree in size.
+
+    funasr would skip loading the mismatched head and decode garbage without a warning.
+    """
+    if files.tokenizer is None:
+        return
+    import sentencepiece as spm
+    import torch
+
+    try:
+        pieces = spm.SentencePieceProcessor(model_file=str(files.tokenizer)).get_piece_size()
+    except (OSError, RuntimeError) as error:
+        raise ModelError(
+            f"Tokenizer {files.tokenizer} cannot be read ({error}); download the model again."
+        ) from error
+    try:
+        state = torch.load(files.checkpoint, map_location="cpu", mmap=True, weights_only=True)
+    except RuntimeError:
+        try:  # files saved in the legacy (non-zip) format cannot be memory-mapped
+            state = torch.load(files.checkpoint, map_location="cpu", weights_only=True)
+        except Exception as error:
+            raise ModelError(
+                f"{files.checkpoint} cannot be read ({error}); it is damaged or not a torch "
+                "checkpoint. Download the model again."
+            ) from error
+    head = _find_tensor(state, _CTC_HEAD_KEY)
+    if head is None:
+        logger.debug("no %s in %s; vocabulary not checked", _CTC_HEAD_KEY, files.checkpoint)
+        return
+    outputs = int(head.shape[0])
+    if outputs != pieces:
+        raise ModelError(
+            f"Model {files.directory} is inconsistent: its tokenizer {files.tokenizer.name} has "
+            f"{pieces} pieces but {files.checkpoint.name}'s CTC head has {outputs} outputs. "
+            "funasr would silently skip loading that head and decode garbage. Use the "
+            "tokenizer that was shipped with these weights."
+        )
+
+
+def _find_tensor(state: Any, key: str) -> Any:
+    for wrapper in ("state_dict", "model_state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+    if not isinstance(state, dict):
+        return None
+    return state.get(key, state.get("module." + key))
+
+
+def hub_cache_dir(model: str, hub: str) -> Path | None:
+    """The locally cached snapshot of hub id ``model``, found without network access."""
+    try:
+        if hub == "ms":
+            from modelscope.hub.snapshot_download import snapshot_download
+
+            path = snapshot_download(model, local_files_only=True)
+        else:
+            from huggingface_hub import snapshot_download as hf_snapshot_download
+
+            path = hf_snapshot_download(_HF_ALIASES.get(model, model), local_files_only=True)
+    except Exception as error:  # each hub library has its own "not cached" errors
+        logger.debug("%s is not in the %s cache: %s", model, hub, error)
+        return None
+    return Path(path) if path and Path(path).is_dir() else None
+
+
+def _hub_host(hub: str) -> str:
+    if hub == "ms":
+        domain = os.environ.get("MODELSCOPE_DOMAIN", "www.modelscope.cn")
+        return urlparse(domain if "//" in domain else f"//{domain}").hostname or domain
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    return urlparse(endpoint).hostname or "huggingface.co"
+
+
+def require_hub(model: str, hub: str) -> None:
+    """ModelError within a few seconds when the hub cannot be reached."""
+    host = _hub_host(hub)
+    problem = _probe(host, 443, HUB_PROBE_TIMEOUT_S)
+    if problem is None:
+        return
+    hub_name = "ModelScope" if hub == "ms" else "Hugging Face"
+    other = "--hub hf" if hub == "ms" else "--hub ms"
+    raise ModelError(
+        f"Cannot load model {model!r}: it is not in the local {hub_name} cache and {host} "
+        f"cannot be reached ({problem}). Run once with network access so it is downloaded "
+        "and cached, or download the model directory elsewhere, copy it here and pass its "
+        f"path as the model; {other} tries the other hub, and random:tiny needs no download."
+    )
+
+
+def _probe(host: str, port: int, timeout_s: float) -> str | None:
+    """None if a TCP connection to host:port opens within ``timeout_s``, else why not."""
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:  # name resolution has no timeout of its own, hence the thread
+            with socket.create_connection((host, port), timeout=timeout_s):
+                outcome.append(None)
+        except OSError as error:
+            outcome.append(f"{type(error).__name__}: {error}")
+
+    thread = threading.Thread(target=connect, name="hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 0.5)
+    if not outcome:
+        return f"no answer within {timeout_s:.1f} s"
+    return outcome[0]
