@@ -75,8 +75,10 @@ class Harness:
     def _decode(self, n: int) -> None:
         jobs, self.queued = self.queued[:n], self.queued[n:]
         for job in jobs:
-            if job.kind == "final" and self.fail_next_final:
-                self.fail_next_final = False
+            # the decode of the next final fails; so does a speculative decode of it (after
+            # which the session decodes the final again: that fails too, and ends the flag)
+            if (job.kind == "final" or job.speculative) and self.fail_next_final:
+                self.fail_next_final = job.kind != "final"
                 result = DecodeResult(job=job, error="injected failure")
             else:
                 raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>{self.text_for(job)}"

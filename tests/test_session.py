@@ -442,3 +442,19 @@ def test_speculation_gives_the_same_finals_as_without_it():
 
     with_speculation = finals(True)
     assert with_speculation == finals(False) and len(with_speculation) == 2
+
+
+def test_failed_speculation_is_not_repeated_and_the_final_is_decoded():
+    s = make_session(partials=False)
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1500), silence(300)]), respond=False)
+    (spec,) = s.jobs_to_submit()
+    s.decode_finished(DecodeResult(job=spec, error="RuntimeError: boom"))
+    feed(s, silence(600), respond=False)
+    (job,) = s.jobs_to_submit()  # not the same speculation again: the final itself
+    assert job.kind == "final" and (job.start_sample, job.end_sample) == (
+        spec.start_sample,
+        spec.end_sample,
+    )
+    s.decode_finished(_decoded(job, "second try"))
+    assert [m.text for m in s.messages_to_send() if isinstance(m, Final)] == ["second try"]

@@ -260,6 +260,7 @@ class Session:
         # speculative final of the open segment: the range submitted, and its result
         self._spec_range: tuple[int, int] | None = None
         self._spec_result: DecodeResult | None = None
+        self._spec_failed = False  # the speculation of _spec_range was dropped or failed
         # segments that ended while their speculative decode runs: their finals follow it
         self._awaiting_spec: dict[int, SegmentEnd] = {}
 
@@ -299,6 +300,7 @@ class Session:
                 self._partial_submitted_end = event.start_sample
                 self._spec_range = None
                 self._spec_result = None
+                self._spec_failed = False
                 self._emit(
                     SpeechStart(segment_id=event.segment_id, start_ms=_ms(event.start_sample))
                 )
@@ -353,12 +355,15 @@ class Session:
             return  # already submitted (or decoded) for this pause
         self._spec_range = (self._open_start, end)
         self._spec_result = None
+        self._spec_failed = False
         self._submit_partial(end, speculative=True)
 
     def _end_segment(self, event: SegmentEnd) -> None:
         """Finish a closed segment: from its speculative decode when that covered it."""
-        if (event.reason == "silence" or event.reason == "max_duration") and (
-            self._spec_range == (event.start_sample, event.end_sample)
+        if (
+            event.reason in ("silence", "max_duration")
+            and self._spec_range == (event.start_sample, event.end_sample)
+            and not self._spec_failed
         ):
             self._pending_finals.add(event.segment_id)
             if self._spec_result is not None:
@@ -370,6 +375,7 @@ class Session:
             return
         self._spec_range = None
         self._spec_result = None
+        self._spec_failed = False
         self._submit_final(event)
 
     def _submit_final(self, event: SegmentEnd) -> None:
@@ -475,7 +481,9 @@ class Session:
         ):
             self._spec_result = result
         elif self._spec_range == (job.start_sample, job.end_sample):
-            self._spec_range = None  # dropped or failed while the segment is open: forget it
+            # dropped or failed while the segment is open: not again for this pause; if
+            # the segment ends there, its final is decoded the ordinary way
+            self._spec_failed = True
         return False
 
     def _final_finished(self, result: DecodeResult) -> None:
