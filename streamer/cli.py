@@ -298,7 +298,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--token",
         default=_env("token", None),
         help="require this token (v1: Authorization: Bearer or ?token=; Deepgram: "
-        "Authorization: Token; OpenAI Realtime: Authorization: Bearer)",
+        "Authorization: Token; OpenAI Realtime: Authorization: Bearer; FunASR: ?token=)",
     )
     s.add_argument(
         "--certfile",
@@ -319,6 +319,29 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         default=_env("public_metrics", False, _bool),
         help="serve /metrics without --token (it requires the token by default)",
+    )
+    c = p.add_argument_group("other protocols (each on its own port; off by default)")
+    c.add_argument(
+        "--funasr-port",
+        type=int,
+        default=_env("funasr_port", None, int),
+        help="serve FunASR's runtime WebSocket protocol on ws://HOST:PORT/ for "
+        "funasr-client, funasr-python and FunASR's html5 demo (FunASR uses 10095; "
+        "docs/funasr.md); --token is then required as ?token= in the URL",
+    )
+    c.add_argument(
+        "--wyoming-port",
+        type=int,
+        default=_env("wyoming_port", None, int),
+        help="serve Wyoming, Home Assistant's speech protocol, on tcp://HOST:PORT "
+        "(convention 10300; docs/wyoming.md)",
+    )
+    c.add_argument(
+        "--wyoming-insecure",
+        action="store_true",
+        default=_env("wyoming_insecure", False, _bool),
+        help="serve --wyoming-port although --token is set: Wyoming has no authentication, "
+        "so bind it to a trusted network only",
     )
     _add_logging_arguments(p)
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
@@ -360,6 +383,9 @@ def _server_options(args: argparse.Namespace) -> Any:
             partial_interval_ms=args.partial_interval_ms,
             speculative_finals=args.speculative_finals,
         ),
+        funasr_port=args.funasr_port,
+        wyoming_port=args.wyoming_port,
+        wyoming_insecure=args.wyoming_insecure,
     )
 
 

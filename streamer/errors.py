@@ -12,6 +12,7 @@
     │   └── ServerClosed                the server ended the session with an error
     └── ProtocolError               something a client sent is wrong (has ``code``)
         ├── MalformedMessage            non-JSON or unknown text message (not fatal)
+        │   └── MessageTooBig               a frame or line over its size limit
         ├── InvalidOption               an option value is wrong (close 1008)
         ├── UnsupportedSampleRate       sample rate not supported (close 1003)
         └── UnexpectedMessage           valid message at the wrong time (not fatal)
@@ -33,6 +34,7 @@ __all__ = [
     "ServerUnreachable",
     "ProtocolError",
     "MalformedMessage",
+    "MessageTooBig",
     "InvalidOption",
     "UnsupportedSampleRate",
     "UnexpectedMessage",
@@ -111,6 +113,12 @@ class MalformedMessage(ProtocolError):
 
     code = "bad_message"
     fatal = False
+
+
+class MessageTooBig(MalformedMessage):
+    """A frame, line or payload larger than the server accepts."""
+
+    code = "message_too_big"
 
 
 class UnexpectedMessage(ProtocolError):

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from streamer.core.jobs import DecodeResult
 from streamer.core.transcript import Transcript
 
 
@@ -51,3 +52,34 @@ class FakeRecognizer:
         ms = pcm.size / 16
         raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>audio {ms:.0f} ms"
         return Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=ms, decode_ms=0.0)
+
+
+class InstantWorker:
+    """Answers a session's jobs at once: segment i's final is ``finals[i]``, and its
+    partials grow word by word towards it (then run past it, so a partial may also say
+    something the final does not)."""
+
+    def __init__(self, session, finals: list[str]) -> None:
+        self.session = session
+        self.finals = finals
+        self.partials: dict[int, int] = {}  # segment id -> partials answered
+        self.held: list = []  # final jobs kept back (still "decoding")
+
+    def answer(self, *, hold_finals: bool = False) -> None:
+        while jobs := self.session.jobs_to_submit() or (not hold_finals and self.held):
+            if jobs is self.held:
+                self.held = []
+            for job in jobs:
+                final = self.finals[job.segment_id] if job.segment_id < len(self.finals) else ""
+                if hold_finals and (job.kind == "final" or job.speculative):
+                    self.held.append(job)
+                    continue
+                if job.kind == "final" or job.speculative:
+                    text = final  # a speculative decode covers the whole segment
+                else:
+                    n = self.partials[job.segment_id] = self.partials.get(job.segment_id, 0) + 1
+                    words = final.split() + ["extra"]
+                    text = " ".join(words[:n])
+                raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>{text}"
+                t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)
+                self.session.decode_finished(DecodeResult(job=job, transcript=t, decode_ms=1))

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -48,6 +48,7 @@ from streamer.server.connection import (
     ConnectionLimits,
     session_memory_bound_bytes,
 )
+from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import (
     V1_ENDPOINT,
     BadRequest,
@@ -63,9 +64,12 @@ from streamer.server.http import (
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
+from streamer.server.wyoming import WyomingListener
 
 if TYPE_CHECKING:
     from streamer.model.loading import LoadProgress
+
+Listener = FunAsrListener | WyomingListener
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +108,9 @@ class ServerOptions:
     default_stream: StreamOptions = field(default_factory=StreamOptions)  # client defaults
     session: SessionOptions = field(default_factory=SessionOptions)  # VAD and partial timing
     web_root: Path | None = None  # folder served at "/"; None serves the bundled web demo
+    funasr_port: int | None = None  # FunASR runtime protocol (docs/funasr.md); None: off
+    wyoming_port: int | None = None  # Wyoming, Home Assistant's protocol (docs/wyoming.md)
+    wyoming_insecure: bool = False  # serve Wyoming (which has no auth) despite a token
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -118,6 +125,11 @@ class ServerOptions:
             raise ConfigError("max_backlog_bytes must be positive")
         if self.drain_s < 0 or self.shutdown_grace_s < 0:
             raise ConfigError("drain_s and shutdown_grace_s must not be negative")
+        if self.token is not None and self.wyoming_port is not None and not self.wyoming_insecure:
+            raise ConfigError(
+                "Wyoming clients cannot send a token: with --token, serve --wyoming-port only "
+                "on a trusted network and confirm with --wyoming-insecure (docs/wyoming.md)"
+            )
         if self.max_outbox_bytes < 1 or self.write_timeout_s <= 0:
             raise ConfigError("max_outbox_bytes and write_timeout_s must be positive")
 
@@ -184,6 +196,15 @@ class StreamingServer:
         self._failed = asyncio.Event()
         loop = asyncio.get_running_loop()
         worker.on_failure = lambda reason: loop.call_soon_threadsafe(self._model_failed, reason)
+        self.ssl_context: ssl.SSLContext | None = None  # set by start() when TLS is on
+        # The other protocols' ports, sharing admission, --max-sessions and the worker.
+        self.listeners: dict[str, Listener] = {}
+        if options.funasr_port is not None:
+            self.listeners["funasr"] = FunAsrListener(self, options.funasr_port)
+        if options.wyoming_port is not None:
+            self.listeners["wyoming"] = WyomingListener(self, options.wyoming_port)
+        for name in self.listeners:
+            self.metrics.sessions_active.labels(name)  # exported at 0 from the start
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -237,6 +258,7 @@ class StreamingServer:
                     f"cannot load the TLS certificate {o.certfile} and key {o.keyfile}: "
                     f"{getattr(error, 'strerror', None) or error}"
                 ) from error
+        self.ssl_context = ssl_context
         try:
             self._server = await serve(
                 self._handle,
@@ -271,6 +293,8 @@ class StreamingServer:
             self.port,
             ", ".join(self._endpoints),
         )
+        for listener in self.listeners.values():
+            await listener.start()
 
     async def wait_ready(self) -> None:
         """Wait until the model is loaded and warmed; raises its loading error."""
@@ -335,7 +359,10 @@ class StreamingServer:
         self._shutting_down = True
         logger.info("shutting down: %d open sessions", len(self._connections))
         # still listening during the grace period: /readyz answers 503 (with the reason)
-        # and new sessions are refused with 503 + Retry-After instead of a reset
+        # and new sessions are refused with 503 + Retry-After instead of a reset; the
+        # other protocols' ports have no such answer and stop accepting
+        for listener in self.listeners.values():
+            listener.stop_accepting()
         for connection in list(self._connections):
             connection.shutdown()
         # after a model failure, sessions only wait for their close: no decode will come
@@ -366,6 +393,12 @@ class StreamingServer:
                     await self._server.wait_closed()
             except TimeoutError:
                 logger.warning("connections still open after the grace period; exiting anyway")
+        for name, listener in self.listeners.items():
+            try:
+                async with asyncio.timeout(self.options.close_timeout_s):
+                    await listener.close()
+            except TimeoutError:
+                logger.warning("the %s port did not close in time; exiting anyway", name)
         if self._lag_task is not None:
             self._lag_task.cancel()
         self.metrics.model_ready.set(0)
@@ -537,42 +570,48 @@ class StreamingServer:
                 return self._refuse(
                     http.HTTPStatus.BAD_REQUEST, error.code, error.message, endpoint
                 )
+        refusal = self.refusal()
+        if refusal is not None:
+            return self._refuse(http.HTTPStatus.SERVICE_UNAVAILABLE, *refusal, endpoint)
+        return None
+
+    def refusal(self) -> tuple[str, str] | None:
+        """Why a new session of any protocol is refused now: ``(code, message)``, or None."""
         if self._shutting_down:
-            return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "the server is shutting down",
-                endpoint,
-            )
+            return "shutting_down", "the server is shutting down"
         if self._draining:
-            return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
+            return (
                 "draining",
                 "the server is draining before a restart; connect again (another server)",
-                endpoint,
             )
         if self._failure is not None:
-            return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
-                "model_stalled",
-                "the model stopped answering; the server is restarting",
-                endpoint,
-            )
+            return "model_stalled", "the model stopped answering; the server is restarting"
         if not self.ready:
-            return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
-                "not_ready",
-                "the model is still loading; retry shortly",
-                endpoint,
-            )
-        if len(self._connections) >= o.max_sessions:
-            return self._refuse(
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
-                "server_full",
-                f"the server is at its limit of {o.max_sessions} sessions",
-                endpoint,
-            )
+            return "not_ready", "the model is still loading; retry shortly"
+        if len(self._connections) >= self.options.max_sessions:
+            limit = self.options.max_sessions
+            return "server_full", f"the server is at its limit of {limit} sessions"
         return None
+
+    # -- sessions of the ports without WebSocket (Wyoming) -----------------------
+
+    def new_session(self, stream: StreamOptions) -> Session:
+        """A session with the server's options, its VAD and a fresh id."""
+        session_options = replace(self.options.session, model_name=self.worker.model_name)
+        return Session(secrets.token_hex(6), session_options, stream, self._classifier_factory())
+
+    def track(self, connection: Any, protocol_name: str) -> None:
+        """Count an open connection (it must have ``shutdown()``) until :meth:`untrack`."""
+        self._connections.add(connection)
+        self._no_connections.clear()
+        self.metrics.sessions_total.labels(protocol_name).inc()
+        self.metrics.sessions_active.labels(protocol_name).inc()
+
+    def untrack(self, connection: Any, protocol_name: str) -> None:
+        self._connections.discard(connection)
+        if not self._connections:
+            self._no_connections.set()
+        self.metrics.sessions_active.labels(protocol_name).dec()
 
     # -- WebSocket -------------------------------------------------------------
 
@@ -583,10 +622,11 @@ class StreamingServer:
             CLOSE_INTERNAL_ERROR,
         )
 
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def _handle(self, ws: ServerConnection, endpoint: Endpoint | None = None) -> None:
+        """Serve one WebSocket; ``endpoint`` is given by ports with one protocol (FunASR)."""
         assert ws.request is not None  # the handshake is over
         url = urlsplit(ws.request.path)
-        endpoint = self._endpoints.get(url.path, V1_ENDPOINT)
+        endpoint = endpoint or self._endpoints.get(url.path, V1_ENDPOINT)
         if len(self._connections) >= self.options.max_sessions or self._shutting_down:
             # lost a race with other handshakes admitted at the same time
             self.metrics.rejected_total.labels("server_full", endpoint.name).inc()

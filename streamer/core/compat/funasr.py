@@ -1,0 +1,462 @@
+"""FunASR's runtime WebSocket protocol, as its C++ 2pass server speaks it (I/O-free).
+
+The clients: funasr-client, funasr-python, FunASR's html5 demo and ``funasr_wss_client.py``
+(``docs/funasr.md`` says how to point each at the server).
+
+Client → server:
+
+* the first text frame, a JSON object without ``type``: ``mode`` (``2pass``, ``online``,
+  ``offline``), ``audio_fs``, ``wav_name``, ``wav_format``, ``svs_lang``, ``svs_itn`` /
+  ``itn``. Everything else (``chunk_size``, ``chunk_interval``, ``hotwords``,
+  ``*_look_back``) is ignored, and so are the fields of later JSON frames;
+* binary frames: PCM s16le mono at ``audio_fs`` (a WAV header at the start is skipped);
+* ``{"is_speaking": false}`` ends the input (``is_end: true`` asks for an acknowledgement).
+  It may come twice: a second one with no audio in between is ignored.
+
+Server → client (what the C++ 2pass server sends, which both client libraries parse):
+
+* ``2pass``: ``2pass-online`` messages carry the growth of our partials' stable text (the
+  clients append them), ``2pass-offline`` messages one finished utterance each, with
+  ``is_final: false``;
+* ``online``: ``online`` messages only, each a piece to append; ``offline``: nothing until
+  the end, then one ``offline`` message with the whole text;
+* after the end of input: exactly one last message with ``is_final: true`` (it carries the
+  utterance the end of input closed, or empty text), then the ``is_end`` acknowledgement if
+  asked. The server does not close: the client does (or the idle timeout does).
+
+Every result has ``mode``, ``text``, ``wav_name`` and ``is_final``; utterances add
+``timestamp``, a JSON *string* ``"[[start_ms,end_ms],...]"`` with one span per word (per
+character in Chinese and Japanese), and ``stamp_sents``. Errors are a last message
+``{"text": "ERROR. ...", "is_final": true, "error": {"code", "message"}}`` (the C++
+server's shape, plus the ``error`` object funasr-python looks for), after the finals of
+the speech heard so far; the connection then closes with 1008.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from streamer.core import protocol
+from streamer.core.compat.common import core_language
+from streamer.core.compat.textjoin import AppendOnlyText, separator
+from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart
+from streamer.core.session import Session, State
+from streamer.core.wire import OutFrame, WireAdapter
+from streamer.errors import (
+    CLOSE_NORMAL,
+    CLOSE_POLICY_VIOLATION,
+    InvalidOption,
+    MalformedMessage,
+    ProtocolError,
+    UnexpectedMessage,
+    UnsupportedSampleRate,
+)
+
+MODES = ("2pass", "online", "offline")
+DEFAULT_WAV_NAME = "wav-default-id"  # what the C++ server calls a stream that names none
+MAX_WAV_NAME_CHARS = 256  # a longer wav_name is cut (it is echoed in every message)
+PCM_FORMATS = ("pcm", "wav")  # wav_format values we accept: raw PCM (a WAV header is skipped)
+# Where the html5 demo splits text into timestamped units (handleWithTimestamp in main.js).
+_UNIT_SEPARATORS = frozenset("。？，、?. ,")
+_SENTENCE_PUNCTUATION = frozenset("。？！，、,.?!;；")
+_WAV_HEADER_SEARCH_BYTES = 4096  # how far into the first frame a WAV "data" chunk is looked for
+
+# What the output mode is called in each input mode: (streamed text, finished utterance).
+_OUT_MODES = {
+    "2pass": ("2pass-online", "2pass-offline"),
+    "online": ("online", "online"),
+    "offline": ("offline", "offline"),
+}
+
+
+@dataclass(frozen=True)
+class FunAsrConfig:
+    """What the first JSON frame asked for."""
+
+    mode: str = "2pass"  # "2pass", "online" or "offline"
+    wav_name: str = DEFAULT_WAV_NAME  # echoed in every message
+    sample_rate: int = protocol.NATIVE_SAMPLE_RATE  # audio_fs, Hz
+    language: str = "auto"  # from svs_lang
+    itn: bool | None = None  # from svs_itn (else itn); None keeps the server's default
+
+
+def _lenient_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
+        return False
+    return None
+
+
+def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
+    """The first JSON frame as a :class:`FunAsrConfig`; raises ProtocolError if unusable.
+
+    Unknown fields and unknown modes are ignored (the clients send a dozen fields meant
+    for other models); only a sample rate or format we cannot decode is refused.
+    """
+    mode = obj.get("mode")
+    mode = mode.strip().lower() if isinstance(mode, str) else "2pass"
+    if mode not in MODES:
+        mode = "2pass"
+    wav_name = obj.get("wav_name")
+    wav_name = DEFAULT_WAV_NAME if wav_name is None else str(wav_name)[:MAX_WAV_NAME_CHARS]
+    wav_format = obj.get("wav_format")
+    if wav_format is not None and str(wav_format).strip().lower() not in PCM_FORMATS:
+        raise InvalidOption(
+            f"wav_format {wav_format!r} is not supported: send raw PCM s16le (wav_format 'pcm')"
+        )
+    rate = protocol.NATIVE_SAMPLE_RATE
+    audio_fs = obj.get("audio_fs")
+    if audio_fs is not None:
+        try:
+            rate = int(audio_fs)
+        except (TypeError, ValueError):
+            raise InvalidOption(f"audio_fs must be a number of Hz, got {audio_fs!r}") from None
+        if rate not in protocol.SUPPORTED_SAMPLE_RATES:
+            rates = ", ".join(map(str, protocol.SUPPORTED_SAMPLE_RATES))
+            raise UnsupportedSampleRate(f"audio_fs {rate} Hz is not supported (supported: {rates})")
+    itn = _lenient_bool(obj.get("svs_itn"))
+    if itn is None:
+        itn = _lenient_bool(obj.get("itn"))
+    return FunAsrConfig(
+        mode=mode,
+        wav_name=wav_name,
+        sample_rate=rate,
+        language=core_language(obj.get("svs_lang")),
+        itn=itn,
+    )
+
+
+# -- timestamps ----------------------------------------------------------------------
+
+
+def timestamp_units(text: str) -> list[str]:
+    """The units FunASR gives one timestamp each: a word of ASCII letters, else a character.
+
+    The split is the html5 demo's (it indexes the timestamp list with it, so a list
+    shorter than its count of units breaks the page): tokens between ``。？，、?.`` , spaces
+    and commas; a token of ASCII letters only is one unit, any other token one unit per
+    UTF-16 code unit (JavaScript's ``length``).
+    """
+    units: list[str] = []
+    token = ""
+    for char in text + " ":
+        if char in _UNIT_SEPARATORS:
+            if token.isascii() and token.isalpha():
+                units.append(token)
+            else:
+                for c in token:
+                    units.extend([c, ""] if ord(c) > 0xFFFF else [c])
+            token = ""
+        else:
+            token += char
+    return units
+
+
+def spread_spans(units: list[str], start_ms: float, end_ms: float) -> list[list[int]]:
+    """One ``[start_ms, end_ms]`` per unit, spread over the utterance by unit length.
+
+    This is the estimate used until the model reports token times (issue 11, part 5):
+    :func:`utterance_spans` is the one place to switch to real timings.
+    """
+    if not units:
+        return []
+    weights = [max(1, len(u)) for u in units]
+    total = sum(weights)
+    start, length = float(start_ms), max(0.0, float(end_ms) - float(start_ms))
+    spans: list[list[int]] = []
+    done = 0
+    for weight in weights:
+        begin = round(start + length * done / total)
+        done += weight
+        spans.append([begin, round(start + length * done / total)])
+    return spans
+
+
+def utterance_spans(final: Final, text: str) -> list[list[int]]:
+    """The timestamp spans of one utterance's ``text`` (see :func:`spread_spans`)."""
+    return spread_spans(timestamp_units(text), final.start_ms, final.end_ms)
+
+
+def stamp_sentence(text: str, spans: list[list[int]]) -> dict[str, Any]:
+    """One ``stamp_sents`` entry: the units spaced out, the closing punctuation, the spans."""
+    units = [u for u in timestamp_units(text) if u]
+    punc = text[-1] if text and text[-1] in _SENTENCE_PUNCTUATION else ""
+    return {
+        "text_seg": " ".join(units),
+        "punc": punc,
+        "start": spans[0][0] if spans else 0,
+        "end": spans[-1][1] if spans else 0,
+        "ts_list": spans,
+    }
+
+
+def strip_wav_header(data: bytes) -> bytes:
+    """``data`` without a leading RIFF/WAVE header (the html5 demo sends whole WAV files)."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return data
+    position = 12
+    while position + 8 <= min(len(data), _WAV_HEADER_SEARCH_BYTES):
+        size = int.from_bytes(data[position + 4 : position + 8], "little")
+        if data[position : position + 4] == b"data":
+            return data[position + 8 :]
+        position += 8 + size + (size & 1)
+    return data[44:]  # a canonical header without a data chunk in reach
+
+
+# -- the adapter -----------------------------------------------------------------------
+
+
+@dataclass
+class _Item:
+    """One outgoing result, before it is encoded."""
+
+    body: dict[str, Any]
+    from_final: bool = False  # it carries (the end of) an utterance
+    message: ServerMessage | None = None  # the core message it translates (for metrics)
+
+
+class FunAsrAdapter(WireAdapter):
+    """One FunASR connection over a :class:`Session` (see the module docstring)."""
+
+    name = "funasr"
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.config: FunAsrConfig | None = None  # set by the first JSON frame
+        self._frames: list[OutFrame] = []
+        self._first_audio = True
+        self._awaiting_last = False  # end of input seen; the last message is not sent yet
+        self._last_sent = False  # the last message went out and no audio came since
+        self._ack_end = False  # the end of input asked for an is_end acknowledgement
+        self._streamed = AppendOnlyText()  # the open utterance's text sent as pieces
+        self._previous = ""  # the last utterance's text (what the next one is joined to)
+        self._held: list[tuple[Final, str]] = []  # offline mode: utterances until the end
+        self._failure: Error | None = None  # the fatal error the stream ends with
+
+    # -- input -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.session.start()  # its ready message has no FunASR equivalent: dropped
+
+    def _closed_to_input(self) -> bool:
+        return self._failure is not None or self.session.state in (State.STOPPING, State.ENDED)
+
+    def receive_text(self, text: str) -> None:
+        if self._closed_to_input():
+            return
+        try:
+            if len(text) > self.session.options.max_text_message_bytes:
+                raise MalformedMessage(
+                    f"a text frame of {len(text)} bytes exceeds "
+                    f"{self.session.options.max_text_message_bytes}"
+                )
+            try:
+                obj = orjson.loads(text)
+            except orjson.JSONDecodeError as exc:
+                raise MalformedMessage(f"text frames must be JSON objects: {exc}") from None
+            if not isinstance(obj, dict):
+                raise MalformedMessage("text frames must be JSON objects")
+            if self.config is None:
+                self._configure(parse_config(obj))
+            if obj.get("is_speaking") is False or obj.get("is_finished") is True:
+                self._end_of_input(ack=obj.get("is_end") is True)
+        except ProtocolError as error:
+            self._fail(error)
+
+    def receive_bytes(self, data: bytes) -> None:
+        if self._closed_to_input():
+            return
+        if self.config is None:
+            self._fail(
+                UnexpectedMessage(
+                    "audio arrived before the first JSON message "
+                    '(send {"mode": "2pass", "audio_fs": 16000, ...} first)'
+                )
+            )
+            return
+        if self._first_audio:
+            self._first_audio = False
+            data = strip_wav_header(data)
+        if data:
+            self._last_sent = False
+            self.session.receive_audio(data)
+
+    def _configure(self, config: FunAsrConfig) -> None:
+        params: dict[str, object] = {
+            "sample_rate": config.sample_rate,
+            "language": config.language,
+            "partials": config.mode != "offline",
+        }
+        if config.itn is not None:
+            params["itn"] = config.itn
+        self.session.configure(params)
+        self.config = config
+
+    def _end_of_input(self, *, ack: bool) -> None:
+        if self._awaiting_last or self._last_sent:
+            # the second {"is_speaking": false} that funasr-client's close() sends
+            if ack and self._last_sent:
+                self._frames.append(OutFrame(orjson.dumps(self._end_ack())))
+            elif ack:
+                self._ack_end = True
+            return
+        self._ack_end = ack
+        self._awaiting_last = True
+        self.session.finalize(at_pause=False)  # end of input: nothing more will come
+
+    def _fail(self, error: ProtocolError) -> None:
+        """End the stream because of ``error``: finals of the speech heard, then the error."""
+        self._failure = Error(code=error.code, message=error.message, fatal=True)
+        self.session.expire(error.code, error.message)
+
+    # -- output ------------------------------------------------------------------------
+
+    def drain(self) -> list[OutFrame]:
+        items: list[_Item] = []
+        ended = False
+        for message in self.session.messages_to_send():
+            if isinstance(message, SpeechStart):
+                self._streamed.reset()
+            elif isinstance(message, Partial):
+                self._on_partial(message, items)
+            elif isinstance(message, Final):
+                self._on_final(message, items)
+            elif isinstance(message, Error):
+                if message.fatal and self._failure is None and not self._last_sent:
+                    self._failure = message  # a server limit (idle timeout, duration)
+            elif isinstance(message, End):
+                ended = True
+        if ended:
+            self._finish(items)
+        elif self._awaiting_last and self.session.pending_finals == 0:
+            self._send_last(items)
+        frames, self._frames = self._frames, []
+        for item in items:
+            if item.body.get("is_final") or item.body.get("text"):
+                frames.append(OutFrame(orjson.dumps(item.body), message=item.message))
+        return frames
+
+    @property
+    def close_code(self) -> int | None:
+        code = self.session.close_code
+        if code == CLOSE_POLICY_VIOLATION and self._last_sent and self._failure is None:
+            return CLOSE_NORMAL  # idle after its last result: the client simply stayed
+        return code
+
+    @property
+    def _mode(self) -> str:
+        return self.config.mode if self.config is not None else "2pass"
+
+    def _result(self, mode: str, text: str) -> dict[str, Any]:
+        wav_name = self.config.wav_name if self.config is not None else DEFAULT_WAV_NAME
+        return {"mode": mode, "text": text, "wav_name": wav_name, "is_final": False}
+
+    def _piece(self, text: str) -> str:
+        """The growth of the open utterance's ``text``; its first piece has the separator."""
+        first = not self._streamed.sent
+        delta = self._streamed.extend_to(text)
+        if delta and first:
+            delta = separator(self._previous, delta) + delta
+        return delta
+
+    def _on_partial(self, partial: Partial, items: list[_Item]) -> None:
+        if self._mode == "offline":
+            return
+        delta = self._piece(partial.stable_text)
+        if delta:
+            online_mode, _ = _OUT_MODES[self._mode]
+            items.append(_Item(self._result(online_mode, delta), message=partial))
+
+    def _on_final(self, final: Final, items: list[_Item]) -> None:
+        text = final.text
+        _, done_mode = _OUT_MODES[self._mode]
+        if self._mode == "offline":
+            if text:
+                self._held.append((final, text))
+            return
+        if self._mode == "online":
+            body = self._result(done_mode, self._piece(text))  # what the pieces lacked
+        else:
+            body = self._result(done_mode, separator(self._previous, text) + text)
+            if text:
+                spans = utterance_spans(final, text)
+                body["timestamp"] = orjson.dumps(spans).decode()
+                body["stamp_sents"] = [stamp_sentence(text, spans)]
+        self._streamed.reset()
+        if text:
+            self._previous = text
+        items.append(_Item(body, from_final=True, message=final))
+
+    def _offline_result(self, *, final: bool) -> dict[str, Any]:
+        texts = [text for _, text in self._held]
+        body = self._result("offline", "")
+        spans: list[list[int]] = []
+        sentences = []
+        for utterance, text in self._held:
+            lead = separator(body["text"], text)
+            body["text"] += lead + text
+            own = utterance_spans(utterance, text)
+            spans.extend(own)
+            sentences.append(stamp_sentence(text, own))
+        if texts:
+            body["timestamp"] = orjson.dumps(spans).decode()
+            body["stamp_sents"] = sentences
+        body["is_final"] = final
+        self._held.clear()
+        return body
+
+    def _send_last(self, items: list[_Item]) -> None:
+        """The one ``is_final: true`` message that answers an end of input."""
+        if self._mode == "offline":
+            items.append(_Item(self._offline_result(final=True)))
+        elif items and items[-1].from_final:
+            items[-1].body["is_final"] = True
+        else:
+            _, done_mode = _OUT_MODES[self._mode]
+            items.append(_Item(self._result(done_mode, "") | {"is_final": True}))
+        if self._ack_end:
+            items.append(_Item(self._end_ack()))
+        self._awaiting_last = False
+        self._ack_end = False
+        self._last_sent = True
+
+    def _finish(self, items: list[_Item]) -> None:
+        """The session ended (error, server limit, shutdown): one last message, then close."""
+        if self._last_sent:
+            return  # the client already has its last message and stayed: nothing to add
+        failure = self._failure
+        if failure is None:
+            self._send_last(items)
+            return
+        if self._mode == "offline" and self._held:
+            items.append(_Item(self._offline_result(final=False)))
+        done_mode = _OUT_MODES[self._mode][1]
+        body = self._result(done_mode, f"ERROR. {failure.message}") | {"is_final": True}
+        body["error"] = {"code": failure.code, "message": failure.message}
+        items.append(_Item(body, message=failure))
+        self._last_sent = True
+
+    def _end_ack(self) -> dict[str, Any]:
+        return self._result(self._mode, "") | {"is_final": True, "is_end": True}
+
+
+__all__ = [
+    "MODES",
+    "FunAsrConfig",
+    "FunAsrAdapter",
+    "parse_config",
+    "timestamp_units",
+    "spread_spans",
+    "utterance_spans",
+    "stamp_sentence",
+    "strip_wav_header",
+]

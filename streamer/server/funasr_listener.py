@@ -1,0 +1,116 @@
+"""The FunASR runtime protocol's own port (``--funasr-port``; FunASR's convention is 10095).
+
+A second websockets server whose every session is a :class:`FunAsrAdapter` on path ``/``,
+run by the main server's own handler, so it shares admission, ``--max-sessions``, the
+worker, the connection machinery and the graceful shutdown. The protocol itself is in
+:mod:`streamer.core.compat.funasr`; ``docs/funasr.md`` is the user's page.
+"""
+
+from __future__ import annotations
+
+import functools
+import http
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
+
+from streamer.core.compat.funasr import FunAsrAdapter
+from streamer.core.protocol import StreamOptions
+from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
+
+if TYPE_CHECKING:
+    from streamer.server.server import StreamingServer
+
+logger = logging.getLogger(__name__)
+
+PATH = "/"  # where FunASR's clients and its html5 demo connect
+SUBPROTOCOL = "binary"  # what FunASR's Python clients ask for
+
+
+def _negotiate(request: Request, query: Mapping[str, str], defaults: StreamOptions) -> Negotiation:
+    """The stream options come from the first JSON frame (the query only carries a token)."""
+    return Negotiation(defaults, FunAsrAdapter)
+
+
+def _binary_if_offered(offered: Sequence[str]) -> str | None:
+    """Echo ``binary`` when offered; accept clients that offer none (the html5 demo)."""
+    return SUBPROTOCOL if SUBPROTOCOL in offered else None
+
+
+FUNASR_ENDPOINT = Endpoint(
+    name="funasr",
+    presented_token=bearer_or_query_token,
+    auth_hint="a valid token is required: connect to ws://HOST:PORT/?token=TOKEN",
+    make_adapter=FunAsrAdapter,
+    negotiate=_negotiate,
+    select_subprotocol=_binary_if_offered,
+)
+
+
+def _select_subprotocol(
+    connection: ServerConnection, offered: Sequence[Subprotocol]
+) -> Subprotocol | None:
+    chosen = _binary_if_offered(offered)
+    return Subprotocol(chosen) if chosen is not None else None
+
+
+class FunAsrListener:
+    """Listens on the FunASR port while the main server runs."""
+
+    name = "funasr"
+
+    def __init__(self, server: StreamingServer, port: int) -> None:
+        self.server = server
+        self._requested_port = port
+        self._server: Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() first"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self) -> None:
+        o = self.server.options
+        self._server = await serve(
+            functools.partial(self.server._handle, endpoint=FUNASR_ENDPOINT),
+            o.host,
+            self._requested_port,
+            ssl=self.server.ssl_context,
+            process_request=self._process_request,
+            select_subprotocol=_select_subprotocol,
+            compression=None,
+            max_size=o.max_message_bytes,
+            max_queue=16,
+            ping_interval=o.ping_interval_s,
+            ping_timeout=o.ping_timeout_s,
+            close_timeout=o.close_timeout_s,
+            server_header="sensevoice-streamer",
+        )
+        scheme = "wss" if self.server.ssl_context else "ws"
+        logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        url = urlsplit(request.path)
+        if url.path != PATH:
+            return json_response(
+                http.HTTPStatus.NOT_FOUND,
+                {"error": "not_found", "message": f"FunASR clients connect to {PATH}"},
+            )
+        return self.server._admit(request, FUNASR_ENDPOINT, dict(parse_qsl(url.query)))
+
+    def stop_accepting(self) -> None:
+        """Refuse new connections; open sessions go on (the server shuts them down)."""
+        if self._server is not None:
+            self._server.close(close_connections=False)
+
+    async def close(self) -> None:
+        """Close what is still open (after the grace period) and wait."""
+        if self._server is not None:
+            self._server.close(close_connections=True)
+            await self._server.wait_closed()

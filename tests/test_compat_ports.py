@@ -1,0 +1,308 @@
+"""The FunASR and Wyoming ports over loopback with a test-double recognizer: admission,
+auth, bad input, limits and shutdown, each next to a protocol v1 session that must not
+notice. The real client libraries with the real model are in ``test_compat_clients.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from streamer.client.connection import ClientOptions, StreamingClient, transcribe
+from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event
+from streamer.core.protocol import StreamOptions
+from streamer.errors import ConfigError
+from streamer.server.server import ServerOptions
+from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
+from tests.server_fixtures import make_server  # noqa: F401  (fixture)
+
+FIRST = {"mode": "2pass", "wav_name": "t", "is_speaking": True, "audio_fs": 16000}
+AUDIO_FORMAT = {"rate": 16000, "width": 2, "channels": 1}
+
+
+@pytest.fixture
+def make_ports_server(make_server):  # noqa: F811
+    """Servers with both ports on and a loudness VAD, so tone bursts are exact utterances."""
+
+    def factory(load=lambda: FakeRecognizer(delay_s=0.01), **options):
+        options = {"funasr_port": 0, "wyoming_port": 0} | options
+        return make_server(load, classifier_factory=loudness_classifier, **options)
+
+    return factory
+
+
+def speech(n: int = 2) -> np.ndarray:
+    parts = [silence(300)]
+    for i in range(n):
+        parts += [tone(600 + 200 * i), silence(900)]
+    return np.concatenate(parts)
+
+
+def funasr_uri(server) -> str:
+    return f"ws://127.0.0.1:{server.server.listeners['funasr'].port}/"
+
+
+class Wyoming:
+    """A raw Wyoming connection (the real client library is in test_compat_clients.py)."""
+
+    def __init__(self, reader, writer) -> None:
+        self.reader, self.writer, self.parser = reader, writer, EventParser()
+        self.pending: list[WyomingEvent] = []
+
+    @classmethod
+    async def open(cls, server) -> Wyoming:
+        port = server.server.listeners["wyoming"].port
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def send(self, *events: WyomingEvent) -> None:
+        self.writer.write(b"".join(encode_event(e) for e in events))
+        await self.writer.drain()
+
+    async def audio(self, pcm: np.ndarray, chunk: int = 2048) -> None:
+        data = pcm.astype("<i2").tobytes()
+        await self.send(
+            WyomingEvent("audio-start", AUDIO_FORMAT),
+            *[
+                WyomingEvent("audio-chunk", AUDIO_FORMAT, data[i : i + chunk])
+                for i in range(0, len(data), chunk)
+            ],
+        )
+
+    async def events(self, timeout: float = 20) -> list[WyomingEvent]:
+        """Every event until the server closes the connection."""
+        async with asyncio.timeout(timeout):
+            while data := await self.reader.read(65536):
+                self.pending += self.parser.feed(data)
+        self.writer.close()
+        return self.pending
+
+
+async def funasr_drain(ws, timeout: float = 20) -> tuple[list[dict], int | None]:
+    """Every message until the server closes; returns (messages, close code)."""
+    messages = []
+    try:
+        while True:
+            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout)))
+    except ConnectionClosed as closed:
+        return messages, closed.rcvd.code if closed.rcvd else None
+
+
+async def funasr_until_final(ws, timeout: float = 20) -> list[dict]:
+    messages: list[dict] = []
+    while not (messages and messages[-1]["is_final"]):
+        messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout)))
+    return messages
+
+
+# -- the FunASR port -------------------------------------------------------------------
+
+
+async def test_funasr_echoes_binary_and_needs_no_subprotocol(make_ports_server):
+    server = make_ports_server()
+    uri = funasr_uri(server)
+    for offered, expected in ((["binary"], "binary"), (None, None)):
+        async with connect(uri, subprotocols=offered) as ws:
+            assert ws.subprotocol == expected
+            await ws.send(json.dumps(FIRST))
+            await ws.send(speech(1).tobytes())
+            await ws.send('{"is_speaking": false}')
+            (final,) = [m for m in await funasr_until_final(ws) if m["text"]]
+            assert final["text"] == "audio 1100 ms"  # the fake's answer: the segment length
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(uri + "v1/asr")
+    assert refused.value.response.status_code == 404
+
+
+async def test_funasr_token_in_the_url(make_ports_server):
+    server = make_ports_server(token="s3cret", wyoming_port=None)
+    for uri in (funasr_uri(server), funasr_uri(server) + "?token=nope"):
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(uri)
+        assert refused.value.response.status_code == 401
+    async with connect(funasr_uri(server) + "?token=s3cret") as ws:
+        await ws.send(json.dumps(FIRST | {"is_speaking": False}))
+        assert (await funasr_until_final(ws))[-1]["is_final"] is True
+
+
+def test_wyoming_with_a_token_needs_an_explicit_opt_in():
+    with pytest.raises(ConfigError, match="wyoming-insecure"):
+        ServerOptions(token="s3cret", wyoming_port=10300)
+    ServerOptions(token="s3cret", wyoming_port=10300, wyoming_insecure=True)
+
+
+# -- shared limits ---------------------------------------------------------------------
+
+
+async def test_max_sessions_is_shared_by_every_protocol(make_ports_server):
+    server = make_ports_server(max_sessions=1)
+    client = await StreamingClient.connect(ClientOptions(url=server.url))
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(funasr_uri(server))
+    assert refused.value.response.status_code == 503
+    refused_wyoming = await Wyoming.open(server)
+    (error,) = await refused_wyoming.events()
+    assert (error.type, error.data["code"]) == ("error", "server_full")
+    await client.close()
+    await asyncio.sleep(0.2)
+    wyoming = await Wyoming.open(server)  # the slot is free again
+    await wyoming.send(WyomingEvent("describe"))
+    parser_events: list[WyomingEvent] = []
+    while not parser_events:
+        parser_events += wyoming.parser.feed(await asyncio.wait_for(wyoming.reader.read(65536), 5))
+    assert parser_events[0].type == "info"
+    wyoming.writer.close()
+
+
+async def test_bad_input_in_each_protocol_gets_its_error_and_others_lose_nothing(
+    make_ports_server,
+):
+    server = make_ports_server()
+    pcm = speech(3)
+    v1 = asyncio.create_task(
+        transcribe(
+            ClientOptions(url=server.url, stream=StreamOptions(partials=False)),
+            pcm,
+            16000,
+            speed=4.0,
+        )
+    )
+    bad_funasr = [
+        (None, "unexpected_message"),  # audio before the first JSON
+        ("not json at all", "bad_message"),
+        (json.dumps(FIRST | {"audio_fs": 11025}), "unsupported_sample_rate"),
+        (json.dumps(FIRST | {"wav_format": "mp3"}), "invalid_option"),
+    ]
+    for first, code in bad_funasr:
+        async with connect(funasr_uri(server)) as ws:
+            await ws.send(first if first is not None else tone(100).tobytes())
+            messages, close_code = await funasr_drain(ws)
+        (error,) = messages
+        assert error["error"]["code"] == code and error["is_final"] is True
+        assert error["text"].startswith("ERROR. ") and close_code == 1008
+    bad_wyoming = [
+        (b"garbage\n", "bad_message"),
+        (b"x" * 70_000, "message_too_big"),
+        (b'{"type": "audio-chunk", "payload_length": 99999999}\n', "message_too_big"),
+        (
+            encode_event(WyomingEvent("audio-start", {"rate": 11025, "width": 2, "channels": 1})),
+            "unsupported_sample_rate",
+        ),
+    ]
+    for wire, code in bad_wyoming:
+        wyoming = await Wyoming.open(server)
+        wyoming.writer.write(wire)
+        (error,) = await wyoming.events()
+        assert (error.type, error.data["code"]) == ("error", code)
+    result = await v1
+    assert [f.text for f in result.finals] == ["audio 1100 ms", "audio 1300 ms", "audio 1500 ms"]
+
+
+async def test_funasr_error_mid_stream_delivers_the_speech_heard_first(make_ports_server):
+    server = make_ports_server()
+    async with connect(funasr_uri(server)) as ws:
+        await ws.send(json.dumps(FIRST))
+        await ws.send(speech(1).tobytes())
+        await asyncio.sleep(0.3)
+        await ws.send("{oops")
+        messages, close_code = await funasr_drain(ws)
+    assert [m["text"] for m in messages][0] == "audio 1100 ms"
+    assert messages[-1]["error"]["code"] == "bad_message" and close_code == 1008
+
+
+async def test_wyoming_idle_timeout(make_ports_server):
+    server = make_ports_server(idle_timeout_s=0.5)
+    wyoming = await Wyoming.open(server)
+    await wyoming.send(WyomingEvent("audio-start", AUDIO_FORMAT))
+    (error,) = await wyoming.events()
+    assert error.data["code"] == "idle_timeout"
+
+
+async def test_wyoming_half_closed_after_audio_stop_still_gets_its_transcript(
+    make_ports_server,
+):
+    server = make_ports_server(load=lambda: FakeRecognizer(delay_s=0.2))
+    wyoming = await Wyoming.open(server)
+    await wyoming.audio(speech(2))
+    await wyoming.send(WyomingEvent("audio-stop"))
+    wyoming.writer.write_eof()  # like `nc -N`: done sending, still reading
+    events = await wyoming.events()
+    (transcript,) = [e for e in events if e.type == "transcript"]
+    assert transcript.data["text"] == "audio 1100 ms audio 1300 ms"
+
+
+async def test_wyoming_unpaced_long_stream_is_back_pressured(make_ports_server):
+    recognizer = FakeRecognizer(delay_s=0.03)
+    server = make_ports_server(
+        load=lambda: recognizer, max_pending_finals=2, max_backlog_bytes=64_000
+    )
+    pcm = np.concatenate([np.concatenate([tone(1000), silence(700)]) for _ in range(30)])
+    depths = []
+
+    async def watch_queue():
+        while True:
+            depths.append(server.worker.stats().queued_finals)
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.create_task(watch_queue())
+    wyoming = await Wyoming.open(server)
+    await wyoming.audio(pcm, chunk=16000)
+    await wyoming.send(WyomingEvent("audio-stop"))
+    events = await wyoming.events(timeout=60)
+    watcher.cancel()
+    (transcript,) = [e for e in events if e.type == "transcript"]
+    assert transcript.data["text"] == " ".join(["audio 1200 ms"] + ["audio 1500 ms"] * 29)
+    assert max(depths) <= 2  # reading paused instead of queueing the whole stream
+
+
+async def test_shutdown_finishes_open_utterances_in_both_protocols(make_ports_server):
+    server = make_ports_server(load=lambda: FakeRecognizer(delay_s=0.05))
+    ws = await connect(funasr_uri(server))
+    await ws.send(json.dumps(FIRST | {"mode": "offline"}))
+    await ws.send(np.concatenate([silence(300), tone(1500)]).tobytes())
+    wyoming = await Wyoming.open(server)
+    await wyoming.audio(np.concatenate([silence(300), tone(1000)]))
+    await asyncio.sleep(0.3)
+    await asyncio.to_thread(server.shutdown)
+    messages, close_code = await funasr_drain(ws)
+    assert close_code == 1001
+    assert [(m["text"], m["is_final"]) for m in messages] == [("audio 1800 ms", True)]
+    events = await wyoming.events()
+    (transcript,) = [e for e in events if e.type == "transcript"]
+    assert transcript.data["text"] == "audio 1300 ms"
+
+
+async def test_metrics_count_sessions_by_protocol(make_ports_server):
+    server = make_ports_server()
+    async with connect(funasr_uri(server)) as ws:
+        await ws.send(json.dumps(FIRST | {"is_speaking": False}))
+        await funasr_until_final(ws)
+    wyoming = await Wyoming.open(server)
+    await wyoming.send(WyomingEvent("audio-stop"))
+    await wyoming.events()
+    client = await StreamingClient.connect(ClientOptions(url=server.url))
+    await client.close()
+    text = server.server.metrics.render().decode()
+    for name in ("funasr", "wyoming", "v1"):
+        assert f'streamer_sessions_total{{protocol="{name}"}} 1.0' in text
+
+
+def test_cli_flags_and_environment(monkeypatch):
+    from streamer.cli import _server_options, build_parser
+
+    args = build_parser().parse_args(["serve", "--funasr-port", "10095", "--wyoming-port", "0"])
+    options = _server_options(args)
+    assert (options.funasr_port, options.wyoming_port, options.wyoming_insecure) == (
+        10095,
+        0,
+        False,
+    )
+    assert _server_options(build_parser().parse_args(["serve"])).funasr_port is None
+    monkeypatch.setenv("STREAMER_WYOMING_PORT", "10300")
+    monkeypatch.setenv("STREAMER_WYOMING_INSECURE", "1")
+    options = _server_options(build_parser().parse_args(["serve", "--token", "t"]))
+    assert (options.wyoming_port, options.wyoming_insecure) == (10300, True)
