@@ -33,7 +33,6 @@ RATE = 16000
 PRE_ROLL_MS = 300  # a segment may start this much before the speech, no earlier
 ONSET_TOLERANCE_MS = 60  # and this much more (tests/test_server_model.py)
 END_SLACK_MS = 700  # end pad + VAD hangover (tests/test_server_model.py)
-RECORDED_NOISE = Path("/usr/share/sounds/alsa/Noise.wav")  # alsa-utils, 1.4 s at 48 kHz
 SNRS_DB = (20, 10, 5)
 
 
@@ -56,39 +55,8 @@ def vads(webrtc_modes: list[int], silero: bool) -> dict[str, Callable[[], FrameC
     return found
 
 
-def brown_noise(n: int, seed: int) -> np.ndarray:
-    steps = np.random.default_rng(seed).normal(0, 1, n)
-    walk = np.cumsum(steps)
-    walk -= np.convolve(walk, np.ones(1600) / 1600, mode="same")  # keep it zero-mean
-    return walk
-
-
-def recorded_noise(n: int, seed: int) -> np.ndarray:
-    """alsa's Noise.wav at 16 kHz, looped with 10 ms cross-fades from a seeded offset."""
-    import soundfile as sf
-    import soxr
-
-    data, rate = sf.read(RECORDED_NOISE, dtype="float64", always_2d=True)
-    loop = soxr.resample(data.mean(axis=1), rate, RATE)
-    fade = RATE // 100
-    ramp = np.linspace(0.0, 1.0, fade)
-    out = loop.copy()
-    while out.size < n + loop.size:
-        joined = out[-fade:] * (1 - ramp) + loop[:fade] * ramp
-        out = np.concatenate([out[:-fade], joined, loop[fade:]])
-    start = int(np.random.default_rng(seed).integers(0, loop.size))
-    return out[start : start + n]
-
-
 def with_noise(pcm: np.ndarray, kind: str, snr_db: float, seed: int = 3) -> np.ndarray:
-    if kind == "white":
-        return synth.add_noise(pcm, snr_db, seed)
-    noise = brown_noise(pcm.size, seed) if kind == "brown" else recorded_noise(pcm.size, seed)
-    speech = pcm.astype(np.float64)
-    loud = speech[np.abs(speech) > 64]
-    target = np.mean(loud**2) / 10 ** (snr_db / 10)
-    noise *= np.sqrt(target / np.mean(noise**2))
-    return np.clip(speech + noise, -32768, 32767).astype(np.int16)
+    return synth.add_noise(pcm, snr_db, seed, kind=kind)
 
 
 def boundary_errors(finals, truth) -> tuple[bool, float, float]:
