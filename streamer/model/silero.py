@@ -1,8 +1,8 @@
 """Per-frame voice activity from Silero VAD on ONNX Runtime (``--vad silero``).
 
 Silero VAD (v5/v6) is a small recurrent network that scores 32 ms windows of 16 kHz
-audio; unlike webrtcvad it keeps telling speech from white or brown noise at 10 dB SNR
-(bench/RESULTS.md). Its graph, shipped by the ``silero-vad`` package as
+audio; unlike webrtcvad it keeps telling speech from white, brown or recorded noise at
+10 and 5 dB SNR (bench/RESULTS.md). Its graph, shipped by the ``silero-vad`` package as
 ``silero_vad/data/silero_vad.onnx``, takes per call:
 
 - ``input``: float32 ``(1, 576)`` in [-1, 1]: the previous call's last 64 samples (the
@@ -22,7 +22,7 @@ hysteresis like Silero's own ``VADIterator``: speech starts at a probability of 
 
 Threads: one :class:`SileroModel` (one ONNX Runtime session, one intra-op thread, no
 spinning) serves every stream, since all per-stream state travels as inputs; a call costs
-about 0.15 ms of CPU, so the server runs it on the event loop like webrtcvad.
+0.1-0.2 ms of CPU, so the server runs it on the event loop like webrtcvad.
 """
 
 from __future__ import annotations
