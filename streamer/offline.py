@@ -15,7 +15,7 @@ import numpy as np
 from streamer.core.jobs import DecodeResult
 from streamer.core.protocol import Final, StreamOptions
 from streamer.core.session import Session, SessionOptions
-from streamer.core.vad import webrtc_classifier
+from streamer.core.vad import FrameClassifier, webrtc_classifier
 from streamer.model.worker import SpeechRecognizer
 
 CHUNK_SAMPLES = 16000  # feed one second at a time
@@ -29,11 +29,17 @@ def transcribe_pcm(
     itn: bool = True,
     session_options: SessionOptions | None = None,
     vad_aggressiveness: int = 2,
+    classifier: FrameClassifier | None = None,
 ) -> Iterator[Final]:
-    """Yield one :class:`Final` per utterance of 16 kHz int16 ``pcm``, in order."""
+    """Yield one :class:`Final` per utterance of 16 kHz int16 ``pcm``, in order.
+
+    ``classifier``: a fresh per-stream VAD (a Silero one, say); None is webrtcvad at
+    ``vad_aggressiveness``.
+    """
     stream = StreamOptions(language=language, itn=itn, partials=False)
     options = session_options or SessionOptions(model_name=recognizer.name)
-    session = Session("offline", options, stream, webrtc_classifier(vad_aggressiveness))
+    classify = classifier or webrtc_classifier(vad_aggressiveness)
+    session = Session("offline", options, stream, classify)
     session.start()
     data = pcm.astype("<i2", copy=False).tobytes()
     step = CHUNK_SAMPLES * 2

@@ -13,6 +13,8 @@ import webrtcvad
 
 from streamer.errors import ConfigError
 
+# May keep state across frames (Silero's, in streamer.model.silero): one per stream, fed
+# that stream's frames in order.
 FrameClassifier = Callable[[np.ndarray], bool]
 
 # Mode 2 is the default: on clean espeak and recorded speech modes 2 and 3 agree with

@@ -140,10 +140,57 @@ def join_with_silence(
     return np.concatenate(parts), truth
 
 
-def add_noise(pcm: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
-    """White noise at ``snr_db`` relative to the speech power (computed over loud samples)."""
+NOISE_KINDS = ("white", "brown", "recorded")
+# alsa-utils' speaker-test noise: 1.4 s at 48 kHz, stationary, falling about 5 dB per
+# octave (more like a room's rumble than white noise); looped to any length
+RECORDED_NOISE = Path("/usr/share/sounds/alsa/Noise.wav")
+
+
+def add_noise(pcm: np.ndarray, snr_db: float, seed: int = 0, kind: str = "white") -> np.ndarray:
+    """Noise of ``kind`` (:data:`NOISE_KINDS`) at ``snr_db`` relative to the speech power
+    (computed over loud samples)."""
     signal = pcm.astype(np.float64)
     loud = signal[np.abs(signal) > 64]
     power = float(np.mean(loud**2)) if loud.size else 1.0
-    noise = np.random.default_rng(seed).normal(0.0, np.sqrt(power / 10 ** (snr_db / 10)), pcm.size)
+    if kind == "white":
+        std = np.sqrt(power / 10 ** (snr_db / 10))
+        noise = np.random.default_rng(seed).normal(0.0, std, pcm.size)
+    else:
+        noise = noise_of(kind, pcm.size, seed)
+        noise *= np.sqrt(power / 10 ** (snr_db / 10) / np.mean(noise**2))
     return np.clip(signal + noise, -32768, 32767).astype(np.int16)
+
+
+def noise_of(kind: str, samples: int, seed: int = 0) -> np.ndarray:
+    """``samples`` of zero-mean noise of ``kind`` at 16 kHz, float64, any scale."""
+    rng = np.random.default_rng(seed)
+    if kind == "white":
+        return rng.normal(0.0, 1.0, samples)
+    if kind == "brown":
+        walk = np.cumsum(rng.normal(0.0, 1.0, samples))
+        return walk - np.convolve(walk, np.ones(1600) / 1600, mode="same")  # zero-mean
+    if kind == "recorded":
+        return _looped(_recorded_noise(), samples, int(rng.integers(0, 1 << 30)))
+    raise ConfigError(f"noise kind must be one of {NOISE_KINDS}, got {kind!r}")
+
+
+def _recorded_noise() -> np.ndarray:
+    import soundfile as sf
+    import soxr
+
+    if not RECORDED_NOISE.is_file():
+        raise ConfigError(f"{RECORDED_NOISE} is missing: install alsa-utils")
+    data, rate = sf.read(RECORDED_NOISE, dtype="float64", always_2d=True)
+    return soxr.resample(data.mean(axis=1), rate, SAMPLE_RATE)
+
+
+def _looped(loop: np.ndarray, samples: int, offset: int) -> np.ndarray:
+    """``loop`` repeated with 10 ms cross-fades (no clicks), starting at ``offset``."""
+    fade = SAMPLE_RATE // 100
+    ramp = np.linspace(0.0, 1.0, fade)
+    out = loop.copy()
+    while out.size < samples + loop.size:
+        joined = out[-fade:] * (1 - ramp) + loop[:fade] * ramp
+        out = np.concatenate([out[:-fade], joined, loop[fade:]])
+    start = offset % loop.size
+    return out[start : start + samples]
