@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -535,7 +535,8 @@ class StreamingClient:
         try:
             while True:
                 await asyncio.sleep(interval_s)
-                pong = await self._connection.ping()
+                # websockets types it as Awaitable; it is the pong's Future
+                pong = cast("asyncio.Future[float]", await self._connection.ping())
                 if timeout_s is None:
                     continue
                 sent = time.monotonic()

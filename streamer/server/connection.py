@@ -36,6 +36,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import cast
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -418,7 +419,7 @@ class Connection:
                         return
                 try:
                     async with asyncio.timeout(self.limits.write_timeout_s):
-                        pong = await self.ws.ping()
+                        pong = cast("asyncio.Future[float]", await self.ws.ping())
                 except TimeoutError:
                     self.terminate(
                         CLOSE_POLICY_VIOLATION,

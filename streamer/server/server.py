@@ -195,7 +195,11 @@ class StreamingServer:
         self._failure: str | None = None  # why the model failed; the process must restart
         self._failed = asyncio.Event()
         loop = asyncio.get_running_loop()
-        worker.on_failure = lambda reason: loop.call_soon_threadsafe(self._model_failed, reason)
+
+        def on_failure(reason: str) -> None:  # called in the worker's thread
+            loop.call_soon_threadsafe(self._model_failed, reason)
+
+        worker.on_failure = on_failure
         self.ssl_context: ssl.SSLContext | None = None  # set by start() when TLS is on
         # The other protocols' ports, sharing admission, --max-sessions and the worker.
         self.listeners: dict[str, Listener] = {}

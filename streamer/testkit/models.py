@@ -326,7 +326,7 @@ def _write_tokenizer(path: Path, size: str, seed: int) -> int:
     from sentencepiece import sentencepiece_model_pb2
 
     buffer = io.BytesIO()
-    common = {
+    common: dict[str, Any] = {
         "model_type": "bpe",
         "character_coverage": 1.0,
         "model_writer": buffer,
@@ -348,7 +348,8 @@ def _write_tokenizer(path: Path, size: str, seed: int) -> int:
         return TINY_VOCAB_SIZE
 
     spm.SentencePieceTrainer.train(sentence_iterator=_corpus(size, seed), vocab_size=6000, **common)
-    proto = sentencepiece_model_pb2.ModelProto.FromString(buffer.getvalue())
+    # generated protobuf code: no type stubs
+    proto = sentencepiece_model_pb2.ModelProto.FromString(buffer.getvalue())  # type: ignore[attr-defined]
     present = {piece.piece for piece in proto.pieces}
     slots: dict[int, str] = {index: token for token, index in KNOWN_SPECIAL_IDS.items()}
     free = [i for i in range(FIRST_SPECIAL_ID, REAL_VOCAB_SIZE) if i not in slots]
@@ -357,7 +358,7 @@ def _write_tokenizer(path: Path, size: str, seed: int) -> int:
     # Ordinary ids up to the specials are filled with CJK and Hangul characters, so the
     # real-size CTC head maps onto printable text.
     fillers = (chr(c) for c in [*range(0x4E00, 0xA000), *range(0xAC00, 0xD7A4)])
-    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED  # type: ignore[attr-defined]
     while len(proto.pieces) < REAL_VOCAB_SIZE:
         index = len(proto.pieces)
         if index >= FIRST_SPECIAL_ID:
@@ -521,18 +522,18 @@ def _train_tagged(model: Any, out_dir: Path, speech_cache_dir: Path, seed: int) 
         for language in ("auto", "en")
     ]
     with torch.inference_mode():
-        for example in checked:
-            speech_batch, lengths = _batch([example])
+        for case in checked:
+            speech_batch, lengths = _batch([case])
             x, x_lengths = prepend_queries(
-                model, speech_batch, lengths, [example.language_row], [example.textnorm_row]
+                model, speech_batch, lengths, [case.language_row], [case.textnorm_row]
             )
             encoded, _ = model.encoder(x, x_lengths)
             ids = torch.unique_consecutive(model.ctc.ctc_lo(encoded)[0].argmax(-1))
             decoded = processor.decode([int(t) for t in ids if t != 0])
-            if decoded != example.expected:
+            if decoded != case.expected:
                 raise ModelError(
                     f"tagged model training did not converge: {decoded!r} instead of "
-                    f"{example.expected!r} (silence {example.margins_ms} ms)"
+                    f"{case.expected!r} (silence {case.margins_ms} ms)"
                 )
 
 

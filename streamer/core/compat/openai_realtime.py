@@ -479,9 +479,9 @@ class RealtimeAdapter(WireAdapter):
                     message,
                 )
         elif isinstance(message, Partial):
-            item_id = self._item_of_segment.get(message.segment_id)
-            if item_id is not None and self.config.server_vad:
-                self._delta(item_id, message.segment_id, message.stable_text, message)
+            open_item = self._item_of_segment.get(message.segment_id)
+            if open_item is not None and self.config.server_vad:
+                self._delta(open_item, message.segment_id, message.stable_text, message)
         elif isinstance(message, Final):
             self._final(message)
         elif isinstance(message, Error):
