@@ -28,8 +28,9 @@ words in the session's timeline:
 The words come from the very tokens the text was decoded from (with or without ITN:
 SenseVoice's ``withitn`` output is punctuated text from the same CTC tokens), so
 :func:`join_words` gives back the transcript's text, with one exception: it puts no space
-next to a CJK character, so a space the model wrote there (code-switched text such as
-``我喜欢 python``) is not restored.
+next to CJK text (a Han or kana character, or CJK punctuation such as ``。``, looking past
+other punctuation), so a space the model wrote there is not restored (code-switched text:
+``我喜欢 python`` joins as ``我喜欢python``).
 """
 
 from __future__ import annotations
@@ -185,8 +186,8 @@ def transcript_words(transcript: Transcript, start_ms: float, end_ms: float) -> 
 
 
 def join_words(words: Sequence[Word]) -> str:
-    """The text the words spell: one space between words, none next to a CJK character
-    (see the module docstring for the one case where that differs from the text)."""
+    """The text the words spell: one space between words, none next to CJK text (see
+    the module docstring for the one case where that differs from the transcript's)."""
     out: list[str] = []
     previous = ""
     for word in words:
