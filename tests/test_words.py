@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import orjson
 import pytest
 
+from streamer.core.compat.deepgram import DeepgramAdapter, parse_listen_query
 from streamer.core.compat.funasr_timestamp import funasr_timestamp
+from streamer.core.jobs import DecodeResult
 from streamer.core.protocol import (
     Final,
     Partial,
@@ -19,8 +22,11 @@ from streamer.core.protocol import (
     parse_stream_options,
 )
 from streamer.core.transcript import Transcript, parse_tags
+from streamer.core.wire import V1Adapter
 from streamer.core.words import FRAME_MS, QUERY_FRAMES, join_words, transcript_words
 from streamer.errors import InvalidOption, MalformedMessage
+from tests.compat_harness import Harness, make_session, words_for
+from tests.fakes import silence, tone
 
 TAGS = ("<|en|>", "<|NEUTRAL|>", "<|Speech|>", "<|woitn|>")
 
@@ -297,3 +303,83 @@ def test_funasr_timestamp_is_a_json_string_of_integer_pairs() -> None:
     )
     assert funasr_timestamp(()) is None
     assert funasr_timestamp((Word("。", 0.0, 60.0, 1.0),)) is None
+
+
+# --- the session and the adapters -----------------------------------------------------------
+
+
+class TimedHarness(Harness):
+    """The compat harness with a worker whose transcripts carry token pieces and frames:
+    word ``i`` of a job's text is one token on frame ``5 + i``, its confidence 0.5 + i/100."""
+
+    def _decode(self, n: int) -> None:
+        jobs, self.queued = self.queued[:n], self.queued[n:]
+        for job in jobs:
+            words = words_for(job).split()
+            t = transcript(
+                [f"▁{w.replace('_', 'x')}" for w in words],
+                frames=[5 + i for i in range(len(words))],
+                confidences=[0.5 + i / 100 for i in range(len(words))],
+                last_end=5 + len(words),
+            )
+            self.session.decode_finished(DecodeResult(job=job, transcript=t, decode_ms=1))
+
+
+def _bursts() -> np.ndarray:
+    return np.concatenate([silence(500), tone(1500), silence(1000), tone(800), silence(1000)])
+
+
+@pytest.mark.parametrize("partial_words", [False, True])
+def test_the_session_puts_words_in_the_session_timeline(partial_words: bool) -> None:
+    h = TimedHarness(V1Adapter(make_session(words=partial_words))).start()
+    h.audio(_bursts().tobytes())
+    h.text({"type": "stop"})
+    finals = h.of_type("final")
+    assert len(finals) == 2
+    for final in finals:
+        words = final["words"]
+        assert join_words([Word(**w) for w in words]) == final["text"]
+        assert words[0]["start_ms"] == final["start_ms"] + ms(5)
+        assert [w["start_ms"] - final["start_ms"] for w in words[:3]] == [60.0, 120.0, 180.0]
+        assert words[-1]["end_ms"] <= final["end_ms"]
+        assert words[1]["confidence"] == 0.51
+    partials = h.of_type("partial")
+    assert partials
+    if partial_words:
+        assert all(p["words"][0]["start_ms"] == p["start_ms"] + 60.0 for p in partials)
+    else:
+        assert all("words" not in p for p in partials)
+
+
+def _deepgram(query: dict[str, str]) -> TimedHarness:
+    options = parse_listen_query(query, StreamOptions())
+    session = make_session(**options.stream.to_dict())
+    adapter = DeepgramAdapter(session, options, request_id="r", created="2026-01-01T00:00:00Z")
+    return TimedHarness(adapter).start()
+
+
+def test_deepgram_words_and_confidence_come_from_the_model() -> None:
+    h = _deepgram({"interim_results": "true", "punctuate": "true", "sample_rate": "16000"})
+    h.audio(_bursts().tobytes())
+    results = h.of_type("Results")
+    final = next(r for r in results if r["is_final"])
+    alt = final["channel"]["alternatives"][0]
+    words = alt["words"]
+    assert [w["punctuated_word"] for w in words] == alt["transcript"].split()
+    assert words[0]["start"] == pytest.approx(final["start"] + 0.06)
+    assert [round(w["start"] - final["start"], 3) for w in words[:3]] == [0.06, 0.12, 0.18]
+    expected = sum(0.5 + i / 100 for i in range(len(words))) / len(words)
+    assert alt["confidence"] == pytest.approx(expected, abs=1e-4)
+    assert [w["confidence"] for w in words[:2]] == [0.5, 0.51]
+    interim = next(r for r in results if not r["is_final"])  # interims carry words too
+    assert interim["channel"]["alternatives"][0]["words"][0]["start"] == pytest.approx(
+        interim["start"] + 0.06
+    )
+
+
+def test_deepgram_punctuated_word_only_when_asked_and_languages_with_multi() -> None:
+    h = _deepgram({"sample_rate": "16000", "language": "multi"})
+    h.audio(_bursts().tobytes())
+    words = h.of_type("Results")[0]["channel"]["alternatives"][0]["words"]
+    assert words and all("punctuated_word" not in w for w in words)
+    assert all(w["language"] == "en" for w in words)
