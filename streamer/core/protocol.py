@@ -271,20 +271,28 @@ _SERVER_TYPES: dict[str, type] = {
 }
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _SERVER_TYPES.values()
+}
+
+
 def message_dict(message: ServerMessage) -> dict[str, Any]:
-    """The JSON object of a server message; ``words`` is left out when it is None."""
-    obj = {"type": message.type, **dataclasses.asdict(message)}
-    if "words" in obj:
-        if obj["words"] is None:
-            del obj["words"]
-        else:
-            obj["words"] = list(obj["words"])  # a JSON array, as decoded
-    return obj
+    """The JSON object of a server message, as :func:`encode` writes it."""
+    data: dict[str, Any] = orjson.loads(encode(message))
+    return data
 
 
 def encode(message: ServerMessage) -> bytes:
-    """The JSON bytes of a server message (send them as a text frame)."""
-    return orjson.dumps(message_dict(message))
+    """The JSON bytes of a server message (send them as a text frame).
+
+    ``words`` is left out when it is None (partials without the ``words`` option).
+    """
+    obj: dict[str, Any] = {"type": message.type}
+    for name in _FIELD_NAMES[type(message)]:
+        obj[name] = getattr(message, name)
+    if obj.get("words", ()) is None:
+        del obj["words"]
+    return orjson.dumps(obj)  # orjson writes the Word dataclasses itself
 
 
 def decode_server_message(data: str | bytes) -> ServerMessage:
@@ -303,7 +311,7 @@ def decode_server_message(data: str | bytes) -> ServerMessage:
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in obj.items() if k in names}
     if kwargs.get("words") is not None:
-        kwargs["words"] = _decode_words(kwargs["words"], kind)
+        kwargs["words"] = _decode_words(kwargs["words"], str(kind))
     try:
         return cls(**kwargs)
     except TypeError as exc:

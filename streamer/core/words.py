@@ -35,6 +35,7 @@ other punctuation), so a space the model wrote there is not restored (code-switc
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,30 +47,24 @@ QUERY_FRAMES = 4  # encoder frames 0-3 carry the tags; audio starts at frame 4
 FRAME_MS = 60  # audio per encoder frame (one low-frame-rate frame: 6 x 10 ms)
 SPACE_PIECE = "▁"  # sentencepiece's word-start mark (U+2581)
 
-# Letters of scripts written without spaces: each one is a word.
+# Letters of scripts written without spaces, each one a word: hiragana and katakana (and
+# their phonetic extensions), CJK ideographs (extension A, the main block, compatibility
+# ideographs, extensions B-G); and, written without spaces next to them, CJK punctuation
+# and the full-width forms.
 _CJK_LETTERS = (
-    (0x3040, 0x30FF),  # hiragana, katakana
-    (0x31F0, 0x31FF),  # katakana phonetic extensions
-    (0x3400, 0x4DBF),  # CJK unified ideographs extension A
-    (0x4E00, 0x9FFF),  # CJK unified ideographs
-    (0xF900, 0xFAFF),  # CJK compatibility ideographs
-    (0x20000, 0x3134F),  # CJK extensions B-G and compatibility supplement
+    "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
 )
-# ... and the punctuation and full-width forms written with them, also without spaces.
-_CJK_MARKS = ((0x3000, 0x303F), (0xFF00, 0xFFEF))
+_CJK_LETTER = re.compile(f"[{_CJK_LETTERS}]")
+_NO_SPACE = re.compile(f"[{_CJK_LETTERS}\u3000-\u303f\uff00-\uffef]")
 
 
 def is_cjk_letter(char: str) -> bool:
     """A Han ideograph, hiragana or katakana: a word of its own."""
-    code = ord(char)
-    return code >= 0x3040 and any(lo <= code <= hi for lo, hi in _CJK_LETTERS)
+    return _CJK_LETTER.match(char) is not None
 
 
 def _no_space(char: str) -> bool:
-    code = ord(char)
-    return code >= 0x3000 and (
-        is_cjk_letter(char) or any(lo <= code <= hi for lo, hi in _CJK_MARKS)
-    )
+    return _NO_SPACE.match(char) is not None
 
 
 def _is_punctuation(char: str) -> bool:
@@ -111,9 +106,8 @@ class _Builder:
             self._prefix.end = end
             self._prefix.confidence = min(self._prefix.confidence, confidence)
 
-    def letter(self, chars: str, start: float, end: float, confidence: float) -> None:
+    def letter(self, chars: str, start: float, end: float, confidence: float, cjk: bool) -> None:
         """One CJK letter, or letters of other scripts spelled together."""
-        cjk = is_cjk_letter(chars[0])
         if self._open and not cjk:
             word = self.words[-1]
             word.text += chars
@@ -153,8 +147,8 @@ def transcript_words(transcript: Transcript, start_ms: float, end_ms: float) -> 
         if piece.startswith(SPACE_PIECE):
             builder.space()
             piece = piece[1:]
-        if piece.isalnum() and piece.isascii():  # most pieces: letters of one word
-            builder.letter(piece, start, end, confidence)
+        if piece.isalnum() and (piece.isascii() or not _CJK_LETTER.search(piece)):
+            builder.letter(piece, start, end, confidence, False)  # most pieces: one word's
             continue
         text = piece.replace(SPACE_PIECE, " ")
         letters = sum(1 for c in text if not c.isspace() and not _is_punctuation(c))
@@ -166,8 +160,10 @@ def transcript_words(transcript: Transcript, start_ms: float, end_ms: float) -> 
             elif _is_punctuation(char):
                 builder.punctuation(char, start, end, confidence)
             else:
-                builder.letter(char, start + step * done, start + step * (done + 1), confidence)
-                done += 1
+                part_start, done = start + step * done, done + 1
+                builder.letter(
+                    char, part_start, start + step * done, confidence, is_cjk_letter(char)
+                )
     builder.space()
     high = max(start_ms, end_ms)
     words = []
