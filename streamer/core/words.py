@@ -147,9 +147,13 @@ def transcript_words(transcript: Transcript, start_ms: float, end_ms: float) -> 
         if piece.startswith(SPACE_PIECE):
             builder.space()
             piece = piece[1:]
-        if piece.isalnum() and (piece.isascii() or not _CJK_LETTER.search(piece)):
-            builder.letter(piece, start, end, confidence, False)  # most pieces: one word's
-            continue
+        if piece.isalnum():  # most pieces: letters of one word, or one CJK character
+            if piece.isascii() or not _CJK_LETTER.search(piece):
+                builder.letter(piece, start, end, confidence, False)
+                continue
+            if len(piece) == 1:
+                builder.letter(piece, start, end, confidence, True)
+                continue
         text = piece.replace(SPACE_PIECE, " ")
         letters = sum(1 for c in text if not c.isspace() and not _is_punctuation(c))
         step = (end - start) / letters if letters else 0.0
