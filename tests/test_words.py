@@ -383,3 +383,35 @@ def test_deepgram_punctuated_word_only_when_asked_and_languages_with_multi() -> 
     words = h.of_type("Results")[0]["channel"]["alternatives"][0]["words"]
     assert words and all("punctuated_word" not in w for w in words)
     assert all(w["language"] == "en" for w in words)
+
+
+def test_a_tokenizer_without_a_piece_table_gives_transcripts_without_words(caplog) -> None:
+    """The decode goes on; the session then has no words (adapters spread the text)."""
+    from streamer.errors import ModelError
+    from streamer.model.decoding import CtcRecognizer
+
+    class NoPieces:
+        size = 8
+
+        def decode(self, token_ids) -> str:
+            return "<|en|>x" if token_ids else ""
+
+        def pieces(self) -> list[str]:
+            raise ModelError("this tokenizer has no piece list")
+
+    class Recognizer(CtcRecognizer):
+        name = "fake"
+        tokenizer = NoPieces()
+
+        def _logits(self, batch):
+            logits = np.zeros((6, 8), np.float32)
+            logits[np.arange(6), [3, 0, 0, 5, 5, 0]] = 9.0
+            return [logits for _ in batch]
+
+    recognizer = Recognizer()
+    t = recognizer.decode(np.zeros(16000, np.int16))
+    assert t.token_ids == (3, 5) and t.token_end_frames == (1, 5)
+    assert t.token_pieces == () and transcript_words(t, 0.0, 1000.0) == ()
+    assert "no word timings" in caplog.text
+    recognizer.decode(np.zeros(16000, np.int16))  # asked once, remembered
+    assert caplog.text.count("no word timings") == 1

@@ -336,7 +336,7 @@ class CtcRecognizer:
                 logger.warning("no word timings: %s", error)
                 table = []
             self._piece_table = table
-        if not table:
+        if not table or max(token_ids, default=0) >= len(table):
             return ()
         return tuple(table[i] for i in token_ids)
 
