@@ -209,7 +209,7 @@ class Word:
 
     word: str  # as in the text, punctuation attached ("fox," "好。")
     start_ms: float  # client audio time where the word starts
-    end_ms: float  # where it ends (the next word's start, or its last token's end)
+    end_ms: float  # where the next token starts (the last word: where its CTC run ends)
     confidence: float  # 0..1: the least confident of its tokens' CTC posteriors
 
 
