@@ -16,7 +16,7 @@ from streamer.client.captions import (
     render,
     wrap_caption,
 )
-from streamer.core.protocol import End, Final, Partial, Ready, SpeechStart
+from streamer.core.protocol import End, Final, Partial, Ready, SpeechStart, Word
 from streamer.errors import ConfigError
 
 
@@ -143,3 +143,59 @@ def test_format_for(path: str | None, explicit: str | None, expected: str) -> No
 def test_format_for_rejects_unknown(path: str, explicit: str | None) -> None:
     with pytest.raises(ConfigError):
         format_for(path, explicit)
+
+
+def _timed_words(text: str, start_ms: float, step_ms: list[float]) -> tuple[Word, ...]:
+    words, t = [], start_ms
+    for word, step in zip(text.split(), step_ms, strict=True):
+        words.append(Word(word, t, t + step, 0.9))
+        t += step
+    return tuple(words)
+
+
+def test_split_cues_take_their_times_from_the_words() -> None:
+    text = " ".join(f"word{i:02d}" for i in range(40))
+    # the first 30 words are spoken fast, the last 10 slowly: a proportional split is wrong
+    steps = [100.0] * 30 + [500.0] * 10
+    words = _timed_words(text, 1200.0, steps)
+    cues = caption_cues(final(0, 1000.0, 9500.0, text, words=words))
+    assert len(cues) == 4
+    spoken = 0
+    for cue in cues:
+        count = sum(len(line.split()) for line in cue.lines)
+        first, last = words[spoken], words[spoken + count - 1]
+        assert (cue.start_ms, cue.end_ms) == (first.start_ms, last.end_ms)
+        spoken += count
+    assert spoken == len(words)
+    assert cues[0].start_ms == 1200.0 and cues[-1].end_ms == 9200.0  # not the segment's bounds
+    proportional = caption_cues(final(0, 1000.0, 9500.0, text))
+    assert [c.lines for c in proportional] == [c.lines for c in cues]  # same text, new times
+    assert proportional[1].end_ms != cues[1].end_ms
+
+
+def test_a_word_broken_over_two_cues_shares_its_time() -> None:
+    long_word = "x" * 120  # wider than two lines: broken between characters
+    words = (Word("a", 0.0, 100.0, 1.0), Word(long_word, 100.0, 1300.0, 1.0))
+    cues = caption_cues(final(0, 0.0, 2000.0, f"a {long_word}", words=words))
+    assert len(cues) == 2
+    assert cues[0].start_ms == 0.0 and cues[-1].end_ms == 1300.0
+    # lines "a", then the word in pieces of 42, 42 and 36 characters: the first cue holds
+    # "a" and 42 of the word's 120 characters
+    assert cues[0].end_ms == pytest.approx(100.0 + 1200.0 * 42 / 120)
+    assert cues[1].start_ms == cues[0].end_ms
+
+
+def test_cjk_cues_from_per_character_words() -> None:
+    text = "今天天气很好" * 6
+    words = tuple(Word(c, 100.0 * i, 100.0 * (i + 1), 1.0) for i, c in enumerate(text))
+    cues = caption_cues(final(0, 0.0, 5000.0, text, words=words), max_lines=1)
+    assert [c.lines for c in cues] == [(text[:21],), (text[21:],)]
+    assert [(c.start_ms, c.end_ms) for c in cues] == [(0.0, 2100.0), (2100.0, 3600.0)]
+
+
+def test_words_that_do_not_spell_the_text_fall_back_to_the_proportional_split() -> None:
+    text = " ".join(f"word{i:02d}" for i in range(40))
+    words = _timed_words(text.replace("word07", "other"), 1200.0, [100.0] * 40)
+    assert caption_cues(final(0, 1000.0, 9000.0, text, words=words)) == caption_cues(
+        final(0, 1000.0, 9000.0, text)
+    )

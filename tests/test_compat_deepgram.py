@@ -65,12 +65,14 @@ def v1_finals(pcm: np.ndarray, **stream) -> list[str]:
 def test_the_real_clients_queries_parse() -> None:
     sdk = parse_listen_query(SDK_QUERY, StreamOptions())
     assert sdk.stream == StreamOptions(
-        language="en", itn=True, sample_rate=16000, partials=True, endpoint_ms=300
+        language="en", itn=True, sample_rate=16000, partials=True, endpoint_ms=300, words=True
     )
+    assert sdk.punctuated_words
     assert (sdk.vad_events, sdk.utterance_end_ms, sdk.encoding, sdk.channels) == (
         True, 1000, "linear16", 1)  # fmt: skip
     pipecat = parse_listen_query(PIPECAT_QUERY, StreamOptions())
     assert pipecat.stream.itn is True  # punctuate=true wins over smart_format=false
+    assert pipecat.punctuated_words
     assert not pipecat.vad_events and pipecat.utterance_end_ms is None
     livekit = parse_listen_query(LIVEKIT_QUERY, StreamOptions())
     assert livekit.stream.endpoint_ms == 100  # endpointing=25, clamped

@@ -122,6 +122,7 @@ def test_greedy_ctc_collapses_repeats_and_drops_blanks() -> None:
     tokens = greedy_ctc(logits)
     assert tokens.ids == (3, 3, 5, 2)
     assert tokens.frames == (1, 4, 5, 10)
+    assert tokens.end_frames == (3, 5, 8, 11)  # each run's end: a blank, the next token, the end
     shifted = logits - logits.max(axis=1, keepdims=True)
     posterior = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
     expected = [posterior[f, t] for f, t in zip(tokens.frames, tokens.ids, strict=True)]
@@ -133,6 +134,8 @@ def test_greedy_ctc_edge_cases() -> None:
     assert greedy_ctc(np.zeros((0, 6), np.float32)).ids == ()
     assert greedy_ctc(_logits([0, 0, 0])).ids == ()
     assert greedy_ctc(_logits([4])).frames == (0,)
+    assert greedy_ctc(_logits([4])).end_frames == (1,)
+    assert greedy_ctc(_logits([0, 0, 0])).end_frames == ()
     banned = greedy_ctc(_logits([4, 4, 1], margin=5.0), banned_ids=(4,))
     assert 4 not in banned.ids
 

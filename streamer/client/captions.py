@@ -128,13 +128,19 @@ def caption_cues(
 ) -> list[Cue]:
     """The cues for one final: none when its text is empty, several when it is long.
 
-    A long final is split into groups of ``max_lines`` lines; its time span is shared
-    between them in proportion to their length.
+    A long final is split into groups of ``max_lines`` lines. Each group is shown from
+    its first word's start to its last word's end when the final has word timings;
+    without them (an older server) the final's span is shared between the groups in
+    proportion to their length.
     """
     lines = wrap_caption(final.text, max_line_chars)
     if not lines:
         return []
     groups = [tuple(lines[i : i + max_lines]) for i in range(0, len(lines), max_lines)]
+    if len(groups) > 1 and final.words:
+        timed = _word_timed_cues(final, groups)
+        if timed is not None:
+            return timed
     weights = [sum(display_width(line) for line in group) for group in groups]
     total = sum(weights)
     span_ms = max(0.0, final.end_ms - final.start_ms)
@@ -147,6 +153,46 @@ def caption_cues(
         cues.append(Cue(start_ms, end_ms, group))
         start_ms = end_ms
     return cues
+
+
+def _word_timed_cues(final: Final, groups: list[tuple[str, ...]]) -> list[Cue] | None:
+    """Cues timed by the final's words; None when the words do not spell its text.
+
+    Lines hold the text's characters in order without its spaces, so a group's first and
+    last characters are found by counting, and each character lies inside one word (a
+    word broken over two cues shares its time between them by characters).
+    """
+    words = final.words or ()
+    text = final.text
+    owner: list[int] = []  # for each non-space character of the text: its word
+    first_char: list[int] = []  # for each word: the index of its first character there
+    position = 0
+    for index, word in enumerate(words):
+        found = text.find(word.word, position)
+        if found < 0 or text[position:found].strip() or not word.word:
+            return None
+        first_char.append(len(owner))
+        owner.extend(index for c in word.word if not c.isspace())
+        position = found + len(word.word)
+    if text[position:].strip():
+        return None
+
+    def time_at(char: int, after: bool) -> float:
+        index = owner[char]
+        word = words[index]
+        end = first_char[index + 1] if index + 1 < len(words) else len(owner)
+        share = (char - first_char[index] + (1 if after else 0)) / (end - first_char[index])
+        return word.start_ms + (word.end_ms - word.start_ms) * share
+
+    cues = []
+    done = 0
+    for group in groups:
+        count = sum(1 for line in group for c in line if not c.isspace())
+        if done + count > len(owner):
+            return None
+        cues.append(Cue(time_at(done, False), time_at(done + count - 1, True), group))
+        done += count
+    return cues if done == len(owner) else None
 
 
 def _srt_block(index: int, cue: Cue) -> str:

@@ -41,6 +41,7 @@ class StreamOptions:
     sample_rate: int = NATIVE_SAMPLE_RATE  # rate of the PCM the client sends, Hz
     partials: bool = True  # send partial results while a segment is open
     endpoint_ms: int = 500  # trailing non-speech that ends an utterance
+    words: bool = False  # word timings on partials too (finals always carry them)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,7 +98,7 @@ def parse_stream_options(
                     f"option 'language' must be one of {', '.join(LANGUAGES)}, got {value!r}"
                 )
             changes[name] = value
-        elif name in ("itn", "partials"):
+        elif name in ("itn", "partials", "words"):
             changes[name] = _parse_bool(name, value)
         elif name == "sample_rate":
             rate = _parse_int(name, value)
@@ -203,6 +204,16 @@ class SpeechStart:
 
 
 @dataclass(frozen=True)
+class Word:
+    """One word of a transcript and where it was spoken (see streamer/core/words.py)."""
+
+    word: str  # as in the text, punctuation attached ("fox," "好。")
+    start_ms: float  # client audio time where the word starts
+    end_ms: float  # where the next token starts (the last word: where its CTC run ends)
+    confidence: float  # 0..1: the least confident of its tokens' CTC posteriors
+
+
+@dataclass(frozen=True)
 class Partial:
     type: ClassVar[str] = "partial"
     segment_id: int
@@ -215,6 +226,7 @@ class Partial:
     emotion: str | None
     event: str | None
     raw: str
+    words: tuple[Word, ...] | None = None  # only with the stream option words=true
 
 
 @dataclass(frozen=True)
@@ -233,6 +245,7 @@ class Final:
     decode_ms: float  # model time spent on this final
     queue_ms: float  # time the final waited for the model
     error: dict[str, str] | None = None  # {code, message} when decoding failed
+    words: tuple[Word, ...] | None = None  # the text's words in order; None from old servers
 
 
 MAX_ERROR_MESSAGE_CHARS = 200  # longer messages are cut: errors never echo unbounded input
@@ -267,13 +280,28 @@ _SERVER_TYPES: dict[str, type] = {
 }
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _SERVER_TYPES.values()
+}
+
+
 def message_dict(message: ServerMessage) -> dict[str, Any]:
-    return {"type": message.type, **dataclasses.asdict(message)}
+    """The JSON object of a server message, as :func:`encode` writes it."""
+    data: dict[str, Any] = orjson.loads(encode(message))
+    return data
 
 
 def encode(message: ServerMessage) -> bytes:
-    """The JSON bytes of a server message (send them as a text frame)."""
-    return orjson.dumps(message_dict(message))
+    """The JSON bytes of a server message (send them as a text frame).
+
+    ``words`` is left out when it is None (partials without the ``words`` option).
+    """
+    obj: dict[str, Any] = {"type": message.type}
+    for name in _FIELD_NAMES[type(message)]:
+        obj[name] = getattr(message, name)
+    if obj.get("words", ()) is None:
+        del obj["words"]
+    return orjson.dumps(obj)  # orjson writes the Word dataclasses itself
 
 
 def decode_server_message(data: str | bytes) -> ServerMessage:
@@ -291,10 +319,28 @@ def decode_server_message(data: str | bytes) -> ServerMessage:
         raise MalformedMessage(f"not a protocol v1 server message: {data[:200]!r}")
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in obj.items() if k in names}
+    if kwargs.get("words") is not None:
+        kwargs["words"] = _decode_words(kwargs["words"], str(kind))
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise MalformedMessage(f"bad {obj['type']} message: {exc}") from None
+
+
+_WORD_FIELDS = tuple(f.name for f in dataclasses.fields(Word))
+
+
+def _decode_words(value: Any, kind: str) -> tuple[Word, ...]:
+    if not isinstance(value, list):
+        raise MalformedMessage(f"bad {kind} message: 'words' must be a list")
+    words = []
+    for item in value:
+        if not isinstance(item, dict) or not all(name in item for name in _WORD_FIELDS):
+            raise MalformedMessage(
+                f"bad {kind} message: each word needs {', '.join(_WORD_FIELDS)}: {item!r:.200}"
+            )
+        words.append(Word(**{name: item[name] for name in _WORD_FIELDS}))
+    return tuple(words)
 
 
 def stable_prefix(previous: str, current: str) -> str:
@@ -331,6 +377,7 @@ __all__ = [
     "client_message_json",
     "Ready",
     "SpeechStart",
+    "Word",
     "Partial",
     "Final",
     "Error",

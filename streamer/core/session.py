@@ -32,6 +32,7 @@ from streamer.core.protocol import (
     SpeechStart,
     StopMessage,
     StreamOptions,
+    Word,
 )
 from streamer.core.resample import StreamResampler
 from streamer.core.segmenter import (
@@ -41,7 +42,9 @@ from streamer.core.segmenter import (
     SegmentEvent,
     SegmentStart,
 )
+from streamer.core.transcript import Transcript
 from streamer.core.vad import FrameClassifier, frame_energy
+from streamer.core.words import transcript_words
 from streamer.errors import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -473,6 +476,7 @@ class Session:
                         emotion=t.emotion,
                         event=t.event,
                         raw=t.raw,
+                        words=_words(t, job) if self.stream.words else None,
                     )
                 )
                 self._last_partial_text = text
@@ -540,6 +544,7 @@ class Session:
                 decode_ms=round(result.decode_ms, 1),
                 queue_ms=round(result.queue_ms, 1),
                 error=error,
+                words=_words(t, job) if t else (),
             )
         )
         self.stats.segments += 1
@@ -610,6 +615,10 @@ _DECODE_ERROR_MESSAGES = {
 
 def _ms(samples: int) -> float:
     return round(samples * 1000 / SAMPLE_RATE, 1)
+
+
+def _words(transcript: Transcript, job: DecodeJob) -> tuple[Word, ...]:
+    return transcript_words(transcript, _ms(job.start_sample), _ms(job.end_sample))
 
 
 def _final_job(job: DecodeJob, event: SegmentEnd) -> DecodeJob:

@@ -107,9 +107,13 @@ class Transcript:
     decode_ms: float  # wall time the model spent on it
     # Per token (empty when the recognizer does not report them): the encoder frame where
     # its CTC run starts (frames 0-3 are the query frames; frame f >= 4 starts at
-    # (f - 4) * 60 ms of the audio), and its softmax posterior at that frame.
+    # (f - 4) * 60 ms of the audio), its softmax posterior at that frame, one past the
+    # last frame of its run, and its tokenizer piece ("▁the", "<|en|>"; words.py groups
+    # the pieces into timed words).
     token_frames: tuple[int, ...] = ()
     token_confidences: tuple[float, ...] = ()
+    token_end_frames: tuple[int, ...] = ()
+    token_pieces: tuple[str, ...] = ()
 
     @classmethod
     def from_raw(
@@ -122,6 +126,8 @@ class Transcript:
         decode_ms: float,
         token_frames: tuple[int, ...] = (),
         token_confidences: tuple[float, ...] = (),
+        token_end_frames: tuple[int, ...] = (),
+        token_pieces: tuple[str, ...] = (),
     ) -> Transcript:
         tags = parse_tags(raw)
         return cls(
@@ -137,4 +143,6 @@ class Transcript:
             decode_ms=decode_ms,
             token_frames=token_frames,
             token_confidences=token_confidences,
+            token_end_frames=token_end_frames,
+            token_pieces=token_pieces,
         )

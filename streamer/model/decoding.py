@@ -59,6 +59,7 @@ class CtcTokens:
     ids: tuple[int, ...]  # token ids, repeats collapsed and blanks removed
     frames: tuple[int, ...]  # encoder frame where each token's run starts
     confidences: tuple[float, ...]  # softmax posterior of each token at that frame
+    end_frames: tuple[int, ...] = ()  # one past the last frame of each token's run
 
 
 def greedy_ctc(
@@ -72,7 +73,7 @@ def greedy_ctc(
     if logits.ndim != 2:
         raise DecodeError(f"CTC logits must be (frames, vocab), not shape {logits.shape}")
     if logits.shape[0] == 0:
-        return CtcTokens((), (), ())
+        return CtcTokens((), (), (), ())
     if banned_ids:
         logits = logits.copy()
         logits[:, list(banned_ids)] = -np.inf
@@ -85,16 +86,19 @@ def greedy_ctc(
     close = (top - second) <= _TIE_TOLERANCE * np.maximum(np.abs(top), 1.0)
     if close.any():
         best[close] = _log_softmax(logits[close]).argmax(axis=-1)
-    starts = np.flatnonzero(np.concatenate(([True], best[1:] != best[:-1])))
-    starts = starts[best[starts] != blank_id]
+    runs = np.flatnonzero(np.concatenate(([True], best[1:] != best[:-1])))
+    run_ends = np.append(runs[1:], best.size)
+    spoken = best[runs] != blank_id
+    starts, ends = runs[spoken], run_ends[spoken]
     if starts.size == 0:
-        return CtcTokens((), (), ())
+        return CtcTokens((), (), (), ())
     ids = best[starts]
     log_posteriors = _log_softmax(logits[starts])[np.arange(starts.size), ids]
     return CtcTokens(
         ids=tuple(int(i) for i in ids),
         frames=tuple(int(f) for f in starts),
         confidences=tuple(float(p) for p in np.exp(log_posteriors)),
+        end_frames=tuple(int(f) for f in ends),
     )
 
 
@@ -248,6 +252,7 @@ class CtcRecognizer:
 
     tokenizer: Tokenizer
     banned_ids: tuple[int, ...] = ()  # token ids that never win a frame
+    _piece_table: list[str] | None = None  # the tokenizer's pieces, read at the first decode
 
     @property
     def name(self) -> str:
@@ -312,11 +317,28 @@ class CtcRecognizer:
                     token_ids=tokens.ids,
                     token_frames=tokens.frames,
                     token_confidences=tokens.confidences,
+                    token_end_frames=tokens.end_frames,
+                    token_pieces=self._pieces_of(tokens.ids),
                     audio_ms=samples * 1000 / SAMPLE_RATE,
                     decode_ms=(time.perf_counter() - started) * 1000,
                 )
             )
         return results
+
+    def _pieces_of(self, token_ids: Sequence[int]) -> tuple[str, ...]:
+        """The tokenizer's piece of each token (``▁the``, ``<|en|>``), for word timings;
+        empty when the tokenizer has no piece table."""
+        table = self._piece_table
+        if table is None:
+            try:
+                table = self.tokenizer.pieces()
+            except ModelError as error:
+                logger.warning("no word timings: %s", error)
+                table = []
+            self._piece_table = table
+        if not table or max(token_ids, default=0) >= len(table):
+            return ()
+        return tuple(table[i] for i in token_ids)
 
     def warmup(self) -> None:
         """Decode a few lengths of low noise so first users pay no first-call costs."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from streamer.core import protocol
 from streamer.core.protocol import Final, Partial
 from streamer.core.session import Session
+from streamer.core.words import words_confidence
 
 # BCP-47 primary subtags (and a few region forms) -> the model's languages
 _LANGUAGE_ALIASES = {
@@ -132,7 +133,8 @@ class Word:
         return _WORD_EDGE.sub("", self.text).lower() or self.text.lower()
 
 
-# No per-word confidence until transcripts carry CTC posteriors (issue 11, part 5).
+# The confidence of words spread over a segment (no timings from the model: a fake
+# recognizer, or a tokenizer without a piece table).
 UNKNOWN_CONFIDENCE = 1.0
 
 
@@ -164,9 +166,9 @@ def split_words(text: str) -> list[str]:
 def spread_words(text: str, start_ms: float, end_ms: float) -> list[Word]:
     """The words of ``text`` with the segment's time spread evenly over them.
 
-    A stand-in until transcripts carry word timings from the model (then adapters use
-    those instead); the first word starts at the segment start and the last one ends at
-    its end, so clients that take a result's span from its words still get it right.
+    The fallback for results without the model's word timings; the first word starts at
+    the segment start and the last one ends at its end, so clients that take a result's
+    span from its words still get it right.
     """
     words = split_words(text)
     if not words:
@@ -184,18 +186,18 @@ def spread_words(text: str, start_ms: float, end_ms: float) -> list[Word]:
 
 
 def message_words(message: Partial | Final) -> list[Word]:
-    """The timed words of a partial or final.
-
-    Until transcripts carry word timings (issue 11, part 5: a ``words`` field of
-    ``{word, start_ms, end_ms, confidence}``), the segment's span is spread over its words.
-    """
-    timed = getattr(message, "words", None)
-    if timed:
-        return [
-            Word(w.word, w.start_ms, w.end_ms, getattr(w, "confidence", UNKNOWN_CONFIDENCE))
-            for w in timed
-        ]
+    """The timed words of a partial or final: the model's (its ``words``), else the
+    segment's span spread over the words of its text."""
+    if message.words:
+        return [Word(w.word, w.start_ms, w.end_ms, w.confidence) for w in message.words]
     return spread_words(message.text, message.start_ms, message.end_ms)
+
+
+def message_confidence(message: Partial | Final) -> float:
+    """One confidence for a result: the mean of its words' (0.0 for an empty result)."""
+    if message.words:
+        return words_confidence(message.words)
+    return UNKNOWN_CONFIDENCE if message.text else 0.0
 
 
 def finals_submitted(session: Session) -> int:

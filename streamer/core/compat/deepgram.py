@@ -61,6 +61,7 @@ class ListenOptions:
     vad_events: bool = False  # send SpeechStarted
     utterance_end_ms: int | None = None  # send UtteranceEnd after each spoken utterance
     detect_language: bool = False  # language=multi: report the detected one per result
+    punctuated_words: bool = False  # punctuate or smart_format: words get punctuated_word
 
 
 def parse_listen_query(query: Mapping[str, str], defaults: StreamOptions) -> ListenOptions:
@@ -99,6 +100,7 @@ def parse_listen_query(query: Mapping[str, str], defaults: StreamOptions) -> Lis
     if formatting:
         changes["itn"] = any(common.lenient_bool(v, False) for v in formatting)
     changes["partials"] = common.lenient_bool(query.get("interim_results"), False)
+    changes["words"] = changes["partials"]  # interim results carry words too
     endpointing = common.lenient_int(query.get("endpointing"))
     if endpointing is not None:
         changes["endpoint_ms"] = common.clamp_endpoint_ms(endpointing)
@@ -110,6 +112,7 @@ def parse_listen_query(query: Mapping[str, str], defaults: StreamOptions) -> Lis
         vad_events=common.lenient_bool(query.get("vad_events"), False),
         utterance_end_ms=utterance_end_ms if utterance_end_ms and utterance_end_ms > 0 else None,
         detect_language=language is not None and changes["language"] == "auto",
+        punctuated_words=any(common.lenient_bool(v, False) for v in formatting),
     )
 
 
@@ -277,22 +280,27 @@ class DeepgramAdapter(WireAdapter):
 
     def _results(self, message: Partial | Final, *, is_final: bool) -> dict[str, Any]:
         start_s = _seconds(message.start_ms)
+        words = []
+        language = message.language if self.options.detect_language else None
+        for w in common.message_words(message):
+            word: dict[str, Any] = {
+                "word": w.bare,
+                "start": _seconds(w.start_ms),
+                "end": _seconds(w.end_ms),
+                "confidence": w.confidence,
+            }
+            if self.options.punctuated_words:
+                word["punctuated_word"] = w.text
+            if language:
+                word["language"] = language
+            words.append(word)
         alternative: dict[str, Any] = {
             "transcript": message.text,
-            "confidence": common.UNKNOWN_CONFIDENCE if message.text else 0.0,
-            "words": [
-                {
-                    "word": w.bare,
-                    "start": _seconds(w.start_ms),
-                    "end": _seconds(w.end_ms),
-                    "confidence": w.confidence,
-                    "punctuated_word": w.text,
-                }
-                for w in common.message_words(message)
-            ],
+            "confidence": common.message_confidence(message),
+            "words": words,
         }
-        if self.options.detect_language and message.language:
-            alternative["languages"] = [message.language]
+        if language:
+            alternative["languages"] = [language]
         reason = message.reason if isinstance(message, Final) else None
         return {
             "type": "Results",

@@ -34,7 +34,8 @@ the speech heard so far; the connection then closes with 1008.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import unicodedata
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,7 @@ import orjson
 from streamer.core import protocol
 from streamer.core.compat.common import core_language
 from streamer.core.compat.textjoin import AppendOnlyText, separator
-from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart
+from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart, Word
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter
 from streamer.errors import (
@@ -164,8 +165,7 @@ def timestamp_units(text: str) -> list[str]:
 def spread_spans(units: list[str], start_ms: float, end_ms: float) -> list[list[int]]:
     """One ``[start_ms, end_ms]`` per unit, spread over the utterance by unit length.
 
-    This is the estimate used until the model reports token times (issue 11, part 5):
-    :func:`utterance_spans` is the one place to switch to real timings.
+    The fallback of :func:`utterance_spans` for finals without word timings.
     """
     if not units:
         return []
@@ -182,8 +182,50 @@ def spread_spans(units: list[str], start_ms: float, end_ms: float) -> list[list[
 
 
 def utterance_spans(final: Final, text: str) -> list[list[int]]:
-    """The timestamp spans of one utterance's ``text`` (see :func:`spread_spans`)."""
-    return spread_spans(timestamp_units(text), final.start_ms, final.end_ms)
+    """The timestamp spans of one utterance's ``text``: one per :func:`timestamp_units`.
+
+    From the final's word timings (CTC frames of the model's tokens): each unit runs
+    from its first character's time to its last's, a word's characters sharing its span
+    evenly. Spread over the utterance (:func:`spread_spans`) when the final has no words
+    or they do not spell ``text``.
+    """
+    units = timestamp_units(text)
+    timed = _character_times(final.words or ())
+    spans: list[list[int]] = []
+    position = 0
+    for unit in units:
+        if not unit:  # the second UTF-16 half of a character: it shares the first's span
+            spans.append(list(spans[-1]) if spans else [int(final.start_ms)] * 2)
+            continue
+        while position < len(timed) and timed[position][0] != unit[0]:
+            position += 1  # separators (punctuation, spaces) the units leave out
+        last = position + len(unit) - 1
+        if last >= len(timed) or "".join(c for c, _, _ in timed[position : last + 1]) != unit:
+            return spread_spans(units, final.start_ms, final.end_ms)
+        spans.append([int(timed[position][1]), int(timed[last][2])])
+        position = last + 1
+    return spans
+
+
+def _character_times(words: Sequence[Word]) -> list[tuple[str, float, float]]:
+    """Each non-space character of ``words`` with its share of its word's time span.
+
+    Punctuation has no time of its own (FunASR's comes from a punctuation model after
+    recognition): it sits at the end of its word, which its letters span.
+    """
+    out: list[tuple[str, float, float]] = []
+    for word in words:
+        chars = [c for c in word.word if not c.isspace()]
+        letters = [c for c in chars if not unicodedata.category(c).startswith("P")]
+        length = (word.end_ms - word.start_ms) / max(1, len(letters))
+        done = 0
+        for char in chars:
+            if unicodedata.category(char).startswith("P"):
+                out.append((char, word.end_ms, word.end_ms))
+                continue
+            out.append((char, word.start_ms + done * length, word.start_ms + (done + 1) * length))
+            done += 1
+    return out
 
 
 def stamp_sentence(text: str, spans: list[list[int]]) -> dict[str, Any]:
