@@ -21,8 +21,13 @@ from streamer.server.server import ServerOptions, StreamingServer
 class ServerThread:
     """A :class:`StreamingServer` with its model worker, running in a background thread."""
 
-    def __init__(self, load: Callable[[], SpeechRecognizer], options: ServerOptions,
-                 classifier_factory: Callable | None = None, **worker_options) -> None:
+    def __init__(
+        self,
+        load: Callable[[], SpeechRecognizer],
+        options: ServerOptions,
+        classifier_factory: Callable | None = None,
+        **worker_options,
+    ) -> None:
         self.options = replace(options, host="127.0.0.1", port=0)
         self.classifier_factory = classifier_factory
         self.worker = ModelWorker(load, **worker_options)
@@ -53,8 +58,9 @@ class ServerThread:
         self._stop = asyncio.Event()
         try:
             self.worker.start()
-            self.server = StreamingServer(self.options, self.worker,
-                                          classifier_factory=self.classifier_factory)
+            self.server = StreamingServer(
+                self.options, self.worker, classifier_factory=self.classifier_factory
+            )
             await self.server.start()
         except BaseException as exc:
             self._error = exc
@@ -93,11 +99,16 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
     """Factory: ``make_server(load, **server_options)`` started and ready."""
     started: list[ServerThread] = []
 
-    def factory(load: Callable[[], SpeechRecognizer], wait_ready: bool = True,
-                classifier_factory: Callable | None = None, decode_timeout_s: float = 30.0,
-                **options) -> ServerThread:
-        thread = ServerThread(load, ServerOptions(**options), classifier_factory,
-                              decode_timeout_s=decode_timeout_s)
+    def factory(
+        load: Callable[[], SpeechRecognizer],
+        wait_ready: bool = True,
+        classifier_factory: Callable | None = None,
+        decode_timeout_s: float = 30.0,
+        **options,
+    ) -> ServerThread:
+        thread = ServerThread(
+            load, ServerOptions(**options), classifier_factory, decode_timeout_s=decode_timeout_s
+        )
         started.append(thread)
         return thread.start(wait_ready=wait_ready)
 

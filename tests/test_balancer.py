@@ -368,9 +368,7 @@ async def test_haproxy_takes_a_full_or_draining_server_out_and_back(
         held = await _hold_session(a.url)  # directly: fills `a`, or goes on while it drains
         if state == "draining":
             on_loop(a, a.server.start_draining)
-        await eventually(
-            lambda: haproxy_server_status(stats).get("s0", "").startswith("DOWN"), 20
-        )
+        await eventually(lambda: haproxy_server_status(stats).get("s0", "").startswith("DOWN"), 20)
         assert haproxy_server_status(stats)["s1"] == "UP"
         # out of rotation: no handshake reaches `a` at all, every new session goes to b
         clients = [await _hold_session(base + "/v1/asr") for _ in range(4)]

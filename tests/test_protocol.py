@@ -16,8 +16,14 @@ from streamer.errors import InvalidOption, MalformedMessage, UnsupportedSampleRa
 
 def test_parse_stream_options_from_query_strings():
     options = protocol.parse_stream_options(
-        {"language": "en", "itn": "false", "sample_rate": "48000", "partials": "0",
-         "endpoint_ms": "800", "token": "secret"}
+        {
+            "language": "en",
+            "itn": "false",
+            "sample_rate": "48000",
+            "partials": "0",
+            "endpoint_ms": "800",
+            "token": "secret",
+        }
     )
     assert options == StreamOptions("en", False, 48000, False, 800)
 
@@ -46,8 +52,12 @@ def test_bad_options(params, error):
 
 
 def test_client_messages_round_trip():
-    for message in (ConfigMessage({"language": "zh"}), FinalizeMessage(), StopMessage(),
-                    KeepaliveMessage()):
+    for message in (
+        ConfigMessage({"language": "zh"}),
+        FinalizeMessage(),
+        StopMessage(),
+        KeepaliveMessage(),
+    ):
         assert protocol.parse_client_message(protocol.client_message_json(message)) == message
 
 
@@ -58,9 +68,20 @@ def test_malformed_client_messages(text):
 
 
 def test_server_message_round_trip_and_unknown_fields():
-    final = Final(segment_id=2, start_ms=1.0, end_ms=2.0, text="hi", language="en",
-                  emotion="HAPPY", event="Speech", raw="<|en|>hi", rich="hi", reason="silence",
-                  decode_ms=3.0, queue_ms=0.5)
+    final = Final(
+        segment_id=2,
+        start_ms=1.0,
+        end_ms=2.0,
+        text="hi",
+        language="en",
+        emotion="HAPPY",
+        event="Speech",
+        raw="<|en|>hi",
+        rich="hi",
+        reason="silence",
+        decode_ms=3.0,
+        queue_ms=0.5,
+    )
     data = protocol.encode(final)
     obj = orjson.loads(data)
     assert obj["type"] == "final" and obj["error"] is None
@@ -89,10 +110,20 @@ def test_stable_prefix(previous, current, stable):
 def test_parse_tags():
     tags = parse_tags("<|en|><|HAPPY|><|Laughter|><|woitn|>hello there")
     assert (tags.language, tags.emotion, tags.event, tags.itn, tags.text) == (
-        "en", "HAPPY", "Laughter", False, "hello there")
+        "en",
+        "HAPPY",
+        "Laughter",
+        False,
+        "hello there",
+    )
     tags = parse_tags("<|zh|><|withitn|>你好。")
     assert (tags.language, tags.emotion, tags.event, tags.itn, tags.text) == (
-        "zh", None, None, True, "你好。")
+        "zh",
+        None,
+        None,
+        True,
+        "你好。",
+    )
     tags = parse_tags("<|ko|><|NEW_TAG|><|Cough|>  a  b ")
     assert tags.event == "Cough" and tags.text == "a b"
     assert parse_tags("plain text").text == "plain text"

@@ -82,8 +82,9 @@ async def never_reading_client(server):
     await wait_until(lambda: server.server.session_count == 1, "the session")
     (connection,) = server.server._connections
     server_sock = connection.ws.transport.get_extra_info("socket")
-    server.loop.call_soon_threadsafe(server_sock.setsockopt, socket.SOL_SOCKET,
-                                     socket.SO_SNDBUF, 4096)
+    server.loop.call_soon_threadsafe(
+        server_sock.setsockopt, socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+    )
     return ws
 
 
@@ -109,10 +110,19 @@ async def make_server_write(ws, pairs: int = 20000, server=None) -> None:
 async def test_back_pressured_unpaced_client_with_pings_on_both_sides_gets_every_final(fake):
     # decodes slower than either side's ping timeout and a backlog that fills at once:
     # the server stops reading, so both sides' pongs wait behind queued audio
-    server = fake(lambda: FakeRecognizer(delay_s=0.7), max_pending_finals=1,
-                  max_backlog_bytes=64 * 1024, ping_interval_s=0.2, ping_timeout_s=0.5)
-    options = ClientOptions(url=server.url, stream=StreamOptions(partials=False),
-                            ping_interval_s=0.2, ping_timeout_s=0.5)
+    server = fake(
+        lambda: FakeRecognizer(delay_s=0.7),
+        max_pending_finals=1,
+        max_backlog_bytes=64 * 1024,
+        ping_interval_s=0.2,
+        ping_timeout_s=0.5,
+    )
+    options = ClientOptions(
+        url=server.url,
+        stream=StreamOptions(partials=False),
+        ping_interval_s=0.2,
+        ping_timeout_s=0.5,
+    )
     pcm = np.concatenate([speech(4), speech(4)])  # 15 s: more than BEHIND_LIMIT_S
     result = await transcribe(options, pcm, 16000)
     assert [f.segment_id for f in result.finals] == list(range(8))
@@ -133,8 +143,13 @@ async def test_backlog_holds_at_most_the_documented_bound(fake):
 
     sender = asyncio.create_task(send_all())
     try:
-        await wait_until(lambda: server.server.session_count == 1 and not next(
-            iter(server.server._connections))._backlog_has_room.is_set(), "reading to pause")
+        await wait_until(
+            lambda: (
+                server.server.session_count == 1
+                and not next(iter(server.server._connections))._backlog_has_room.is_set()
+            ),
+            "reading to pause",
+        )
         (connection,) = server.server._connections
         assert connection.ws.max_queue_high == WS_MAX_QUEUE_FRAMES  # websockets' own queue
         read_bytes = metric(server, "streamer_audio_seconds_total") * 32000
@@ -154,9 +169,16 @@ async def test_never_reading_client_is_closed_after_the_write_timeout_and_frees_
     ws = await never_reading_client(server)
     flood = asyncio.create_task(make_server_write(ws))
     # closed for the blocked send or, if it keeps producing replies, for the outbox
-    await wait_until(lambda: sum(metric(server, "streamer_sessions_terminated_total", reason=r)
-                                 for r in ("write_timeout", "outbox_full")) == 1,
-                     "the write timeout")
+    await wait_until(
+        lambda: (
+            sum(
+                metric(server, "streamer_sessions_terminated_total", reason=r)
+                for r in ("write_timeout", "outbox_full")
+            )
+            == 1
+        ),
+        "the write timeout",
+    )
     await wait_until(lambda: server.server.session_count == 0, "the slot to be freed")
     flood.cancel()
     ws.transport.abort()
@@ -169,8 +191,10 @@ async def test_idle_timeout_fires_while_a_send_is_blocked(fake):
     server = fake(write_timeout_s=600, close_timeout_s=0.5, idle_timeout_s=1.0)
     ws = await never_reading_client(server)
     await asyncio.wait_for(make_server_write(ws, server=server), BOUND_S)
-    await wait_until(lambda: metric(server, "streamer_sessions_terminated_total",
-                                    reason="idle_timeout") == 1, "the idle timeout")
+    await wait_until(
+        lambda: metric(server, "streamer_sessions_terminated_total", reason="idle_timeout") == 1,
+        "the idle timeout",
+    )
     await wait_until(lambda: server.server.session_count == 0, "the slot to be freed")
     ws.transport.abort()
 
@@ -191,8 +215,9 @@ async def test_junk_flood_is_answered_once_and_does_not_keep_the_session_alive(f
 
 
 async def test_shutdown_with_a_blocked_client_ends_within_the_grace_period(fake):
-    server = fake(write_timeout_s=600, idle_timeout_s=600, shutdown_grace_s=0.5,
-                  close_timeout_s=0.5)
+    server = fake(
+        write_timeout_s=600, idle_timeout_s=600, shutdown_grace_s=0.5, close_timeout_s=0.5
+    )
     ws = await never_reading_client(server)
     await asyncio.wait_for(make_server_write(ws, server=server), BOUND_S)
     await asyncio.to_thread(server.shutdown, BOUND_S)
@@ -208,8 +233,10 @@ async def test_a_stalled_model_tells_every_session_and_turns_unready(fake, recog
     instance = recognizer()
     server = fake(lambda: instance, decode_timeout_s=0.5)
     try:
-        async with connect(server.url + "?partials=false") as a, \
-                connect(server.url + "?partials=false") as b:
+        async with (
+            connect(server.url + "?partials=false") as a,
+            connect(server.url + "?partials=false") as b,
+        ):
             for ws in (a, b):
                 await recv_json(ws)
                 await ws.send(speech(2).tobytes())
@@ -246,7 +273,8 @@ async def test_a_session_open_when_the_model_stalls_is_closed_1011(fake):
             messages, code = await drain(ws)
         assert code == 1011
         assert [m["type"] for m in messages][-3:] == ["final", "error", "end"] or any(
-            m.get("code") == "model_stalled" and m.get("fatal") for m in messages)
+            m.get("code") == "model_stalled" and m.get("fatal") for m in messages
+        )
     finally:
         instance.release.set()
 
@@ -336,11 +364,13 @@ async def test_malformed_requests_get_400_and_nothing_is_echoed(fake):
 async def test_only_get_and_head_are_served(fake):
     server = fake()
     for method in ("POST", "PUT", "DELETE", "OPTIONS", "PATCH"):
-        status, headers, _ = await asyncio.to_thread(raw_http, server.port,
-                                                     get("/healthz", method=method))
+        status, headers, _ = await asyncio.to_thread(
+            raw_http, server.port, get("/healthz", method=method)
+        )
         assert status == 405 and "GET" in headers["allow"]
-    status, headers, body = await asyncio.to_thread(raw_http, server.port,
-                                                    get("/healthz", method="HEAD"))
+    status, headers, body = await asyncio.to_thread(
+        raw_http, server.port, get("/healthz", method="HEAD")
+    )
     assert status == 200 and body == b"" and int(headers["content-length"]) > 0
     status, _, body = await asyncio.to_thread(raw_http, server.port, get("/healthz"))
     assert status == 200 and int(headers["content-length"]) == len(body)

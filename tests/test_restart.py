@@ -34,12 +34,31 @@ def free_port() -> int:
 
 
 def start_server(port: int, cache_dir: Path, log: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "streamer", "serve", "--model", "random:tagged",
-               "--port", str(port), "--cache-dir", str(cache_dir), "--no-warmup",
-               "--device", "cpu", "--threads", "1", "--no-uvloop"]
+    command = [
+        sys.executable,
+        "-m",
+        "streamer",
+        "serve",
+        "--model",
+        "random:tagged",
+        "--port",
+        str(port),
+        "--cache-dir",
+        str(cache_dir),
+        "--no-warmup",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--no-uvloop",
+    ]
     with log.open("ab") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
 
 async def wait_ready(port: int, process: subprocess.Popen) -> None:
@@ -64,15 +83,18 @@ def clips(speech_cache):
     fox = synth.speak("the quick brown fox jumps over the lazy dog", "en", cache_dir=speech_cache)
     hello = synth.speak("hello there", "en", cache_dir=speech_cache)
     pcm, _ = synth.join_with_silence(
-        [("en", "a", fox), ("en", "b", hello), ("en", "c", fox), ("en", "d", hello)], 1500)
+        [("en", "a", fox), ("en", "b", hello), ("en", "c", fox), ("en", "d", hello)], 1500
+    )
     return pcm
 
 
-async def test_kill_9_and_restart_mid_file_loses_no_segment(tagged_server_url, clips, cache_dir,
-                                                            tmp_path):
+async def test_kill_9_and_restart_mid_file_loses_no_segment(
+    tagged_server_url, clips, cache_dir, tmp_path
+):
     options = ClientOptions(stream=StreamOptions(itn=False, partials=False))
     reference = await transcribe(
-        ClientOptions(url=tagged_server_url, stream=options.stream), clips, 16000)
+        ClientOptions(url=tagged_server_url, stream=options.stream), clips, 16000
+    )
     expected = [f.text for f in reference.finals if f.text]
     assert len(expected) == 4
 
@@ -88,10 +110,19 @@ async def test_kill_9_and_restart_mid_file_loses_no_segment(tagged_server_url, c
             if isinstance(item.message, Final):
                 first_final.set()
 
-        client = asyncio.create_task(stream_file(
-            ClientOptions(url=f"ws://127.0.0.1:{port}/v1/asr", stream=options.stream,
-                          reconnect_timeout_s=START_TIMEOUT_S),
-            clips, sample_rate=16000, speed=1.5, on_message=on_message))
+        client = asyncio.create_task(
+            stream_file(
+                ClientOptions(
+                    url=f"ws://127.0.0.1:{port}/v1/asr",
+                    stream=options.stream,
+                    reconnect_timeout_s=START_TIMEOUT_S,
+                ),
+                clips,
+                sample_rate=16000,
+                speed=1.5,
+                on_message=on_message,
+            )
+        )
         await asyncio.wait_for(first_final.wait(), 60)
         first.send_signal(signal.SIGKILL)
         first.wait(10)

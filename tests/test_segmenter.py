@@ -201,6 +201,7 @@ def test_tentative_end_is_known_once_the_pause_holds_the_end_padding():
     assert end.end_sample == (40 + 10) * FRAME  # the segment ended exactly there
     assert seg.tentative_end_sample is None
 
+
 def segments(events):
     return [(e.start_sample, e.end_sample) for e in ends(events)]
 

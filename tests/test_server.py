@@ -187,8 +187,11 @@ async def test_decode_failure_gives_error_final_and_others_unaffected(make_fake_
     server = make_fake_server(lambda: FakeRecognizer(fail_when=lambda pcm: pcm.size < 20000))
     bad, good = await asyncio.gather(
         transcribe(ClientOptions(url=server.url), speech(2), 16000),
-        transcribe(ClientOptions(url=server.url), np.concatenate([silence(300), tone(2000),
-                                                                  silence(900)]), 16000),
+        transcribe(
+            ClientOptions(url=server.url),
+            np.concatenate([silence(300), tone(2000), silence(900)]),
+            16000,
+        ),
     )
     assert bad.finals[0].error is not None and bad.finals[0].error["code"] == "decode_failed"
     assert bad.finals[1].error is None and bad.finals[1].text
@@ -233,8 +236,11 @@ async def test_admission_limit_503(make_fake_server):
 
 async def test_token_auth(make_fake_server):
     server = make_fake_server(FakeRecognizer, token="s3cret")
-    for url, headers in ((server.url, None), (server.url + "?token=wrong", None),
-                         (server.url, {"Authorization": "Bearer nope"})):
+    for url, headers in (
+        (server.url, None),
+        (server.url + "?token=wrong", None),
+        (server.url, {"Authorization": "Bearer nope"}),
+    ):
         with pytest.raises(InvalidStatus) as refused:
             await connect(url, additional_headers=headers)
         assert refused.value.response.status_code == 401
@@ -266,10 +272,15 @@ async def test_http_routes(fake_server):
     status, body = await asyncio.to_thread(http_get, base + "/metrics")
     text = body.decode()
     assert status == 200
-    for name in ("streamer_sessions_active", "streamer_decode_seconds_bucket",
-                 "streamer_queue_wait_seconds", "streamer_time_to_first_partial_seconds",
-                 "streamer_event_loop_lag_seconds", "streamer_partials_skipped_total",
-                 'streamer_segments_total{reason="silence"}'):
+    for name in (
+        "streamer_sessions_active",
+        "streamer_decode_seconds_bucket",
+        "streamer_queue_wait_seconds",
+        "streamer_time_to_first_partial_seconds",
+        "streamer_event_loop_lag_seconds",
+        "streamer_partials_skipped_total",
+        'streamer_segments_total{reason="silence"}',
+    ):
         assert name in text, name
     status, body = await asyncio.to_thread(http_get, base + "/")
     assert status == 200 and b"<html" in body.lower()
@@ -295,8 +306,9 @@ async def test_readyz_503_while_loading(make_fake_server):
         await connect(server.url)
     assert refused.value.response.status_code == 503
     gate.set()
-    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(server.server.wait_ready(),
-                                                               server.loop))
+    await asyncio.wrap_future(
+        asyncio.run_coroutine_threadsafe(server.server.wait_ready(), server.loop)
+    )
     status, _ = await asyncio.to_thread(http_get, server.http_url + "/readyz")
     assert status == 200
 
@@ -330,8 +342,9 @@ async def test_unpaced_long_stream_is_back_pressured(make_fake_server):
             await asyncio.sleep(0.02)
 
     watcher = asyncio.create_task(watch_queue())
-    result = await transcribe(ClientOptions(url=server.url, stream=StreamOptions(partials=False)),
-                              pcm, 16000)
+    result = await transcribe(
+        ClientOptions(url=server.url, stream=StreamOptions(partials=False)), pcm, 16000
+    )
     watcher.cancel()
     assert len(result.finals) == 107
     assert max(depths) <= 2  # reading paused instead of queueing the whole file
@@ -355,8 +368,11 @@ def self_signed_cert(folder):
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
@@ -364,9 +380,13 @@ def self_signed_cert(folder):
     )
     certfile, keyfile = folder / "cert.pem", folder / "key.pem"
     certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    keyfile.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return certfile, keyfile
 
 
@@ -400,8 +420,12 @@ async def test_client_dropping_while_reading_is_paused_is_cleaned_up_at_once(mak
 async def test_back_pressure_pause_never_outlasts_keepalive(make_fake_server):
     # finals slower than the ping timeout: a reader paused for a whole decode would never
     # read the client's pong, and the session would die with 1011
-    server = make_fake_server(lambda: FakeRecognizer(delay_s=1.2), max_pending_finals=1,
-                              ping_interval_s=0.3, ping_timeout_s=1.0)
+    server = make_fake_server(
+        lambda: FakeRecognizer(delay_s=1.2),
+        max_pending_finals=1,
+        ping_interval_s=0.3,
+        ping_timeout_s=1.0,
+    )
     options = ClientOptions(url=server.url, stream=StreamOptions(partials=False))
     result = await transcribe(options, speech(3), 16000)
     assert [f.segment_id for f in result.finals] == [0, 1, 2]

@@ -99,8 +99,12 @@ async def test_recorded_speech_nothing_lost(server_url):
     assert len(finals) >= len(files)
     # every recording's loud part lies inside some final: no speech lost
     frame = 320
-    energy = np.array([np.abs(pcm[i : i + frame].astype(np.int32)).mean()
-                       for i in range(0, pcm.size - frame, frame)])
+    energy = np.array(
+        [
+            np.abs(pcm[i : i + frame].astype(np.int32)).mean()
+            for i in range(0, pcm.size - frame, frame)
+        ]
+    )
     loud = np.flatnonzero(energy > 4 * np.median(energy[energy > 0]))
     covered = sum(any(f.start_ms <= i * 20 < f.end_ms for f in finals) for i in loud)
     assert covered / loud.size > 0.97
@@ -139,15 +143,20 @@ async def test_tags_are_fields_in_partials_and_finals(tagged_server_url, speech_
     for p in partials:
         tags = parse_tags(p.raw)
         assert (p.language, p.emotion, p.event, p.text) == (
-            tags.language, tags.emotion, tags.event, tags.text)
+            tags.language,
+            tags.emotion,
+            tags.event,
+            tags.text,
+        )
     assert any(p.language == "en" for p in partials)
     assert all(isinstance(f, Final) for f in finals)
 
 
 async def test_concurrent_real_model_clients(server_url, speech_cache):
     pcm, truth = five_languages(speech_cache, gap_ms=1000)
-    results = await asyncio.gather(*[transcribe(ClientOptions(url=server_url), pcm, 16000)
-                                     for _ in range(8)])
+    results = await asyncio.gather(
+        *[transcribe(ClientOptions(url=server_url), pcm, 16000) for _ in range(8)]
+    )
     reference = [(f.start_ms, f.end_ms, f.raw) for f in results[0].finals]
     assert len(reference) == len(truth)
     for result in results[1:]:

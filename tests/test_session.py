@@ -20,8 +20,9 @@ from tests.fakes import loudness_classifier, silence, tone
 
 
 def make_session(**stream):
-    return Session("s1", SessionOptions(model_name="fake"), StreamOptions(**stream),
-                   loudness_classifier())
+    return Session(
+        "s1", SessionOptions(model_name="fake"), StreamOptions(**stream), loudness_classifier()
+    )
 
 
 def answer(session, text_for=lambda job: f"{job.kind} {job.segment_id} {job.end_sample}"):
@@ -102,8 +103,9 @@ def test_odd_chunks_give_the_same_result_as_even_ones():
         feed(s, pcm, chunk_bytes=chunk)
         s.receive_text('{"type":"stop"}')
         answer(s)
-        results.append([(m.start_ms, m.end_ms) for m in s.messages_to_send()
-                        if isinstance(m, Final)])
+        results.append(
+            [(m.start_ms, m.end_ms) for m in s.messages_to_send() if isinstance(m, Final)]
+        )
     assert results[0] == results[1] == results[2]
 
 
@@ -273,8 +275,9 @@ def test_fatal_option_errors(text, code, close_code):
     assert s.close_code == close_code
 
 
-@pytest.mark.parametrize("text", ["not json", "[1,2]", '{"type":"hello"}', '{"no":"type"}',
-                                  "x" * 70000])
+@pytest.mark.parametrize(
+    "text", ["not json", "[1,2]", '{"type":"hello"}', '{"no":"type"}', "x" * 70000]
+)
 def test_malformed_messages_are_non_fatal(text):
     s = make_session()
     s.start()
@@ -460,6 +463,7 @@ def test_failed_speculation_is_not_repeated_and_the_final_is_decoded():
     )
     s.decode_finished(_decoded(job, "second try"))
     assert [m.text for m in s.messages_to_send() if isinstance(m, Final)] == ["second try"]
+
 
 def test_audio_and_control_after_server_shutdown_are_dropped_quietly():
     s = make_session(partials=False)

@@ -23,5 +23,5 @@ def test_mypy_finds_no_error() -> None:
 def test_ruff_lint_and_format_are_clean() -> None:
     lint = _run("ruff", "check", ".")
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    fmt = _run("ruff", "format", "--check", "streamer", "bench", "client_examples")
+    fmt = _run("ruff", "format", "--check", "streamer", "tests", "bench", "client_examples")
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr

@@ -31,9 +31,18 @@ class GatedRecognizer(FakeRecognizer):
 def job(session: str, kind: str, tag: int, segment: int = 0, first: bool = False) -> DecodeJob:
     # the tag rides in the first sample so the recognizer can report what it decoded
     pcm = np.full(1600, tag, dtype=np.int16)
-    return DecodeJob(session_id=session, segment_id=segment, kind=kind, pcm=pcm,
-                     start_sample=0, end_sample=1600, language=session, itn=True,
-                     reason="silence" if kind == "final" else None, first=first)
+    return DecodeJob(
+        session_id=session,
+        segment_id=segment,
+        kind=kind,
+        pcm=pcm,
+        start_sample=0,
+        end_sample=1600,
+        language=session,
+        itn=True,
+        reason="silence" if kind == "final" else None,
+        first=first,
+    )
 
 
 @pytest.fixture
