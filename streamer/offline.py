@@ -7,6 +7,7 @@ therefore cut exactly as the live server would cut them (VAD, 7 s cap).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 
@@ -17,6 +18,8 @@ from streamer.core.protocol import Final, StreamOptions
 from streamer.core.session import Session, SessionOptions
 from streamer.core.vad import FrameClassifier, webrtc_classifier
 from streamer.model.worker import SpeechRecognizer
+
+logger = logging.getLogger(__name__)
 
 CHUNK_SAMPLES = 16000  # feed one second at a time
 
@@ -60,7 +63,8 @@ def _drain(recognizer: SpeechRecognizer, session: Session) -> Iterator[Final]:
                 result = DecodeResult(
                     job=job, transcript=transcript, decode_ms=(time.perf_counter() - started) * 1000
                 )
-            except Exception as exc:  # reported in that segment's final
+            except Exception as exc:  # reported in that segment's final; the log keeps why
+                logger.exception("decoding segment %d failed", job.segment_id)
                 result = DecodeResult(job=job, error=f"{type(exc).__name__}: {exc}")
             session.decode_finished(result)
         for message in session.messages_to_send():
