@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeResult
 from streamer.core.protocol import Final, StreamOptions
 from streamer.core.session import Session, SessionOptions
@@ -21,7 +22,7 @@ from streamer.model.worker import SpeechRecognizer
 
 logger = logging.getLogger(__name__)
 
-CHUNK_SAMPLES = 16000  # feed one second at a time
+CHUNK_SAMPLES = SAMPLE_RATE  # feed one second at a time
 
 
 def transcribe_pcm(

@@ -35,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import ConfigError
 
 EndReason = Literal["silence", "max_duration", "finalize", "stop"]
@@ -45,7 +46,7 @@ VALID_FRAME_MS = (10, 20, 30)  # the frame lengths webrtcvad accepts
 class SegmenterOptions:
     """Segmentation timing. Every duration is rounded to whole frames."""
 
-    sample_rate: int = 16000  # Hz of the samples the indices count
+    sample_rate: int = SAMPLE_RATE  # Hz of the samples the indices count
     frame_ms: int = 20  # VAD frame length: 10, 20 or 30
     onset_window_ms: int = 300  # window in which speech must accumulate to start a segment
     min_speech_ms: int = 100  # speech needed within the onset window; shorter blips dropped

@@ -17,6 +17,7 @@ from enum import Enum
 import numpy as np
 
 from streamer.core import protocol
+from streamer.core.audio import SAMPLE_RATE
 from streamer.core.framing import AudioBuffer, PcmFramer, S16Decoder
 from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.core.protocol import (
@@ -54,8 +55,6 @@ from streamer.errors import (
     UnexpectedMessage,
     close_code_for,
 )
-
-SAMPLE_RATE = protocol.NATIVE_SAMPLE_RATE
 
 
 @dataclass(frozen=True)

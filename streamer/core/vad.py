@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import webrtcvad
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import ConfigError
 
 # May keep state across frames (Silero's, in streamer.model.silero): one per stream, fed
@@ -24,7 +25,7 @@ DEFAULT_AGGRESSIVENESS = 2
 
 
 def webrtc_classifier(
-    aggressiveness: int = DEFAULT_AGGRESSIVENESS, sample_rate: int = 16000
+    aggressiveness: int = DEFAULT_AGGRESSIVENESS, sample_rate: int = SAMPLE_RATE
 ) -> FrameClassifier:
     """A classifier for int16 frames of exactly 10, 20 or 30 ms at ``sample_rate``."""
     if aggressiveness not in (0, 1, 2, 3):

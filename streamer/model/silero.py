@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE  # every stream is resampled to it before the VAD
 from streamer.errors import ConfigError, ModelError
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16000  # the session resamples every stream to this before the VAD
 WINDOW_SAMPLES = 512  # 32 ms: the only window the model scores at 16 kHz
 CONTEXT_SAMPLES = 64  # the previous window's tail, prepended to every call
 STATE_SHAPE = (2, 1, 128)  # the recurrent state carried from call to call

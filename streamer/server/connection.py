@@ -41,7 +41,7 @@ from typing import cast
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamer.core.audio import BYTES_PER_SAMPLE
+from streamer.core.audio import BYTES_PER_SAMPLE, SAMPLE_RATE
 from streamer.core.jobs import DecodeResult
 from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechStart
 from streamer.core.session import State
@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 BACKLOG_PIECE_BYTES = 32000  # backlogged audio is fed to the session in 1 s pieces (16 kHz)
 WS_MAX_QUEUE_FRAMES = 2  # frames websockets buffers before it stops reading the socket
-SEGMENT_PCM_BYTES = 7 * 16000 * BYTES_PER_SAMPLE  # one queued final's audio (7 s cap)
+SEGMENT_PCM_BYTES = 7 * SAMPLE_RATE * BYTES_PER_SAMPLE  # one queued final's audio (7 s cap)
 MAX_OUTSTANDING_PINGS = 64  # unanswered pings tracked per connection (the oldest decides)
 
 
