@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from streamer.model.sensevoice import (
     TEXTNORM_ROWS,
     rich_text,
 )
+
+if TYPE_CHECKING:
+    from streamer.model.recognizer import RecognizerOptions
 
 logger = logging.getLogger(__name__)
 
@@ -250,13 +253,21 @@ class CtcRecognizer:
     Not thread-safe: decode from one thread at a time (the model worker's).
     """
 
+    options: RecognizerOptions  # how the backend was loaded (set by its constructor)
     tokenizer: Tokenizer
     banned_ids: tuple[int, ...] = ()  # token ids that never win a frame
+    _device: str  # "cpu" or "cuda:N" (set by the backend's constructor)
     _piece_table: list[str] | None = None  # the tokenizer's pieces, read at the first decode
 
     @property
     def name(self) -> str:
-        raise NotImplementedError
+        """The model as the user named it (hub id, directory or random:NAME)."""
+        return self.options.model
+
+    @property
+    def device(self) -> str:
+        """Where the model runs: "cpu" or "cuda:N"."""
+        return self._device
 
     @property
     def sample_rate(self) -> int:

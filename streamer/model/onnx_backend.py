@@ -163,18 +163,8 @@ class OnnxRecognizer(CtcRecognizer):
             self.warmup()
 
     @property
-    def name(self) -> str:
-        """The model as the user named it (hub id, directory or random:NAME)."""
-        return self.options.model
-
-    @property
     def backend(self) -> str:
         return "onnx"
-
-    @property
-    def device(self) -> str:
-        """Where the model runs: "cpu" or "cuda:N"."""
-        return self._device
 
     def _logits(self, batch: Sequence[Utterance]) -> list[np.ndarray]:
         features = [self._frontend(u.waveform) for u in batch]

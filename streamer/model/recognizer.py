@@ -192,18 +192,8 @@ class Recognizer(CtcRecognizer):
     # --- properties ---------------------------------------------------------------------
 
     @property
-    def name(self) -> str:
-        """The model as the user named it (hub id, directory or random:NAME)."""
-        return self.options.model
-
-    @property
     def backend(self) -> str:
         return "torch"
-
-    @property
-    def device(self) -> str:
-        """Where the model runs: "cpu" or "cuda:N"."""
-        return self._device
 
     @property
     def tokenizer_file(self) -> Path | None:
