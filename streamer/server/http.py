@@ -20,7 +20,7 @@ import orjson
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request, Response
 
-from streamer.core.protocol import StreamOptions
+from streamer.core.protocol import StreamOptions, parse_stream_options
 from streamer.core.session import Session
 from streamer.core.wire import V1Adapter, WireAdapter
 
@@ -138,9 +138,7 @@ class Endpoint:
 
     def stream_options(self, query: Mapping[str, str], defaults: StreamOptions) -> StreamOptions:
         """The session's stream options from the handshake's query (raises ProtocolError)."""
-        from streamer.core import protocol
-
-        return protocol.parse_stream_options(dict(query), defaults)
+        return parse_stream_options(dict(query), defaults)
 
     def negotiation(
         self, request: Request, query: Mapping[str, str], defaults: StreamOptions
