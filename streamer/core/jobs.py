@@ -42,4 +42,5 @@ class DecodeResult:
     error_code: str = "decode_failed"  # what clients are told when error is set
     dropped: bool = False  # the worker discarded the job (superseded partial)
     queue_ms: float = 0.0  # time between submission and the start of decoding
-    decode_ms: float = 0.0  # time the model spent
+    decode_ms: float = 0.0  # time the model spent (on the whole batch this job ran in)
+    batch_size: int = 1  # jobs decoded in the same model call as this one

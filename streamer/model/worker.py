@@ -1,9 +1,18 @@
-"""The one model worker: a thread that owns the recognizer and decodes jobs one by one.
+"""The one model worker: a thread that owns the recognizer and decodes queued jobs.
 
 The event loop never waits on the model. It submits :class:`~streamer.core.jobs.DecodeJob`
-objects with a callback; the worker thread decodes them at batch size 1 and calls the
-callback from its own thread (the server hops back to the loop with
-``call_soon_threadsafe``).
+objects with a callback; the worker thread decodes them and calls the callback from its
+own thread (the server hops back to the loop with ``call_soon_threadsafe``).
+
+Dynamic batching: a job found alone in the queue is decoded alone at once (batch 1).
+When several are queued, :func:`select_batch` takes up to ``max_batch`` of them, the one
+the queue discipline puts first always included (so an older final never waits behind
+newer work), the others in queue order as long as padding them to the longest keeps the
+batch within ``max_padding_ratio`` of its unpadded length, and one
+``decode_batch`` call decodes them all. A batch is token-exact (each job gets the tokens
+it gets alone) in fp32; int8 picks one activation scale per tensor, so a batch's other
+rows change a row's result, and ``max_batch=None`` (automatic) decodes int8 models at
+batch 1 (bench/RESULTS.md, "Dynamic batching").
 
 Queue discipline:
 
@@ -15,7 +24,9 @@ Queue discipline:
 * a session's pending partial is dropped as soon as one of its finals is queued;
 * :meth:`ModelWorker.drop_session` forgets every queued job of a departed client.
 
-Watchdog: a decode that runs longer than ``decode_timeout_s``, or a worker thread that
+A batch that raises is decoded again job by job, so only the job that fails gets an error.
+
+Watchdog: a decode (one batch) that runs longer than ``decode_timeout_s``, or a worker thread that
 dies for any reason, makes the worker *failed* for good (:attr:`ModelWorker.failure`
 says why): every job waiting or running is answered with ``error_code="model_stalled"``,
 later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
@@ -29,9 +40,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 import numpy as np
 
@@ -42,6 +53,12 @@ from streamer.errors import ConfigError, ModelError
 logger = logging.getLogger(__name__)
 
 DEFAULT_DECODE_TIMEOUT_S = 30.0  # a 7 s segment decodes in about 1 s on a slow CPU core
+# jobs per model call where batches are token-exact; 8 x 7 s decode in 1.7-4 s on 2 CPU
+# cores, well inside the watchdog (bench/RESULTS.md, "Dynamic batching")
+DEFAULT_MAX_BATCH = 8
+# a batch's padded samples (jobs x longest) at most this times its real samples: on the
+# CPU a row of a 7 s batch costs 80 % of a 7 s decode alone, so padding must stay small
+DEFAULT_MAX_PADDING_RATIO = 1.25
 MODEL_STALLED = "model_stalled"  # the error code of jobs answered by the watchdog
 
 ResultCallback = Callable[[DecodeResult], None]
@@ -58,6 +75,41 @@ class SpeechRecognizer(Protocol):
     ) -> Transcript: ...
 
 
+class BatchRecognizer(SpeechRecognizer, Protocol):
+    """A recognizer that decodes several utterances in one call
+    (:class:`streamer.model.decoding.CtcRecognizer`); others are decoded at batch 1."""
+
+    @property
+    def batch_exact(self) -> bool: ...
+
+    def decode_batch(
+        self,
+        pcms: Sequence[np.ndarray],
+        *,
+        languages: Sequence[str],
+        use_itns: Sequence[bool],
+    ) -> list[Transcript]: ...
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How the worker decodes. Validated on construction (raises ConfigError)."""
+
+    decode_timeout_s: float | None = DEFAULT_DECODE_TIMEOUT_S  # None: no watchdog
+    # jobs per model call; None: DEFAULT_MAX_BATCH where the recognizer's batches are
+    # token-exact (batch_exact), else 1
+    max_batch: int | None = None
+    max_padding_ratio: float = DEFAULT_MAX_PADDING_RATIO  # see select_batch
+
+    def __post_init__(self) -> None:
+        if self.decode_timeout_s is not None and self.decode_timeout_s <= 0:
+            raise ConfigError("decode_timeout_s must be positive")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ConfigError(f"max_batch must be at least 1, not {self.max_batch}")
+        if self.max_padding_ratio < 1:
+            raise ConfigError(f"max_padding_ratio must be 1 or more, not {self.max_padding_ratio}")
+
+
 @dataclass
 class _Queued:
     job: DecodeJob
@@ -70,6 +122,32 @@ class WorkerStats:
     queued_finals: int
     queued_partials: int
     busy: bool
+
+
+def select_batch(
+    candidates: Sequence[DecodeJob], *, max_batch: int, max_padding_ratio: float
+) -> list[int]:
+    """Which of ``candidates`` (in queue-discipline order) to decode together: indices.
+
+    The first candidate is always taken (the worker's queue discipline put it first, so
+    it never waits behind later work). The others are taken in order while the batch has
+    fewer than ``max_batch`` jobs and ``jobs x longest <= max_padding_ratio x total``
+    samples holds, so a batch groups similar lengths and a long job does not make short
+    ones pay for its padding (or the reverse).
+    """
+    if not candidates:
+        return []
+    chosen = [0]
+    longest = total = candidates[0].pcm.size
+    for index in range(1, len(candidates)):
+        if len(chosen) >= max_batch:
+            break
+        samples = candidates[index].pcm.size
+        new_longest = max(longest, samples)
+        if (len(chosen) + 1) * new_longest <= max_padding_ratio * (total + samples):
+            chosen.append(index)
+            longest, total = new_longest, total + samples
+    return chosen
 
 
 class ModelWorker:
@@ -85,23 +163,25 @@ class ModelWorker:
         load: Callable[[], SpeechRecognizer],
         *,
         decode_timeout_s: float | None = DEFAULT_DECODE_TIMEOUT_S,
+        max_batch: int | None = None,
+        options: WorkerOptions | None = None,
     ) -> None:
-        if decode_timeout_s is not None and decode_timeout_s <= 0:
-            raise ConfigError("decode_timeout_s must be positive")
+        """``options`` wins over ``decode_timeout_s`` and ``max_batch`` (shorthands)."""
+        self.options = options or WorkerOptions(decode_timeout_s, max_batch)
         self._load = load
-        self.decode_timeout_s = decode_timeout_s  # None: no watchdog
+        self.decode_timeout_s = self.options.decode_timeout_s  # None: no watchdog
+        self.max_batch = 1  # resolved from options once the model is loaded
         self._lock = threading.Condition()
         self._finals: deque[_Queued] = deque()
         self._partials: OrderedDict[str, _Queued] = OrderedDict()  # session_id -> job
-        self._running_session: str | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
         self.ready = threading.Event()  # set when the model is loaded (or failed to load)
         self.load_error: BaseException | None = None
         self.recognizer: SpeechRecognizer | None = None
         self.on_decoded: Callable[[DecodeResult], None] | None = None  # metrics hook
-        # watchdog: the job being decoded and since when (perf_counter), guarded by _lock
-        self._running: _Queued | None = None
+        # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
+        self._running: list[_Queued] | None = None
         self._running_since = 0.0
         self.failure: str | None = None  # why the worker failed for good (None: healthy)
         self.on_failure: Callable[[str], None] | None = None  # called once, from a thread
@@ -133,9 +213,7 @@ class ModelWorker:
 
     def stats(self) -> WorkerStats:
         with self._lock:
-            return WorkerStats(
-                len(self._finals), len(self._partials), self._running_session is not None
-            )
+            return WorkerStats(len(self._finals), len(self._partials), self._running is not None)
 
     # -- queue -----------------------------------------------------------------
 
@@ -172,7 +250,8 @@ class ModelWorker:
             logger.debug("dropped %d queued jobs of departed session %s", dropped, session_id)
         return dropped
 
-    def _next(self) -> _Queued | None:
+    def _next(self) -> list[_Queued] | None:
+        """Wait for work; take the next batch off the queue (see :func:`select_batch`)."""
         with self._lock:
             while (
                 not self._stopping
@@ -183,19 +262,26 @@ class ModelWorker:
                 self._lock.wait()
             if self._stopping or self.failure is not None:
                 return None
-            if self._finals:
-                item = self._finals.popleft()
-            else:
-                first = next((k for k, q in self._partials.items() if q.job.first), None)
-                if first is None:
-                    _, item = self._partials.popitem(last=False)
+            partials = list(self._partials.values())
+            # the queue discipline: finals oldest first, first partials, then refreshes
+            queued = list(self._finals)
+            queued += [q for q in partials if q.job.first]
+            queued += [q for q in partials if not q.job.first]
+            chosen = select_batch(
+                [q.job for q in queued],
+                max_batch=self.max_batch,
+                max_padding_ratio=self.options.max_padding_ratio,
+            )
+            batch = [queued[i] for i in chosen]
+            for item in batch:
+                if item.job.kind == "final":
+                    self._finals.remove(item)
                 else:
-                    item = self._partials.pop(first)
-            self._running_session = item.job.session_id
-            self._running = item
+                    del self._partials[item.job.session_id]
+            self._running = batch
             self._running_since = time.perf_counter()
             self._lock.notify_all()  # wakes the watchdog
-            return item
+            return batch
 
     # -- thread ----------------------------------------------------------------
 
@@ -211,16 +297,21 @@ class ModelWorker:
             return
         finally:
             self.ready.set()
-        logger.info("model worker ready (%s)", self.recognizer.name)
+        self.max_batch = _resolve_max_batch(self.options.max_batch, self.recognizer)
+        logger.info(
+            "model worker ready (%s, at most %d jobs per decode)",
+            self.recognizer.name,
+            self.max_batch,
+        )
         try:
-            while (item := self._next()) is not None:
-                result = self._decode(item)
+            while (batch := self._next()) is not None:
+                results = self._decode(batch)
                 with self._lock:
-                    late = self._running is not item  # the watchdog answered it already
+                    late = self._running is not batch  # the watchdog answered it already
                     self._running = None
-                    self._running_session = None
                 if not late:
-                    self._answer(item, result)
+                    for item, result in zip(batch, results, strict=True):
+                        self._answer(item, result)
         except BaseException:  # whatever it was, the server must not go on silently
             logger.exception("the model worker thread died")
             self._fail("the model worker thread died")
@@ -242,9 +333,9 @@ class ModelWorker:
                     break
         if self.failure is None and not self._stopping:
             logger.error(
-                "a decode has run for over %g s (session %s): the model is stalled",
+                "a decode has run for over %g s (sessions %s): the model is stalled",
                 self.decode_timeout_s,
-                running.job.session_id,
+                ", ".join(sorted({q.job.session_id for q in running})),
             )
             self._fail(f"a decode ran longer than {self.decode_timeout_s:g} s")
 
@@ -256,9 +347,8 @@ class ModelWorker:
             self.failure = reason
             waiting = list(self._finals) + list(self._partials.values())
             if self._running is not None:
-                waiting.insert(0, self._running)
+                waiting[:0] = self._running
             self._running = None
-            self._running_session = None
             self._finals.clear()
             self._partials.clear()
             self._lock.notify_all()
@@ -270,7 +360,41 @@ class ModelWorker:
             except Exception:
                 logger.exception("failure hook failed")
 
-    def _decode(self, item: _Queued) -> DecodeResult:
+    def _decode(self, batch: list[_Queued]) -> list[DecodeResult]:
+        """Decode ``batch`` in one call; if that raises, job by job (one result each)."""
+        if len(batch) == 1:
+            return [self._decode_one(batch[0])]
+        started = time.perf_counter()
+        recognizer = self.recognizer
+        assert recognizer is not None and _batches(recognizer)
+        jobs = [item.job for item in batch]
+        try:
+            transcripts = recognizer.decode_batch(
+                [job.pcm for job in jobs],
+                languages=[job.language for job in jobs],
+                use_itns=[job.itn for job in jobs],
+            )
+        except Exception as exc:  # find the bad job: only that one gets an error
+            logger.warning(
+                "a batch of %d failed (%s: %s); decoding its jobs one by one",
+                len(batch),
+                type(exc).__name__,
+                exc,
+            )
+            return [self._decode_one(item) for item in batch]
+        decode_ms = (time.perf_counter() - started) * 1000
+        return [
+            DecodeResult(
+                job=item.job,
+                transcript=transcript,
+                queue_ms=(started - item.submitted) * 1000,
+                decode_ms=decode_ms,
+                batch_size=len(batch),
+            )
+            for item, transcript in zip(batch, transcripts, strict=True)
+        ]
+
+    def _decode_one(self, item: _Queued) -> DecodeResult:
         job = item.job
         started = time.perf_counter()
         queue_ms = (started - item.submitted) * 1000
@@ -303,6 +427,27 @@ class ModelWorker:
             item.callback(result)
         except Exception:
             logger.exception("result callback failed")
+
+
+def _batches(recognizer: SpeechRecognizer) -> TypeGuard[BatchRecognizer]:
+    return callable(getattr(recognizer, "decode_batch", None))
+
+
+def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> int:
+    """The jobs per call: ``requested``, or automatic (exact batches only); 1 where the
+    recognizer cannot batch."""
+    if not _batches(recognizer):
+        return 1
+    if requested is not None:
+        if requested > 1 and not getattr(recognizer, "batch_exact", False):
+            logger.warning(
+                "max_batch %d on %s: batched results are not token-identical to batch 1 "
+                "(int8 quantizes each batch as one tensor; bench/RESULTS.md)",
+                requested,
+                recognizer.name,
+            )
+        return requested
+    return DEFAULT_MAX_BATCH if getattr(recognizer, "batch_exact", False) else 1
 
 
 def _stalled(job: DecodeJob, reason: str) -> DecodeResult:
