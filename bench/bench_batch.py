@@ -84,13 +84,18 @@ def agreement(recognizer: Any, segs: list[np.ndarray], max_batch: int, seed: int
     alone = [recognizer.decode(s).token_ids for s in segs]
     rng = np.random.default_rng(seed)
     result: dict[str, Any] = {}
-    order = {"random": list(rng.permutation(len(segs))), "by length": list(np.argsort([s.size for s in segs]))}
+    order = {
+        "random": list(rng.permutation(len(segs))),
+        "by length": list(np.argsort([s.size for s in segs])),
+    }
     for name, indices in order.items():
         rows = differ = tokens = token_diff = 0
         for start in range(0, len(indices), max_batch):
             group = [int(i) for i in indices[start : start + max_batch]]
             batch = recognizer.decode_batch(
-                [segs[i] for i in group], languages=["auto"] * len(group), use_itns=[True] * len(group)
+                [segs[i] for i in group],
+                languages=["auto"] * len(group),
+                use_itns=[True] * len(group),
             )
             for i, transcript in zip(group, batch, strict=True):
                 rows += 1
@@ -104,13 +109,17 @@ def agreement(recognizer: Any, segs: list[np.ndarray], max_batch: int, seed: int
     return result
 
 
-def timing(recognizer: Any, signal: np.ndarray, sizes: list[int], lengths: list[float], repeats: int) -> dict:
+def timing(
+    recognizer: Any, signal: np.ndarray, sizes: list[int], lengths: list[float], repeats: int
+) -> dict:
     times: dict[tuple[int, float], list[float]] = {(b, s): [] for b in sizes for s in lengths}
     for repeat in range(repeats):
         for seconds in lengths:
             for size in sizes:
                 n = int(seconds * SAMPLE_RATE)
-                pcms = [signal[(k * 7919 + repeat * 131) % (signal.size - n) :][:n] for k in range(size)]
+                pcms = [
+                    signal[(k * 7919 + repeat * 131) % (signal.size - n) :][:n] for k in range(size)
+                ]
                 started = time.perf_counter()
                 recognizer.decode_batch(pcms, languages=["auto"] * size, use_itns=[True] * size)
                 times[(size, seconds)].append((time.perf_counter() - started) * 1000)
@@ -118,7 +127,9 @@ def timing(recognizer: Any, signal: np.ndarray, sizes: list[int], lengths: list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--parts", default="agreement,timing")
     parser.add_argument("--configs", default="onnx-int8,onnx-fp32")

@@ -43,6 +43,16 @@ def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
         raise SystemExit(f"error: {ENV_PREFIX}{name.upper()}={value!r} is not valid") from None
 
 
+def _max_batch(value: str) -> int | None:
+    """``auto`` (None: the worker decides from the model) or a positive count."""
+    if value == "auto":
+        return None
+    count = int(value)  # ValueError: argparse and _env report it
+    if count < 1:
+        raise ValueError(value)
+    return count
+
+
 def _bool(value: str) -> bool:
     if value.lower() in ("1", "true", "yes", "on"):
         return True
@@ -296,6 +306,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="close (1008) a client that reads nothing for this long [%(default)s]",
     )
     g.add_argument(
+        "--max-batch",
+        type=_max_batch,
+        default=_env("max_batch", None, _max_batch),
+        help="jobs decoded in one model call when several are queued (one queued job "
+        "always runs alone at once); 'auto': 8 in fp32, whose batches give exactly the "
+        "tokens of batch 1, and 1 with int8, whose batches do not (bench/RESULTS.md) "
+        "[auto]",
+    )
+    g.add_argument(
         "--decode-timeout-s",
         type=float,
         default=_env("decode_timeout_s", 30.0, float),
@@ -427,6 +446,7 @@ async def _serve(args: argparse.Namespace) -> int:
     worker = ModelWorker(
         lambda: load_recognizer(recognizer_options, progress),
         decode_timeout_s=args.decode_timeout_s,
+        max_batch=args.max_batch,
     )
     server = StreamingServer(
         server_options, worker, loading=progress, classifier_factory=classifier_factory

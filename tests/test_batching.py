@@ -362,3 +362,30 @@ def test_the_watchdog_answers_every_job_of_a_stalled_batch() -> None:
     assert results[1].error_code == MODEL_STALLED
     assert results[2].dropped
     assert len(collect.results) == 2  # the late batch is not delivered again
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def test_serve_max_batch_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamer.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).max_batch is None  # auto
+    assert build_parser().parse_args(["serve", "--max-batch", "16"]).max_batch == 16
+    assert build_parser().parse_args(["serve", "--max-batch", "auto"]).max_batch is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-batch", "0"])
+    monkeypatch.setenv("STREAMER_MAX_BATCH", "4")
+    assert build_parser().parse_args(["serve"]).max_batch == 4
+
+
+def test_metrics_count_batch_sizes() -> None:
+    from streamer.server.metrics import Metrics
+
+    metrics = Metrics()
+    for size in (1, 4, 4):
+        metrics.observe_decode(DecodeResult(job=job("s"), decode_ms=5.0, batch_size=size))
+    text = metrics.render().decode()
+    assert 'streamer_decode_batch_size_bucket{le="1.0"} 1.0' in text
+    assert 'streamer_decode_batch_size_bucket{le="4.0"} 3.0' in text
+    assert "streamer_decode_batch_size_sum 9.0" in text
