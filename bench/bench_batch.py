@@ -7,10 +7,14 @@ Two parts, each loading the configurations it names in this process:
   worker forms them); it counts rows whose token ids differ from the same segment
   decoded alone. fp32 should agree everywhere; int8 picks one activation scale per
   tensor, so a batch's other rows (and padding) can change a row.
+* ``features``: the time of the features alone (fbank, LFR, CMVN: computed on the
+  worker thread, from scratch, for every partial and final) per segment length, the
+  part of a decode that a faster accelerator does not shrink.
 * ``timing``: decode time of one ``decode_batch`` call per batch size and segment length
   (median of interleaved repetitions), so per-segment cost against batch size.
 
-    python bench/bench_batch.py --parts agreement --configs onnx-int8,onnx-fp32,torch-int8,torch-fp32
+    python bench/bench_batch.py --parts agreement --configs onnx-int8,onnx-fp32
+    python bench/bench_batch.py --parts agreement --configs torch-int8,torch-fp32 --segments 16
     python bench/bench_batch.py --parts timing --configs onnx-int8 --sizes 1,2,4,8 --lengths 1,3,7
 """
 
@@ -126,6 +130,25 @@ def timing(
     return {f"{b}x{s:g}": statistics.median(v) for (b, s), v in times.items()}
 
 
+def features(recognizer: Any, signal: np.ndarray, lengths: list[float], repeats: int) -> dict:
+    from streamer.model.decoding import as_waveform
+    from streamer.model.frontend import Frontend
+
+    frontend = getattr(recognizer, "_frontend", None)
+    if not isinstance(frontend, Frontend):
+        return {}
+    out = {}
+    for seconds in lengths:
+        waveform = as_waveform(signal[: int(seconds * SAMPLE_RATE)])
+        times = []
+        for _ in range(repeats * 4):
+            started = time.perf_counter()
+            frontend(waveform)
+            times.append((time.perf_counter() - started) * 1000)
+        out[f"{seconds:g}"] = statistics.median(times)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{a['token_diff']}/{a['tokens']} tokens",
                     flush=True,
                 )
+        if "features" in parts:
+            lengths = [float(s) for s in args.lengths.split(",")]
+            entry["features_ms"] = features(recognizer, signal, lengths, args.repeats)
+            for seconds, ms in entry["features_ms"].items():
+                print(f"{config} features of {seconds} s: {ms:.1f} ms", flush=True)
         if "timing" in parts:
             sizes = [int(s) for s in args.sizes.split(",")]
             lengths = [float(s) for s in args.lengths.split(",")]

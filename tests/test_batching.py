@@ -160,6 +160,12 @@ def test_select_takes_the_head_and_similar_lengths_in_order() -> None:
     assert select_batch([], max_batch=8, max_padding_ratio=1.25) == []
 
 
+def test_select_never_mixes_finals_and_partials() -> None:
+    jobs = [job("a"), job("b", "partial"), job("c"), job("d", "partial", first=True)]
+    assert select_batch(jobs, max_batch=8, max_padding_ratio=1.25) == [0, 2]
+    assert select_batch(jobs[1:], max_batch=8, max_padding_ratio=1.25) == [0, 2]
+
+
 def test_select_always_takes_the_head_even_when_alone_it_is_an_outlier() -> None:
     jobs = [job("old", samples=400), *(job(f"s{i}", samples=100_000) for i in range(5))]
     assert select_batch(jobs, max_batch=8, max_padding_ratio=1.25) == [0]
@@ -305,7 +311,7 @@ def test_batch_order_finals_first_then_first_partials_then_refreshes() -> None:
     worker.start()
     results = collect.wait_for(5)
     worker.stop()
-    assert fake.calls_seen == [[3, 5, 2], [4, 1]]
+    assert fake.calls_seen == [[3, 5], [2, 4, 1]]
     assert sorted(r.batch_size for r in results) == [2, 2, 3, 3, 3]
 
 

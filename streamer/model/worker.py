@@ -7,7 +7,8 @@ own thread (the server hops back to the loop with ``call_soon_threadsafe``).
 Dynamic batching: a job found alone in the queue is decoded alone at once (batch 1).
 When several are queued, :func:`select_batch` takes up to ``max_batch`` of them, the one
 the queue discipline puts first always included (so an older final never waits behind
-newer work), the others in queue order as long as padding them to the longest keeps the
+newer work), the others of its kind (finals with finals, partials with partials) in
+queue order as long as padding them to the longest keeps the
 batch within ``max_padding_ratio`` of its unpadded length, and one
 ``decode_batch`` call decodes them all. A batch is token-exact (each job gets the tokens
 it gets alone) in fp32; int8 picks one activation scale per tensor, so a batch's other
@@ -130,18 +131,23 @@ def select_batch(
     """Which of ``candidates`` (in queue-discipline order) to decode together: indices.
 
     The first candidate is always taken (the worker's queue discipline put it first, so
-    it never waits behind later work). The others are taken in order while the batch has
-    fewer than ``max_batch`` jobs and ``jobs x longest <= max_padding_ratio x total``
-    samples holds, so a batch groups similar lengths and a long job does not make short
-    ones pay for its padding (or the reverse).
+    it never waits behind later work). The others are taken in order if they are of the
+    first one's kind (a final never waits for partials decoded with it: on 2 CPU cores
+    that doubled final p95, bench/RESULTS.md), while the batch has fewer than
+    ``max_batch`` jobs and ``jobs x longest <= max_padding_ratio x total`` samples holds,
+    so a batch groups similar lengths and a long job does not make short ones pay for its
+    padding (or the reverse).
     """
     if not candidates:
         return []
     chosen = [0]
+    kind = candidates[0].kind
     longest = total = candidates[0].pcm.size
     for index in range(1, len(candidates)):
         if len(chosen) >= max_batch:
             break
+        if candidates[index].kind != kind:
+            continue
         samples = candidates[index].pcm.size
         new_longest = max(longest, samples)
         if (len(chosen) + 1) * new_longest <= max_padding_ratio * (total + samples):
