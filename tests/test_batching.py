@@ -160,6 +160,18 @@ def test_select_takes_the_head_and_similar_lengths_in_order() -> None:
     assert select_batch([], max_batch=8, max_padding_ratio=1.25) == []
 
 
+def test_select_bounds_the_padded_audio_of_a_batch() -> None:
+    jobs = [job(f"s{i}", samples=16000) for i in range(6)]
+    assert select_batch(jobs, max_batch=8, max_padding_ratio=1.25, max_batch_samples=64000) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    # the first job is taken even when it alone is longer than the bound
+    assert select_batch(jobs, max_batch=8, max_padding_ratio=1.25, max_batch_samples=100) == [0]
+
+
 def test_select_never_mixes_finals_and_partials() -> None:
     jobs = [job("a"), job("b", "partial"), job("c"), job("d", "partial", first=True)]
     assert select_batch(jobs, max_batch=8, max_padding_ratio=1.25) == [0, 2]

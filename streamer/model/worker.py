@@ -47,6 +47,7 @@ from typing import Protocol, TypeGuard
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
@@ -60,6 +61,9 @@ DEFAULT_MAX_BATCH = 8
 # a batch's padded samples (jobs x longest) at most this times its real samples: on the
 # CPU a row of a 7 s batch costs 80 % of a 7 s decode alone, so padding must stay small
 DEFAULT_MAX_PADDING_RATIO = 1.25
+# on the CPU a batch of 8 x 7 s takes 6.4 x one 7 s decode, and a final arriving meanwhile
+# waits for all of it: bound a batch to one longest segment's audio (7 s)
+CPU_MAX_BATCH_AUDIO_S = 7.0
 MODEL_STALLED = "model_stalled"  # the error code of jobs answered by the watchdog
 
 ResultCallback = Callable[[DecodeResult], None]
@@ -101,12 +105,17 @@ class WorkerOptions:
     # token-exact (batch_exact), else 1
     max_batch: int | None = None
     max_padding_ratio: float = DEFAULT_MAX_PADDING_RATIO  # see select_batch
+    # padded audio per batch; None: CPU_MAX_BATCH_AUDIO_S on the CPU (a batch then holds
+    # up the next final no longer than one longest segment alone), no bound elsewhere
+    max_batch_audio_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.decode_timeout_s is not None and self.decode_timeout_s <= 0:
             raise ConfigError("decode_timeout_s must be positive")
         if self.max_batch is not None and self.max_batch < 1:
             raise ConfigError(f"max_batch must be at least 1, not {self.max_batch}")
+        if self.max_batch_audio_s is not None and self.max_batch_audio_s <= 0:
+            raise ConfigError("max_batch_audio_s must be positive")
         if self.max_padding_ratio < 1:
             raise ConfigError(f"max_padding_ratio must be 1 or more, not {self.max_padding_ratio}")
 
@@ -126,7 +135,11 @@ class WorkerStats:
 
 
 def select_batch(
-    candidates: Sequence[DecodeJob], *, max_batch: int, max_padding_ratio: float
+    candidates: Sequence[DecodeJob],
+    *,
+    max_batch: int,
+    max_padding_ratio: float,
+    max_batch_samples: int | None = None,
 ) -> list[int]:
     """Which of ``candidates`` (in queue-discipline order) to decode together: indices.
 
@@ -136,7 +149,9 @@ def select_batch(
     that doubled final p95, bench/RESULTS.md), while the batch has fewer than
     ``max_batch`` jobs and ``jobs x longest <= max_padding_ratio x total`` samples holds,
     so a batch groups similar lengths and a long job does not make short ones pay for its
-    padding (or the reverse).
+    padding (or the reverse), and while its padded samples stay within
+    ``max_batch_samples`` (None: no bound), which bounds how long a batch holds up the
+    next final.
     """
     if not candidates:
         return []
@@ -150,7 +165,10 @@ def select_batch(
             continue
         samples = candidates[index].pcm.size
         new_longest = max(longest, samples)
-        if (len(chosen) + 1) * new_longest <= max_padding_ratio * (total + samples):
+        padded = (len(chosen) + 1) * new_longest
+        if max_batch_samples is not None and padded > max_batch_samples:
+            continue
+        if padded <= max_padding_ratio * (total + samples):
             chosen.append(index)
             longest, total = new_longest, total + samples
     return chosen
@@ -177,6 +195,7 @@ class ModelWorker:
         self._load = load
         self.decode_timeout_s = self.options.decode_timeout_s  # None: no watchdog
         self.max_batch = 1  # resolved from options once the model is loaded
+        self._max_batch_samples: int | None = None  # likewise
         self._lock = threading.Condition()
         self._finals: deque[_Queued] = deque()
         self._partials: OrderedDict[str, _Queued] = OrderedDict()  # session_id -> job
@@ -277,6 +296,7 @@ class ModelWorker:
                 [q.job for q in queued],
                 max_batch=self.max_batch,
                 max_padding_ratio=self.options.max_padding_ratio,
+                max_batch_samples=self._max_batch_samples,
             )
             batch = [queued[i] for i in chosen]
             for item in batch:
@@ -304,6 +324,10 @@ class ModelWorker:
         finally:
             self.ready.set()
         self.max_batch = _resolve_max_batch(self.options.max_batch, self.recognizer)
+        audio_s = self.options.max_batch_audio_s
+        if audio_s is None and str(getattr(self.recognizer, "device", "cpu")) == "cpu":
+            audio_s = CPU_MAX_BATCH_AUDIO_S
+        self._max_batch_samples = None if audio_s is None else int(audio_s * SAMPLE_RATE)
         logger.info(
             "model worker ready (%s, at most %d jobs per decode)",
             self.recognizer.name,
