@@ -310,9 +310,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         type=_max_batch,
         default=_env("max_batch", None, _max_batch),
         help="jobs decoded in one model call when several are queued (one queued job "
-        "always runs alone at once); 'auto': 8 in fp32, whose batches give exactly the "
-        "tokens of batch 1, and 1 with int8, whose batches do not (bench/RESULTS.md) "
-        "[auto]",
+        "always runs alone at once); 'auto': 8 on CUDA, 1 on the CPU, where batching "
+        "measured no better; int8 batches are not token-identical to batch 1 "
+        "(bench/RESULTS.md) [auto]",
     )
     g.add_argument(
         "--decode-timeout-s",

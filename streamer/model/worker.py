@@ -12,8 +12,9 @@ queue order as long as padding them to the longest keeps the
 batch within ``max_padding_ratio`` of its unpadded length, and one
 ``decode_batch`` call decodes them all. A batch is token-exact (each job gets the tokens
 it gets alone) in fp32; int8 picks one activation scale per tensor, so a batch's other
-rows change a row's result, and ``max_batch=None`` (automatic) decodes int8 models at
-batch 1 (bench/RESULTS.md, "Dynamic batching").
+rows change a row's result. ``max_batch=None`` (automatic) batches on an accelerator in
+fp32/fp16 only; on the CPU it stays at batch 1, where batching measured no better
+(bench/RESULTS.md, "Dynamic batching").
 
 Queue discipline:
 
@@ -101,8 +102,8 @@ class WorkerOptions:
     """How the worker decodes. Validated on construction (raises ConfigError)."""
 
     decode_timeout_s: float | None = DEFAULT_DECODE_TIMEOUT_S  # None: no watchdog
-    # jobs per model call; None: DEFAULT_MAX_BATCH where the recognizer's batches are
-    # token-exact (batch_exact), else 1
+    # jobs per model call; None: DEFAULT_MAX_BATCH on an accelerator where the
+    # recognizer's batches are token-exact (batch_exact), else 1 (always on the CPU)
     max_batch: int | None = None
     max_padding_ratio: float = DEFAULT_MAX_PADDING_RATIO  # see select_batch
     # padded audio per batch; None: CPU_MAX_BATCH_AUDIO_S on the CPU (a batch then holds
@@ -477,7 +478,11 @@ def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> i
                 recognizer.name,
             )
         return requested
-    return DEFAULT_MAX_BATCH if getattr(recognizer, "batch_exact", False) else 1
+    # on 2 CPU cores batching did not raise capacity (finals wait for partials' batches),
+    # so automatic batching is for accelerators, and only where batches are exact
+    exact = bool(getattr(recognizer, "batch_exact", False))
+    on_cpu = str(getattr(recognizer, "device", "cpu")) == "cpu"
+    return DEFAULT_MAX_BATCH if exact and not on_cpu else 1
 
 
 def _stalled(job: DecodeJob, reason: str) -> DecodeResult:
