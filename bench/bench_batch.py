@@ -58,7 +58,7 @@ def speech(cache_dir: Path) -> np.ndarray:
     return signal
 
 
-def load(config: str, model: str, threads: int, cache_dir: Path) -> Any:
+def load(config: str, model: str, threads: int, cache_dir: Path, device: str) -> Any:
     from streamer.model.loading import load_recognizer
     from streamer.model.recognizer import RecognizerOptions
 
@@ -66,7 +66,7 @@ def load(config: str, model: str, threads: int, cache_dir: Path) -> Any:
     options = RecognizerOptions(
         model=model,
         backend=backend,
-        device="cpu",
+        device=device,
         quantize=quantize,
         threads=threads,
         cache_dir=cache_dir,
@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--parts", default="agreement,timing")
     parser.add_argument("--configs", default="onnx-int8,onnx-fp32")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (fp32 configs only)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--segments", type=int, default=48)
     parser.add_argument("--max-batch", type=int, default=8)
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = args.parts.split(",")
     report: dict[str, Any] = {"load_average_before": os.getloadavg()[0]}
     for config in args.configs.split(","):
-        recognizer = load(config, args.model, args.threads, cache_dir)
+        recognizer = load(config, args.model, args.threads, cache_dir, args.device)
         entry: dict[str, Any] = {}
         if "agreement" in parts:
             segs = segments(signal, args.segments, args.seed)
