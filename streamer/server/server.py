@@ -529,14 +529,16 @@ class StreamingServer:
             status = "draining"
         elif len(self._connections) >= self.options.max_sessions:
             status = "full"
-        workers = self._workers()
-        if status != "ready":
-            return unavailable_response(
-                {"status": status, **counts, "workers": workers}, RETRY_AFTER_S
-            )
+        if status != "ready":  # about admission alone: the workers are listed when ready
+            return unavailable_response({"status": status, **counts}, RETRY_AFTER_S)
         return json_response(
             http.HTTPStatus.OK,
-            {"status": status, "model": self.worker.model_name, **counts, "workers": workers},
+            {
+                "status": status,
+                "model": self.worker.model_name,
+                **counts,
+                "workers": self._workers(),
+            },
         )
 
     def _workers(self) -> list[dict[str, object]]:
