@@ -250,6 +250,11 @@ def test_threads_are_shared_between_workers() -> None:
     assert one == (WorkerSlot(0, "cpu", 0),)  # one worker: exactly as before
     split = plan_slots(("cpu",), workers_per_device=4, threads=0, usable_cores=16)
     assert [s.threads for s in split] == [4, 4, 4, 4]
+    wide = plan_slots(("cpu",), workers_per_device=2, threads=0, usable_cores=64)
+    assert [s.threads for s in wide] == [8, 8]  # automatic: the backend's cap each
+    assert [
+        s.threads for s in plan_slots(("cpu",), workers_per_device=2, threads=64, usable_cores=64)
+    ] == [32, 32]
     assert [
         s.threads for s in plan_slots(("cpu",), workers_per_device=3, threads=2, usable_cores=2)
     ] == [1, 1, 1]

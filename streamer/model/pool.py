@@ -104,9 +104,12 @@ def plan_slots(
     """One slot per worker: ``workers_per_device`` on each device, threads shared out.
 
     ``threads`` is the total for the machine (0: ``usable_cores``), divided evenly
-    between the workers (at least one each). With a single worker it is passed through
-    unchanged, so one worker behaves as it always did (0 = the backend's default).
+    between the workers (at least one each; with 0, at most the backend's own automatic
+    cap each). With a single worker it is passed through unchanged, so one worker
+    behaves as it always did (0 = the backend's default).
     """
+    from streamer.model.recognizer import MAX_DEFAULT_THREADS
+
     if workers_per_device < 1:
         raise ConfigError(f"--workers must be at least 1, not {workers_per_device}")
     if threads < 0:
@@ -118,6 +121,8 @@ def plan_slots(
         return (WorkerSlot(0, devices[0], threads),)
     total = threads or usable_cores
     each = max(1, total // count)
+    if threads == 0:
+        each = min(each, MAX_DEFAULT_THREADS)
     if total < count:
         logger.warning(
             "%d workers share %d threads: each gets 1 and the cores are oversubscribed",
