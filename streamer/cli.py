@@ -111,7 +111,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="model hub for ids: ModelScope or Hugging Face [%(default)s]",
     )
     g.add_argument(
-        "--device", default=_env("device", "auto"), help="auto, cpu, cuda or cuda:N [%(default)s]"
+        "--device",
+        default=_env("device", "auto"),
+        help="auto, cpu, cuda or cuda:N; serve also takes a list (cuda:0,cuda:1) or "
+        "cuda:all: one worker and model copy per device [%(default)s]",
     )
     g.add_argument(
         "--dtype",
@@ -129,7 +132,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=_env("threads", 0, int),
-        help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores [%(default)s]",
+        help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores; with several "
+        "workers this is the total, shared out evenly between them [%(default)s]",
     )
     g.add_argument(
         "--no-warmup",
@@ -303,6 +307,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "unready, tells every session and exits with status 3 for its supervisor to "
         "restart it [%(default)s]",
     )
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=_env("workers", 1, int),
+        help="model workers per device, each with its own thread and model copy; "
+        "sessions go to the least loaded (on a CPU, --threads is shared between them) "
+        "[STREAMER_WORKERS, %(default)s]",
+    )
     s = p.add_argument_group("security")
     s.add_argument(
         "--token",
@@ -412,24 +424,67 @@ def _classifier_factory(vad: str) -> Callable[[], FrameClassifier] | None:
     raise ConfigError(f"unknown VAD {vad!r}: choose one of {', '.join(VADS)}")
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    from streamer.model.loading import LoadProgress, load_recognizer, preflight
-    from streamer.model.worker import ModelWorker
-    from streamer.server.server import StreamingServer
+def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
+    """The model workers ``--device`` and ``--workers`` ask for, each device checked first."""
+    from dataclasses import replace
 
-    recognizer_options = _recognizer_options(args)
-    server_options = _server_options(args)
+    from streamer.model.loading import load_recognizer, preflight, resolve_devices
+    from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot, plan_slots
+    from streamer.model.worker import ModelWorker
+
     if args.decode_timeout_s <= 0:
         raise ConfigError("--decode-timeout-s must be positive")
-    preflight(recognizer_options)  # impossible devices, missing files: fail in seconds
-    progress = LoadProgress()
-    classifier_factory = _classifier_factory(args.vad)
-    worker = ModelWorker(
-        lambda: load_recognizer(recognizer_options, progress),
-        decode_timeout_s=args.decode_timeout_s,
+    devices = resolve_devices(args.device)
+    base = _recognizer_options(argparse.Namespace(**{**vars(args), "device": devices[0]}))
+    for device in devices:  # impossible devices, missing files: fail in seconds
+        preflight(replace(base, device=device))
+    slots = plan_slots(
+        devices, workers_per_device=args.workers, threads=args.threads, usable_cores=_cores()
     )
+
+    def build(slot: WorkerSlot, hooks: WorkerHooks) -> ModelWorker:
+        options = replace(base, device=slot.device, threads=slot.threads)
+        # the first worker reports its loading stages to /readyz; the others load alike
+        shown = progress if slot.index == 0 else None
+        return ModelWorker(
+            lambda: load_recognizer(options, shown),
+            decode_timeout_s=args.decode_timeout_s,
+            on_decoded=hooks.on_decoded,
+            on_failure=hooks.on_failure,
+        )
+
+    if len(slots) > 1:
+        logger.info(
+            "%d model workers: %s",
+            len(slots),
+            ", ".join(f"{s.index} on {s.device} ({s.threads} threads)" for s in slots),
+        )
+    return WorkerPool(build, slots, on_decoded=metrics.observe_worker_decode)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from streamer.model.loading import LoadProgress
+    from streamer.server.metrics import Metrics
+    from streamer.server.server import StreamingServer
+
+    server_options = _server_options(args)
+    progress = LoadProgress()
+    metrics = Metrics()
+    worker = _worker_pool(args, metrics, progress)
+    classifier_factory = _classifier_factory(args.vad)
     server = StreamingServer(
-        server_options, worker, loading=progress, classifier_factory=classifier_factory
+        server_options,
+        worker,
+        metrics=metrics,
+        loading=progress,
+        classifier_factory=classifier_factory,
     )
     await server.start()  # bind first: /readyz answers 503 with the stage while loading
     worker.start()

@@ -77,7 +77,8 @@ class ModelWorker:
 
     ``load`` builds the recognizer inside the worker thread (model loading is slow and
     must not block the loop); :attr:`ready` is set once it returns, and :attr:`load_error`
-    holds the exception if it raised.
+    holds the exception if it raised. ``on_decoded`` (metrics) is called for every decode
+    and ``on_failure`` once when the watchdog fails the worker, both from its threads.
     """
 
     def __init__(
@@ -85,6 +86,8 @@ class ModelWorker:
         load: Callable[[], SpeechRecognizer],
         *,
         decode_timeout_s: float | None = DEFAULT_DECODE_TIMEOUT_S,
+        on_decoded: Callable[[DecodeResult], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         if decode_timeout_s is not None and decode_timeout_s <= 0:
             raise ConfigError("decode_timeout_s must be positive")
@@ -99,12 +102,12 @@ class ModelWorker:
         self.ready = threading.Event()  # set when the model is loaded (or failed to load)
         self.load_error: BaseException | None = None
         self.recognizer: SpeechRecognizer | None = None
-        self.on_decoded: Callable[[DecodeResult], None] | None = None  # metrics hook
+        self.on_decoded = on_decoded  # metrics hook, called for every decode
         # watchdog: the job being decoded and since when (perf_counter), guarded by _lock
         self._running: _Queued | None = None
         self._running_since = 0.0
         self.failure: str | None = None  # why the worker failed for good (None: healthy)
-        self.on_failure: Callable[[str], None] | None = None  # called once, from a thread
+        self.on_failure = on_failure  # called once, from a thread, when the worker fails
         self._watchdog = threading.Thread(target=self._watch, name="model-watchdog", daemon=True)
 
     # -- control ---------------------------------------------------------------
