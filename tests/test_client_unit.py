@@ -27,20 +27,21 @@ from websockets.http11 import Request, Response
 from streamer.client import cli as client_cli
 from streamer.client.connection import (
     ClientOptions,
-    PaceSchedule,
     Received,
     ServerUnreachable,
     StreamingClient,
     backoff_delays,
-    chunk_bounds,
     connect_with_backoff,
-    resume_sample,
     session_url,
-    shift_message,
+)
+from streamer.client.streaming import (
+    PaceSchedule,
+    chunk_bounds,
     stream_file,
     stream_pcm,
     transcribe,
 )
+from streamer.client.timeline import resume_sample, shift_message
 from streamer.core.protocol import (
     End,
     Error,

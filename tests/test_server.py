@@ -17,7 +17,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from streamer.client.connection import ClientOptions, StreamingClient, transcribe
+from streamer.client.connection import ClientOptions, StreamingClient
+from streamer.client.streaming import transcribe
 from streamer.core import protocol
 from streamer.core.protocol import End, Final, StreamOptions
 from streamer.errors import ConnectionRefusedByServer
