@@ -445,7 +445,7 @@ class StreamingClient:
                 continue
             try:
                 message = decode_server_message(data)
-            except (MalformedMessage, orjson.JSONDecodeError) as exc:
+            except MalformedMessage as exc:
                 logger.warning("ignoring an unreadable server message: %s", exc)
                 continue
             if isinstance(message, Ready):
@@ -502,7 +502,7 @@ async def _first_message(connection: ClientConnection) -> Ready:
         raise _server_closed(exc) from None
     try:
         message = decode_server_message(data)
-    except (MalformedMessage, orjson.JSONDecodeError) as exc:
+    except MalformedMessage as exc:
         raise ClientError(f"the server is not a protocol v1 server: {exc}") from None
     if not isinstance(message, Ready):
         if isinstance(message, Error):

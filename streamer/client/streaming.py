@@ -22,13 +22,11 @@ import numpy as np
 from streamer.audio_io import load_audio
 from streamer.client.connection import (
     ClientOptions,
-    Received,
     StreamingClient,
     _retryable,
     connect_with_backoff,
 )
-from streamer.client.timeline import SentChunk, SessionResult, _result, resume_sample, shift_message
-from streamer.core.protocol import End, Final
+from streamer.client.timeline import ChunkCallback, MessageCallback, SessionResult, Timeline
 from streamer.errors import ClientError, ServerClosed
 
 __all__ = [
@@ -71,10 +69,6 @@ class PaceSchedule:
     def due_s(self, end_sample: int) -> float:
         """When the chunk ending at ``end_sample`` may be sent (all of it has "happened")."""
         return self.origin_s + (end_sample - self.origin_sample) / (self.sample_rate * self.speed)
-
-
-ChunkCallback = Callable[[int, float], None]  # (end_sample, time.monotonic())
-MessageCallback = Callable[[Received], None]
 
 
 async def stream_pcm(
@@ -198,33 +192,15 @@ async def transcribe(
 ) -> SessionResult:
     """Stream ``pcm`` (int16 mono at ``sample_rate``) in one session; no reconnection.
 
-    The session is opened with ``sample_rate`` as its stream rate (the server resamples
-    rates other than 16000). ``speed=None`` streams unpaced. Raises like
-    :meth:`StreamingClient.connect`, and :class:`ServerClosed` if the session ends
-    abnormally or before all audio was sent.
+    :func:`stream_file` with ``max_reconnects=0``. The session is opened with
+    ``sample_rate`` as its stream rate (the server resamples rates other than 16000).
+    ``speed=None`` streams unpaced. Raises like :meth:`StreamingClient.connect`, and
+    :class:`ServerClosed` if the session ends abnormally or before all audio was sent.
     """
-    options = _with_rate(options, sample_rate)
-    messages: list[Received] = []
-    sends: list[SentChunk] = []
-
-    def record(item: Received) -> None:
-        messages.append(item)
-        if on_message is not None:
-            on_message(item)
-
-    def sent(end_sample: int, sent_s: float) -> None:
-        sends.append(SentChunk(end_sample, sent_s))
-        if on_chunk_sent is not None:
-            on_chunk_sent(end_sample, sent_s)
-
-    async with await StreamingClient.connect(options) as client:
-        complete = await run_session(
-            client, pcm, sample_rate, on_message=record, chunk_ms=chunk_ms, speed=speed,
-            on_chunk_sent=sent,
-        )  # fmt: skip
-    if not complete:
-        raise ServerClosed(1001, "the server ended the session before all audio was sent")
-    return _result(client.ready, sample_rate, messages, sends, client.end, client.started_s)
+    return await stream_file(
+        dataclasses.replace(options, max_reconnects=0), pcm, sample_rate=sample_rate,
+        speed=speed, chunk_ms=chunk_ms, on_message=on_message, on_chunk_sent=on_chunk_sent,
+    )  # fmt: skip
 
 
 async def stream_file(
@@ -245,8 +221,9 @@ async def stream_file(
     the audio is sent again from the end of the last final; that session's times and
     segment ids are shifted so every message stays on the file's timeline. Pacing keeps
     the original schedule: the resent backlog goes out at once. ``on_reconnect(count,
-    resume_sample, error)`` is called before each reconnection. The first connection is
-    a single attempt so that a wrong URL fails fast.
+    resume_sample, error)`` is called before each reconnection (at most
+    ``options.max_reconnects``). The first connection is a single attempt so that a
+    wrong URL fails fast.
     """
     if isinstance(source, np.ndarray):
         if sample_rate is None:
@@ -256,70 +233,34 @@ async def stream_file(
         sample_rate = sample_rate or options.stream.sample_rate
         pcm = load_audio(source, target_rate=sample_rate)
     options = _with_rate(options, sample_rate)
-    messages: list[Received] = []
-    sends: list[SentChunk] = []
-    finals: list[Final] = []
-    offset_sample = 0
-    segment_offset = 0
-    partials_sent = partials_skipped = 0
-    last_end: End | None = None
-
-    def record(item: Received) -> None:
-        nonlocal partials_sent, partials_skipped, last_end
-        message = shift_message(item.message, offset_sample * 1000 / sample_rate, segment_offset)
-        if isinstance(message, Final):
-            finals.append(message)
-        elif isinstance(message, End):
-            partials_sent += message.partials_sent
-            partials_skipped += message.partials_skipped
-            last_end = message
-        shifted = Received(message, item.arrival_s)
-        messages.append(shifted)
-        if on_message is not None:
-            on_message(shifted)
-
-    def sent(end_sample: int, sent_s: float) -> None:
-        sends.append(SentChunk(end_sample, sent_s))
-        if on_chunk_sent is not None:
-            on_chunk_sent(end_sample, sent_s)
-
+    timeline = Timeline(sample_rate, on_message, on_chunk_sent)
     client = await StreamingClient.connect(options)
     first_ready = client.ready
     started_s = client.started_s
     schedule = None if speed is None else PaceSchedule(time.monotonic(), sample_rate, speed)
-    reconnects = 0
     while True:
         error: BaseException | None = None
         try:
             async with client:
                 complete = await run_session(
-                    client, pcm, sample_rate, on_message=record, chunk_ms=chunk_ms, speed=speed,
-                    on_chunk_sent=sent, start_sample=offset_sample, schedule=schedule,
+                    client, pcm, sample_rate, on_message=timeline.record, chunk_ms=chunk_ms,
+                    speed=speed, on_chunk_sent=timeline.sent, start_sample=timeline.offset_sample,
+                    schedule=schedule,
                 )  # fmt: skip
         except ServerClosed as exc:
-            if not _retryable(exc) or reconnects >= options.max_reconnects:
+            if not _retryable(exc) or timeline.reconnects >= options.max_reconnects:
                 raise
             complete, error = False, exc
         if complete:
             break
-        if reconnects >= options.max_reconnects:
+        if timeline.reconnects >= options.max_reconnects:
             raise ServerClosed(1001, "the server ended the session before all audio was sent")
-        reconnects += 1
-        offset_sample = resume_sample(finals, sample_rate)
-        segment_offset = len(finals)
+        offset_sample = timeline.resume()
         logger.warning(
-            "session %s ended early (%s); reconnecting (%d) from %.2f s",
-            client.session_id, error or "server ended it", reconnects, offset_sample / sample_rate,
+            "session %s ended early (%s); reconnecting (%d) from %.2f s", client.session_id,
+            error or "server ended it", timeline.reconnects, offset_sample / sample_rate,
         )  # fmt: skip
         if on_reconnect is not None:
-            on_reconnect(reconnects, offset_sample, error)
+            on_reconnect(timeline.reconnects, offset_sample, error)
         client = await connect_with_backoff(options, timeout_s=options.reconnect_timeout_s)
-    end = None
-    if last_end is not None:
-        end = End(
-            segments=len(finals),
-            audio_ms=last_end.audio_ms,
-            partials_sent=partials_sent,
-            partials_skipped=partials_skipped,
-        )
-    return _result(first_ready, sample_rate, messages, sends, end, started_s, reconnects)
+    return timeline.result(first_ready, started_s)

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import median
 
 from streamer.client.connection import Received
 from streamer.core.protocol import End, Final, Partial, Ready, ServerMessage, SpeechStart
 
-__all__ = ["SentChunk", "SessionResult", "resume_sample", "shift_message"]
+__all__ = [
+    "ChunkCallback",
+    "MessageCallback",
+    "SentChunk",
+    "SessionResult",
+    "Timeline",
+    "resume_sample",
+    "shift_message",
+]
 
 
 @dataclass(frozen=True)
@@ -118,23 +126,85 @@ def shift_message(message: ServerMessage, offset_ms: float, segment_offset: int)
     return message
 
 
-def _result(
-    ready: Ready,
-    sample_rate: int,
-    messages: list[Received],
-    sends: list[SentChunk],
-    end: End | None,
-    started_s: float,
-    reconnects: int = 0,
-) -> SessionResult:
-    return SessionResult(
-        ready=ready,
-        sample_rate=sample_rate,
-        messages=tuple(messages),
-        sends=tuple(sends),
-        finals=tuple(r.message for r in messages if isinstance(r.message, Final)),
-        end=end,
-        started_s=started_s,
-        finished_s=messages[-1].arrival_s if messages else time.monotonic(),
-        reconnects=reconnects,
-    )
+ChunkCallback = Callable[[int, float], None]  # (end_sample, time.monotonic())
+MessageCallback = Callable[[Received], None]
+
+
+class Timeline:
+    """The messages and sends of one signal streamed over one or more sessions.
+
+    Feed it with :meth:`record` (every server message) and :meth:`sent` (every chunk);
+    after a lost session call :meth:`resume`, which says where the next session starts,
+    and the next session's messages are shifted onto the signal's timeline. Not
+    thread-safe: one event loop.
+    """
+
+    def __init__(
+        self,
+        sample_rate: int,
+        on_message: MessageCallback | None = None,
+        on_chunk_sent: ChunkCallback | None = None,
+    ) -> None:
+        self.sample_rate = sample_rate
+        self.messages: list[Received] = []
+        self.sends: list[SentChunk] = []
+        self.finals: list[Final] = []
+        self.reconnects = 0
+        self.offset_sample = 0  # where the current session's audio starts in the signal
+        self._on_message = on_message
+        self._on_chunk_sent = on_chunk_sent
+        self._segment_offset = 0
+        self._partials_sent = self._partials_skipped = 0
+        self._last_end: End | None = None
+
+    def record(self, item: Received) -> None:
+        """A message of the current session, moved onto the signal's timeline."""
+        offset_ms = self.offset_sample * 1000 / self.sample_rate
+        message = shift_message(item.message, offset_ms, self._segment_offset)
+        if isinstance(message, Final):
+            self.finals.append(message)
+        elif isinstance(message, End):
+            self._partials_sent += message.partials_sent
+            self._partials_skipped += message.partials_skipped
+            self._last_end = message
+        shifted = Received(message, item.arrival_s)
+        self.messages.append(shifted)
+        if self._on_message is not None:
+            self._on_message(shifted)
+
+    def sent(self, end_sample: int, sent_s: float) -> None:
+        """A chunk of the signal ending at ``end_sample`` was sent at ``sent_s``."""
+        self.sends.append(SentChunk(end_sample, sent_s))
+        if self._on_chunk_sent is not None:
+            self._on_chunk_sent(end_sample, sent_s)
+
+    def resume(self) -> int:
+        """Start the next session after the last final; returns its first sample."""
+        self.reconnects += 1
+        self.offset_sample = resume_sample(self.finals, self.sample_rate)
+        self._segment_offset = len(self.finals)
+        return self.offset_sample
+
+    def end(self) -> End | None:
+        """The sessions' end messages combined (None before the last one came)."""
+        if self._last_end is None:
+            return None
+        return End(
+            segments=len(self.finals),
+            audio_ms=self._last_end.audio_ms,
+            partials_sent=self._partials_sent,
+            partials_skipped=self._partials_skipped,
+        )
+
+    def result(self, ready: Ready, started_s: float) -> SessionResult:
+        return SessionResult(
+            ready=ready,
+            sample_rate=self.sample_rate,
+            messages=tuple(self.messages),
+            sends=tuple(self.sends),
+            finals=tuple(self.finals),
+            end=self.end(),
+            started_s=started_s,
+            finished_s=self.messages[-1].arrival_s if self.messages else time.monotonic(),
+            reconnects=self.reconnects,
+        )
