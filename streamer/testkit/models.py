@@ -195,7 +195,7 @@ def build_random_model(
         raise ConfigError(f"unknown random model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     import torch
 
-    from streamer.model.recognizer import import_funasr
+    from streamer.model.funasr_quiet import import_funasr
 
     import_funasr()
     out_dir.mkdir(parents=True, exist_ok=True)
