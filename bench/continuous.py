@@ -37,7 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from bench.latency.serverproc import ManagedServer, ServerOptions
-from streamer.client.connection import ClientOptions, SessionResult, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
+from streamer.client.timeline import SessionResult
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.protocol import Final, Partial, StreamOptions
 from streamer.testkit import speech as synth

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.client.connection import ClientOptions, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
 from streamer.core.session import SessionOptions
 from streamer.testkit import speech as synth
 from tests.server_fixtures import recognizer_loader

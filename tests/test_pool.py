@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.client.connection import ClientOptions, transcribe
-from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
 from streamer.model import loading
@@ -27,7 +28,7 @@ from streamer.model.pool import (
     parse_devices,
     plan_slots,
 )
-from streamer.model.worker import MODEL_STALLED, ModelWorker
+from streamer.model.worker import ModelWorker
 from streamer.server.metrics import Metrics
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
@@ -193,8 +194,8 @@ def test_a_stalled_worker_fails_the_whole_pool() -> None:
     pool.submit(job("a"), answers)
     pool.submit(job("b"), answers)  # worker 1: its gate never opens either
     assert failed_once.wait(GUARD_S)
-    codes = {r.job.session_id: r.error_code for r in answers.wait(2)}
-    assert codes["a"] == MODEL_STALLED
+    codes = {r.job.session_id: r.failure for r in answers.wait(2)}
+    assert codes["a"] is DecodeFailure.MODEL_STALLED
     assert pool.failure is not None and pool.failure.startswith("worker ")
     assert len(failed) == 1  # once, although both workers stall
     for gate in gates:

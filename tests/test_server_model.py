@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from streamer.client.connection import ClientOptions, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
 from streamer.core.protocol import Final, Partial, StreamOptions
 from streamer.core.transcript import parse_tags
 from streamer.testkit import speech as synth

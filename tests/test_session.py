@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from streamer.core import protocol
-from streamer.core.jobs import DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeResult
 from streamer.core.protocol import (
     End,
     Error,
@@ -222,7 +222,9 @@ def test_decode_failure_gives_final_with_error_and_session_goes_on():
     s.start()
     feed(s, speech_with_gaps(), respond=False)
     jobs = s.jobs_to_submit()
-    s.decode_finished(DecodeResult(job=jobs[0], error="RuntimeError: boom"))
+    s.decode_finished(
+        DecodeResult(job=jobs[0], failure=DecodeFailure.DECODE_FAILED, detail="RuntimeError: boom")
+    )
     answer(s)
     t = Transcript.from_raw("<|en|>ok", rich="", token_ids=(), audio_ms=0, decode_ms=0)
     s.decode_finished(DecodeResult(job=jobs[1], transcript=t))
@@ -454,7 +456,9 @@ def test_failed_speculation_is_not_repeated_and_the_final_is_decoded():
     s.start()
     feed(s, np.concatenate([silence(300), tone(1500), silence(300)]), respond=False)
     (spec,) = s.jobs_to_submit()
-    s.decode_finished(DecodeResult(job=spec, error="RuntimeError: boom"))
+    s.decode_finished(
+        DecodeResult(job=spec, failure=DecodeFailure.DECODE_FAILED, detail="RuntimeError: boom")
+    )
     feed(s, silence(600), respond=False)
     (job,) = s.jobs_to_submit()  # not the same speculation again: the final itself
     assert job.kind == "final" and (job.start_sample, job.end_sample) == (
@@ -504,7 +508,13 @@ def test_decode_errors_reach_clients_as_a_code_and_a_safe_message():
     feed(s, np.concatenate([silence(300), tone(500)]), respond=False)
     s.receive_text('{"type":"stop"}')
     (job,) = s.jobs_to_submit()
-    s.decode_finished(DecodeResult(job=job, error="RuntimeError: /secret/path/model.pt"))
+    s.decode_finished(
+        DecodeResult(
+            job=job,
+            failure=DecodeFailure.DECODE_FAILED,
+            detail="RuntimeError: /secret/path/model.pt",
+        )
+    )
     messages = s.messages_to_send()
     final = next(m for m in messages if isinstance(m, Final))
     assert final.error["code"] == "decode_failed" and "secret" not in final.error["message"]

@@ -19,7 +19,7 @@ import numpy as np
 from streamer.core import protocol
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.framing import AudioBuffer, PcmFramer, S16Decoder
-from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.protocol import (
     ConfigMessage,
     End,
@@ -523,9 +523,8 @@ class Session:
         error = None
         if t is None:
             # the worker's exception text stays in the server log; clients get a code
-            code = result.error_code if result.error is not None else "decode_failed"
-            message = _DECODE_ERROR_MESSAGES.get(code, _DECODE_ERROR_MESSAGES["decode_failed"])
-            message = message.format(segment_id=job.segment_id)
+            failure = result.failure or DecodeFailure.DECODE_FAILED  # a dropped final too
+            code, message = failure.code, failure.client_message(job.segment_id)
             error = {"code": code, "message": message}
             self._non_fatal_code(code, message)
         self._emit(
@@ -604,12 +603,6 @@ class Session:
         self.state = State.ENDED
         self.close_code = close_code_for(error)
         self.close_reason = error.code
-
-
-_DECODE_ERROR_MESSAGES = {
-    "decode_failed": "decoding segment {segment_id} failed (details are in the server log)",
-    "model_stalled": "the model stopped answering; the server is restarting (retry shortly)",
-}
 
 
 def _ms(samples: int) -> float:

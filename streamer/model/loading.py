@@ -226,7 +226,7 @@ def load_recognizer(
     if resolve_backend(options) == "onnx":
         return _load_onnx(options, progress)
     with progress.stage_of("import", "importing torch and funasr"):
-        from streamer.model.recognizer import import_funasr
+        from streamer.model.funasr_quiet import import_funasr
 
         import_funasr()
     if options.model.startswith(RANDOM_PREFIX):

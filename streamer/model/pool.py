@@ -42,6 +42,7 @@ from streamer.model.worker import ModelWorker, ResultCallback, WorkerStats
 logger = logging.getLogger(__name__)
 
 MAX_WORKERS = 64  # more model copies than this is a typo, not a machine
+DEFAULT_WORKERS_PER_DEVICE = 1  # one worker (thread and model copy) per device
 
 
 @dataclass(frozen=True)

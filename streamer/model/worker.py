@@ -17,7 +17,7 @@ Queue discipline:
 
 Watchdog: a decode that runs longer than ``decode_timeout_s``, or a worker thread that
 dies for any reason, makes the worker *failed* for good (:attr:`ModelWorker.failure`
-says why): every job waiting or running is answered with ``error_code="model_stalled"``,
+says why): every job waiting or running is answered with ``DecodeFailure.MODEL_STALLED``,
 later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
 server then turns unready and the process exits non-zero for its supervisor to restart
 it; a stuck native call cannot be interrupted from Python).
@@ -35,14 +35,14 @@ from typing import Protocol
 
 import numpy as np
 
-from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
+from streamer.model.decoding import decode_job
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DECODE_TIMEOUT_S = 30.0  # a 7 s segment decodes in about 1 s on a slow CPU core
-MODEL_STALLED = "model_stalled"  # the error code of jobs answered by the watchdog
 
 ResultCallback = Callable[[DecodeResult], None]
 
@@ -274,27 +274,9 @@ class ModelWorker:
                 logger.exception("failure hook failed")
 
     def _decode(self, item: _Queued) -> DecodeResult:
-        job = item.job
-        started = time.perf_counter()
-        queue_ms = (started - item.submitted) * 1000
         assert self.recognizer is not None
-        try:
-            transcript = self.recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)
-        except Exception as exc:  # one bad decode must not stop the worker
-            logger.exception(
-                "decode failed (session %s, segment %d, %s)",
-                job.session_id,
-                job.segment_id,
-                job.kind,
-            )
-            return DecodeResult(
-                job=job,
-                error=f"{type(exc).__name__}: {exc}",
-                queue_ms=queue_ms,
-                decode_ms=(time.perf_counter() - started) * 1000,
-            )
-        decode_ms = (time.perf_counter() - started) * 1000
-        return DecodeResult(job=job, transcript=transcript, queue_ms=queue_ms, decode_ms=decode_ms)
+        queue_ms = (time.perf_counter() - item.submitted) * 1000
+        return decode_job(self.recognizer, item.job, queue_ms=queue_ms)
 
     def _answer(self, item: _Queued, result: DecodeResult) -> None:
         if self.on_decoded is not None and not result.dropped:
@@ -311,4 +293,4 @@ class ModelWorker:
 def _stalled(job: DecodeJob, reason: str) -> DecodeResult:
     if job.kind == "partial":
         return DecodeResult(job=job, dropped=True)
-    return DecodeResult(job=job, error=reason, error_code=MODEL_STALLED)
+    return DecodeResult(job=job, failure=DecodeFailure.MODEL_STALLED, detail=reason)

@@ -163,7 +163,7 @@ class Metrics:
         """Called from the worker thread for every decode (prometheus_client is thread-safe)."""
         kind = result.job.kind
         self.queue_wait_seconds.labels(kind).observe(result.queue_ms / 1000)
-        if result.error is not None:
+        if result.failure is not None:
             self.decode_failures_total.inc()
         else:
             self.decode_seconds.labels(kind).observe(result.decode_ms / 1000)
