@@ -4,8 +4,12 @@ People who talk without stopping (a phone call, a monologue) leave pauses shorte
 the endpoint. This bench streams, in real time with one client, two kinds of audio:
 
 * ``continuous``: two espeak voices taking turns of 5-20 s, with gaps of 100-400 ms
-  between sentences and turns (optionally with white noise);
-* ``paused``: the same sentences with pauses of 0.9-1.7 s (the latency bench's kind).
+  between sentences and turns;
+* ``recorded``: real recorded read speech (pocketsphinx-testdata: the librivox reader
+  and the speakers of ``cards``/``goforward``/``numbers``/``something``) joined the same
+  way, two voices taking turns;
+* ``noisy``: ``continuous`` under brown noise at 10 dB SNR (``--snr-db``, ``--noise``);
+* ``paused``: the espeak sentences with pauses of 0.9-1.7 s (the latency bench's kind).
 
 and measures each segment against the audio's truth (where speech really is, from the
 clips before they were joined):
@@ -90,21 +94,74 @@ def _turns(cache_dir: Path, seed: int) -> list[tuple[np.ndarray, int]]:
     return clips
 
 
-def build_track(name: str, clips: list[tuple[np.ndarray, int]], snr_db: float | None) -> Track:
+RECORDED = Path("/usr/share/pocketsphinx/test/data")
+RECORDED_A = tuple(sorted((RECORDED / "librivox").glob("*.wav")))  # one reader
+RECORDED_B = (*sorted((RECORDED / "cards").glob("*.wav")),) + tuple(
+    RECORDED / f"{name}.raw" for name in ("goforward", "numbers", "something")
+)  # other speakers
+
+
+def _recorded_speech(pcm: np.ndarray) -> np.ndarray:
+    """Per sample: inside a 20 ms frame 10 dB over the clip's noise floor (its quietest
+    5 %) and within 26 dB of its loudest frames."""
+    frame = SAMPLE_RATE // 50
+    n = pcm.size // frame
+    rms = np.sqrt(np.mean(pcm[: n * frame].astype(np.float64).reshape(n, frame) ** 2, axis=1))
+    threshold = max(3 * float(np.percentile(rms, 5)), 0.05 * float(np.percentile(rms, 99)), 30.0)
+    loud = np.repeat(rms > threshold, frame)
+    return np.concatenate([loud, np.zeros(pcm.size - loud.size, bool)])
+
+
+def _load_recorded(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A recorded clip trimmed to its speech (50 ms kept either side), and its truth."""
+    if path.suffix == ".raw":
+        pcm = np.fromfile(path, dtype="<i2")
+    else:
+        import soundfile as sf
+
+        pcm, rate = sf.read(path, dtype="int16")
+        assert rate == SAMPLE_RATE, path
+    speech = _recorded_speech(pcm)
+    loud = np.flatnonzero(speech)
+    keep = slice(max(0, loud[0] - 800), loud[-1] + 800) if loud.size else slice(0, 0)
+    return pcm[keep], speech[keep]
+
+
+def recorded_turns() -> list[tuple[np.ndarray, int, np.ndarray]]:
+    """The recorded clips of two speakers, alternating: (pcm, gap after it, truth)."""
+    a = [_load_recorded(p) for p in RECORDED_A]
+    b = [_load_recorded(p) for p in RECORDED_B]
+    clips: list[tuple[np.ndarray, int, np.ndarray]] = []
+    turns = [a[0:2], b[0:4], a[2:3], b[4:9], a[3:5]]  # turns of 5-12 s
+    for turn in turns:
+        for pcm, speech in turn:
+            clips.append((pcm, SHORT_GAPS_MS[len(clips) % len(SHORT_GAPS_MS)], speech))
+    return clips
+
+
+def build_track(
+    name: str,
+    clips: list[tuple[np.ndarray, int]] | list[tuple[np.ndarray, int, np.ndarray]],
+    snr_db: float | None = None,
+    noise: str = "brown",
+) -> Track:
+    """Clips joined by their gaps (or LONG_GAPS_MS for ``paused``), with the truth of
+    where speech is: a clip's own truth when it has one, else its samples over 64."""
     lead = np.zeros(SAMPLE_RATE, np.int16)
     parts, truth = [lead], [np.zeros(lead.size, bool)]
-    for i, (pcm, gap_ms) in enumerate(clips):
+    for i, (pcm, gap_ms, *known) in enumerate(clips):
         if name == "paused":
             gap_ms = LONG_GAPS_MS[i % len(LONG_GAPS_MS)]
         gap = np.zeros(gap_ms * SAMPLE_RATE // 1000, np.int16)
         parts += [pcm, gap]
-        truth += [np.abs(pcm.astype(np.int32)) > 64, np.zeros(gap.size, bool)]
+        loud = known[0] if known else np.abs(pcm.astype(np.int32)) > 64
+        truth += [loud, np.zeros(gap.size, bool)]
     tail = np.zeros(2 * SAMPLE_RATE, np.int16)
     parts.append(tail)
     truth.append(np.zeros(tail.size, bool))
     pcm = np.concatenate(parts)
     if snr_db is not None:
-        pcm = synth.add_noise(pcm, snr_db, seed=3)
+        pcm = synth.add_noise(pcm, snr_db, seed=3, kind=noise)
     speech = np.concatenate(truth)
     # a sample is speech when a loud sample lies within 20 ms (syllables, not waveforms)
     window = SAMPLE_RATE // 50
@@ -115,6 +172,7 @@ def build_track(name: str, clips: list[tuple[np.ndarray, int]], snr_db: float | 
 def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> list[dict]:
     """Per final: kind (onset/continuation), TTFT, final latency, length, reason."""
     first_text: dict[int, float] = {}
+    final_arrival: dict[int, float] = {}
     rows = []
     for item in result.messages:
         message = item.message
@@ -122,6 +180,7 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
             first_text.setdefault(message.segment_id, item.arrival_s)
         if not isinstance(message, Final):
             continue
+        final_arrival[message.segment_id] = item.arrival_s
         start = int(message.start_ms * SAMPLE_RATE / 1000)
         end = int(message.end_ms * SAMPLE_RATE / 1000)
         inside = np.flatnonzero(track.speech[start:end])
@@ -135,13 +194,25 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
         sent_last = result.sent_time_s(last_speech)
         if sent_first is None or sent_last is None:
             continue
+        previous = final_arrival.get(message.segment_id - 1)
+        first_s = first_text[message.segment_id]
         rows.append(
             {
+                "segment_id": message.segment_id,
                 "kind": "continuation" if before.any() else "onset",
-                "ttft_ms": (first_text[message.segment_id] - sent_first) * 1000,
+                "ttft_ms": (first_s - sent_first) * 1000,
                 "final_ms": (item.arrival_s - sent_last) * 1000,
                 "length_s": (end - start) / SAMPLE_RATE,
                 "reason": message.reason,
+                # the trace: what the segment waited for
+                "start_lag_ms": (start - first_speech) * 1000 / SAMPLE_RATE,  # <0: starts early
+                "decode_ms": message.decode_ms,  # its final's decode (0 when speculative)
+                "queue_ms": message.queue_ms,
+                # its first text came with the previous segment's final (held by ordering)
+                "held": previous is not None and first_s - previous < 0.005,
+                "prev_final_after_first_speech_ms": None
+                if previous is None
+                else (previous - sent_first) * 1000,
             }
         )
     return rows
@@ -180,21 +251,36 @@ def main() -> int:
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--quantize", default="int8", help="'none' for fp32")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of old and new")
-    parser.add_argument("--snr-db", type=float, default=None, help="add white noise")
+    parser.add_argument("--snr-db", type=float, default=10.0, help="SNR of the noisy track")
+    parser.add_argument("--noise", default="brown", choices=synth.NOISE_KINDS)
+    parser.add_argument(
+        "--tracks", default="continuous,recorded,paused", help="of continuous,recorded,noisy,paused"
+    )
+    parser.add_argument(
+        "--configs", default="new,old", help=f"server settings, of {','.join(CONFIGS)}"
+    )
     parser.add_argument("--endpoint-ms", type=int, default=500)
     parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
+    parser.add_argument("--trace", action="store_true", help="print every segment's trace")
     parser.add_argument("--json", type=Path, default=None, help="write every row here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     clips = _turns(args.cache_dir, seed=1)
-    tracks = [build_track(name, clips, args.snr_db) for name in ("continuous", "paused")]
+    builders = {
+        "continuous": lambda: build_track("continuous", clips),
+        "recorded": lambda: build_track("recorded", recorded_turns()),
+        "noisy": lambda: build_track("noisy", clips, args.snr_db, args.noise),
+        "paused": lambda: build_track("paused", clips),
+    }
+    tracks = [builders[name]() for name in args.tracks.split(",")]
+    configs = {name: CONFIGS[name] for name in args.configs.split(",")}
     for track in tracks:
         logger.info("%s: %.1f s of audio", track.name, track.pcm.size / SAMPLE_RATE)
     rows: dict[tuple[str, str], list[dict]] = {}
     started = time.time()
     for round_index in range(args.rounds):
-        for config, extra in CONFIGS.items():
+        for config, extra in configs.items():
             options = ServerOptions(
                 model=args.model,
                 quantize=None if args.quantize == "none" else args.quantize,
@@ -229,6 +315,18 @@ def main() -> int:
             print(f"| {track_name} | {config} | {kind} | {s['n']} | {f('ttft_p50')} / "
                   f"{f('ttft_p95')} / {f('ttft_p99')} | {f('final_p50')} / {f('final_p95')} / "
                   f"{f('final_p99')} | {s['capped']} |")  # fmt: skip
+    if args.trace:
+        print("\n| audio | server | seg | kind | reason | length s | start lag ms | TTFT ms "
+              "| held | prev final ms | final ms | queue ms | decode ms |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for (config, track_name), chosen in sorted(rows.items()):
+            for r in chosen:
+                prev = r["prev_final_after_first_speech_ms"]
+                print(f"| {track_name} | {config} | {r['segment_id']} | {r['kind']} | "
+                      f"{r['reason']} | {r['length_s']:.2f} | {r['start_lag_ms']:.0f} | "
+                      f"{r['ttft_ms']:.0f} | {'yes' if r['held'] else ''} | "
+                      f"{'-' if prev is None else f'{prev:.0f}'} | {r['final_ms']:.0f} | "
+                      f"{r['queue_ms']:.0f} | {r['decode_ms']:.0f} |")  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"summary": table, "rows": {
