@@ -20,12 +20,15 @@ clips before they were joined):
   inside it (the endpoint is part of it).
 
 Segments are *onset* segments when at least ``endpoint_ms`` of true silence precedes
-their first speech, else *continuation* segments. Servers are started with the current
-defaults ("new") and with the behaviour before long-segment pauses and speculative
-finals ("old": ``--long-segment-ms 7000 --no-speculative-finals``); the two alternate
-in ``--rounds`` rounds within one run so a noisy machine hits both alike.
+their first speech, else *continuation* segments. Servers are started with the settings
+of :data:`CONFIGS` chosen by ``--configs``: the current defaults ("new"), main before
+energy dips and the near cut ("main"), and before long-segment pauses and speculative
+finals too ("old"); they alternate in ``--rounds`` rounds within one run so a noisy
+machine hits all alike. ``--trace`` prints, per segment, what it waited for: where it
+started against its first speech, when the previous final arrived, its final's queue
+and decode time.
 
-    python -m bench.continuous --model random:small --quantize int8 --rounds 2
+    python -m bench.continuous --model random:small --quantize int8 --rounds 1 --trace
 """
 
 from __future__ import annotations
@@ -63,8 +66,12 @@ SHORT_GAPS_MS = (100, 250, 400, 150, 300, 200, 350)
 LONG_GAPS_MS = (900, 1300, 1100, 1700, 1000, 1500)
 CONFIGS = {
     "new": (),
-    "old": ("--long-segment-ms", "7000", "--no-speculative-finals"),
-}
+    # before energy dips and the near cut (what main did after the first part of issue 14)
+    "main": ("--pause-dip-ms", "0", "--cut-search-ms", "1000"),
+    # before long-segment pauses and speculative finals too
+    "old": ("--long-segment-ms", "7000", "--no-speculative-finals", "--pause-dip-ms", "0",
+            "--cut-search-ms", "1000"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -257,7 +264,7 @@ def main() -> int:
         "--tracks", default="continuous,recorded,paused", help="of continuous,recorded,noisy,paused"
     )
     parser.add_argument(
-        "--configs", default="new,old", help=f"server settings, of {','.join(CONFIGS)}"
+        "--configs", default="new,main", help=f"server settings, of {','.join(CONFIGS)}"
     )
     parser.add_argument("--endpoint-ms", type=int, default=500)
     parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
