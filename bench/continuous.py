@@ -66,6 +66,7 @@ SHORT_GAPS_MS = (100, 250, 400, 150, 300, 200, 350)
 LONG_GAPS_MS = (900, 1300, 1100, 1700, 1000, 1500)
 CONFIGS = {
     "new": (),
+    "long3s": ("--long-segment-ms", "3000"),  # candidate: shorter long segments
     # before energy dips and the near cut (what main did after the first part of issue 14)
     "main": ("--pause-dip-ms", "0", "--cut-search-ms", "1000"),
     # before long-segment pauses and speculative finals too
@@ -253,6 +254,24 @@ async def _stream(url: str, track: Track) -> SessionResult:
     return await transcribe(options, track.pcm, SAMPLE_RATE, speed=1.0)
 
 
+def rotated(track: Track, index: int, clients: int) -> Track:
+    """Client ``index`` of ``clients`` streams the track from another place (so their
+    segments do not end together), with the silent lead kept first."""
+    lead = SAMPLE_RATE
+    shift = (track.pcm.size - lead) * index // clients
+    pcm = np.concatenate([track.pcm[:lead], np.roll(track.pcm[lead:], -shift)])
+    speech = np.concatenate([track.speech[:lead], np.roll(track.speech[lead:], -shift)])
+    return Track(track.name, pcm, speech)
+
+
+async def _stream_many(url: str, tracks: list[Track], stagger_s: float) -> list[SessionResult]:
+    async def one(i: int, track: Track) -> SessionResult:
+        await asyncio.sleep(i * stagger_s)
+        return await _stream(url, track)
+
+    return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tracks))))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="random:small")
@@ -268,6 +287,7 @@ def main() -> int:
     )
     parser.add_argument("--endpoint-ms", type=int, default=500)
     parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
+    parser.add_argument("--clients", type=int, default=1, help="real-time clients at once")
     parser.add_argument("--trace", action="store_true", help="print every segment's trace")
     parser.add_argument("--json", type=Path, default=None, help="write every row here")
     args = parser.parse_args()
@@ -298,14 +318,20 @@ def main() -> int:
             log.parent.mkdir(parents=True, exist_ok=True)
             with ManagedServer(options, log) as server:
                 for track in tracks:
-                    result = asyncio.run(_stream(server.url, track))
-                    figures = segment_figures(result, track, args.endpoint_ms)
+                    each = [rotated(track, i, args.clients) for i in range(args.clients)]
+                    results = asyncio.run(_stream_many(server.url, each, stagger_s=0.37))
+                    figures = [
+                        row
+                        for result, client_track in zip(results, each, strict=True)
+                        for row in segment_figures(result, client_track, args.endpoint_ms)
+                    ]
                     rows.setdefault((config, track.name), []).extend(figures)
                     logger.info("round %d %s %s: %d segments", round_index, config, track.name,
                                 len(figures))  # fmt: skip
     elapsed_s = time.time() - started
     print(f"# continuous-speech bench, {args.model} {args.quantize}, endpoint "
-          f"{args.endpoint_ms} ms, {args.rounds} rounds, {elapsed_s:.0f} s")  # fmt: skip
+          f"{args.endpoint_ms} ms, {args.clients} clients, {args.rounds} rounds, "
+          f"{elapsed_s:.0f} s")  # fmt: skip
     print("| audio | server | segments | n | TTFT p50 / p95 / p99 ms | final p50 / p95 / p99 ms "
           "| capped |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
