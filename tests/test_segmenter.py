@@ -195,6 +195,18 @@ def test_long_segment_ends_at_an_energy_dip_the_vad_does_not_see():
     assert starts(events)[1].start_sample == first.end_sample
 
 
+def test_the_onset_gate_after_a_dip_lasts_one_endpoint():
+    """Quiet frames the VAD calls speech open no segment for one endpoint after a dip,
+    then they count again (a quieter speaker after a loud one is not ignored)."""
+    flags, energies = _hangover_speech(6, dip_at_s=(4.5,), dip_frames=75)  # 1.5 s quiet
+    _, events = run(flags, energies=energies)
+    first_end = ends(events)[0].end_sample // FRAME
+    assert first_end == 50 + 225 + 3
+    (confirmed, second), *_ = [(i, e) for i, e in events if isinstance(e, SegmentStart)][1:]
+    assert confirmed == first_end + 25 + 4  # the gate's 25 frames, then 5 speech frames
+    assert second.start_sample >= first_end * FRAME
+
+
 def test_dips_without_contrast_do_not_cut():
     """Speech level within pause_contrast_db of the floor (say under loud noise): no dips."""
     flags, energies = _hangover_speech(10, dip_at_s=(5.0,))

@@ -21,8 +21,9 @@ Rules:
   the stream's noise floor (the 5th percentile of the last ``floor_window_ms``) and the
   segment's speech level (the median energy of its speech frames), measured when the two
   are at least ``pause_contrast_db`` apart. The segment ends at the dip's last frame;
-  until the next segment starts, frames quieter than that middle do not count as speech
-  for its onset (so the hangover after a dip does not open an empty segment).
+  for ``endpoint_ms`` after it (or until the next segment starts), frames quieter than
+  that middle do not count as speech for an onset, so the VAD's hangover over the rest
+  of the dip does not open an empty segment (and a quieter speaker is still heard later).
 * **Finalize**: the client says the utterance is over. The open segment ends as soon as
   the audio shows ``end_pad_ms`` of non-speech after its last speech (at once when it
   already does), at the sample where the silence endpoint would have ended it: a
@@ -155,6 +156,7 @@ class Segmenter:
         self._dip_threshold: float | None = None  # None: no contrast, dips not trusted
         self._dip_run = 0  # consecutive frames below the threshold
         self._gate: float | None = None  # after a dip: onset ignores quieter frames
+        self._gate_frames = 0  # for this many frames
 
     # -- queries ---------------------------------------------------------------
 
@@ -221,8 +223,12 @@ class Segmenter:
         if self._dip_frames:
             self._history.append(energy)
         if self._open_id is None:
-            if self._gate is not None and energy < self._gate:
-                is_speech = False
+            if self._gate is not None:
+                self._gate_frames -= 1
+                if energy < self._gate:
+                    is_speech = False
+                if self._gate_frames <= 0:
+                    self._gate = None
             self._window.append(is_speech)
             if sum(self._window) >= self._min_speech_frames:
                 first_speech = index - len(self._window) + 1 + self._window.index(True)
@@ -235,6 +241,7 @@ class Segmenter:
         if self._dip_frames and self._dip(is_speech, energy):
             events.append(self._close(self._frame_index * self._frame, "silence"))
             self._gate = self._dip_threshold
+            self._gate_frames = self._endpoint_frames  # longer than any VAD hangover
             return events
         if is_speech:
             self._last_speech_frame = index + 1
