@@ -250,6 +250,26 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--max-utterance-ms turns it off [%(default)s]",
     )
     g.add_argument(
+        "--pause-dip-ms",
+        type=int,
+        default=_env("pause_dip_ms", SegmenterOptions().pause_dip_ms, int),
+        help="a long utterance also ends at this much quiet (an energy dip the VAD's "
+        "hangover hides); 0 leaves it to the VAD [%(default)s]",
+    )
+    g.add_argument(
+        "--pause-contrast-db",
+        type=float,
+        default=_env("pause_contrast_db", SegmenterOptions().pause_contrast_db, float),
+        help="energy dips count only where speech is this much over the noise floor [%(default)s]",
+    )
+    g.add_argument(
+        "--cut-search-ms",
+        type=int,
+        default=_env("cut_search_ms", SegmenterOptions().cut_search_ms, int),
+        help="an utterance reaching --max-utterance-ms is cut at the quietest point of "
+        "this last stretch [%(default)s]",
+    )
+    g.add_argument(
         "--speculative-finals",
         action=argparse.BooleanOptionalAction,
         default=_env("speculative_finals", SessionOptions().speculative_finals, _bool),
@@ -388,6 +408,9 @@ def _server_options(args: argparse.Namespace) -> Any:
     segmenter = SegmenterOptions(
         max_utterance_ms=args.max_utterance_ms,
         long_segment_ms=min(args.long_segment_ms, args.max_utterance_ms),
+        pause_dip_ms=args.pause_dip_ms,
+        pause_contrast_db=args.pause_contrast_db,
+        cut_search_ms=args.cut_search_ms,
     )
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     return ServerOptions(

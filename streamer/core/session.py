@@ -344,6 +344,8 @@ class Session:
         interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
         if position - self._partial_mark < interval:
             return
+        if self._segmenter.pause_possible:
+            return  # a long segment may end here: keep the worker free for its final
         self._partial_mark = position
         if self._segmenter.last_speech_sample <= self._partial_submitted_end:
             return  # only silence since the last partial: its text cannot have changed
@@ -486,6 +488,7 @@ class Session:
             if (
                 position - self._partial_submitted_end >= interval
                 and self._segmenter.last_speech_sample > self._partial_submitted_end
+                and not self._segmenter.pause_possible
             ):
                 self._partial_mark = position
                 self._submit_partial(position)
