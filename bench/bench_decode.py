@@ -57,7 +57,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     """Load once and time both paths (runs in the child process)."""
     import psutil
 
-    from streamer.model.recognizer import Recognizer, RecognizerOptions, import_funasr
+    from streamer.model.funasr_quiet import import_funasr
+    from streamer.model.recognizer import Recognizer, RecognizerOptions
 
     process = psutil.Process()
     started = time.perf_counter()

@@ -1,40 +1,114 @@
 #!/usr/bin/env bash
-# The streaming-latency sweep on a CUDA machine, in one call; results land in $OUT.
+# The GPU machine's benches in one device call (<= 9 minutes); results land in $OUT.
 #
 # Here, once:   bash bench/fetch_gpu_wheels.sh        (fills .whl/, git-ignored)
 # Device call:  command "bash bench/run_on_gpu.sh", carry [".whl"], timeout_s 600
+# Dry run here: BENCH_DRY=1 OUT=/tmp/gpu-dry flock -x /work/locks/cpu bash bench/run_on_gpu.sh
+#               (the same script paths on --device cpu with random:tiny and 1-2 clients)
 #
 # It installs the carried wheels into /tmp/site, builds the real-size random model
-# (random:small: real compute, no weights to download), sweeps fp32 over 1, 2, 4, ...
-# real-time clients until final-latency p95 passes 2 s (then bisects), adds a step at
-# 50 clients (the target), and compares partials off and fp16 at 1 and 50 clients.
-# The sweep is stopped with SIGINT at BENCH_BUDGET_S so that results are still written.
-# Files back (at most 8): results.json, table.txt, summary.md, three PNGs, logs.tgz.
+# (random:small: real compute, no weights to download) and runs, each phase under its own
+# time limit so that a slow phase cannot eat the next one's (SIGINT: results still written):
+#   1. real-time clients 1 -> 1000 on cuda, fp32, without batching (--max-batch 1);
+#   2. the same with batching (--max-batch $MAX_BATCH, when `streamer serve` has the flag),
+#      and fp16 and bf16 next to fp32 at 1 and 200 clients;
+#   3. on the 16 CPU cores: --workers 1/2/4 with the 16 threads shared out, int8.
+# A sweep stops at the first step whose final-latency p95 passes 2 s. Files back (the
+# device tool returns at most 8): sweep.md and vs_clients_all.png (every run), the
+# batched run's vs_clients.png and compare.png, phases.txt, results.tgz (each run's
+# results.json, table.txt, summary.md), logs.tgz. Budget: 120 s model build + 120 + 150
+# + 120 s of phases + installs, about 8 minutes at most.
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu}
-BUDGET_S=${BENCH_BUDGET_S:-480}
 WORK=/tmp/gpu-bench
+DRY=${BENCH_DRY:-0}
 mkdir -p "$OUT" "$WORK"
+OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-if compgen -G ".whl/*.whl" > /dev/null; then
+export STREAMER_CACHE_DIR=${STREAMER_CACHE_DIR:-$WORK/cache}
+if compgen -G ".whl/*.whl" > /dev/null && [ "$DRY" != 1 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 fi
+PY=${PY:-python3}
 # Without an install, streamer.web_demo (mapped from web_demo/ by pyproject) is missing.
-python3 -c "import streamer.web_demo" 2> /dev/null || ln -sfn ../web_demo streamer/web_demo
+$PY -c "import streamer.web_demo" 2> /dev/null || ln -sfn ../web_demo streamer/web_demo
+
+if [ "$DRY" = 1 ]; then
+    DEVICE=cpu MODEL=random:tiny CLIENTS=1,2 COMPARE=1 DURATION=3 STAGGER=0.5
+    PRECISIONS=fp32 CPU_CLIENTS=1,2 CPU_SPLITS="1:2 2:1" MAX_BATCH=4
+    T_BUILD=60 T_GPU=60 T_BATCH=60 T_CPU=90
+else
+    DEVICE=cuda MODEL=random:small CLIENTS=1,10,50,100,200,400,700,1000 COMPARE=1,200
+    DURATION=10 STAGGER=3 PRECISIONS=fp32,fp16,bf16 CPU_CLIENTS=16,32,48
+    CPU_SPLITS="1:16 2:8 4:4" MAX_BATCH=${MAX_BATCH:-32}
+    T_BUILD=120 T_GPU=120 T_BATCH=150 T_CPU=120
+fi
 {
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+    date
+    nproc
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
+    $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 } 2>&1 | tee "$WORK/env.txt"
-timeout -s INT -k 60 "$BUDGET_S" python3 -m bench.latency \
-    --model random:small --device cuda \
-    --variants fp32,fp32:nopartials,fp16 \
-    --clients auto --max-clients 256 --also-clients 50 --compare-clients 1,50 \
-    --duration-s 20 --stagger-s 4 --out "$WORK" "$@" 2>&1 | tee "$WORK/bench.log"
-status=${PIPESTATUS[0]}
-for f in results.json table.txt summary.md cdf.png compare.png vs_clients.png; do
-    [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"
+
+if $PY -m streamer serve --help 2>/dev/null | grep -q -- "--max-batch"; then
+    HAS_BATCH=1
+else
+    HAS_BATCH=0
+    echo "streamer serve has no --max-batch yet: the batched run is skipped" | tee -a "$WORK/env.txt"
+fi
+
+# bench NAME LIMIT_S ARGS...: one bench.latency run into $WORK/NAME, stopped at LIMIT_S.
+bench() {
+    local name=$1 limit=$2
+    shift 2
+    mkdir -p "$WORK/$name"
+    echo "== $name (limit ${limit} s): $*" | tee -a "$WORK/phases.txt"
+    timeout -s INT -k 15 "$limit" $PY -m bench.latency --model "$MODEL" \
+        --duration-s "$DURATION" --stagger-s "$STAGGER" --pause-s 1 --max-clients 1000 \
+        --out "$WORK/$name" "$@" > "$WORK/$name/bench.log" 2>&1
+    echo "   $name: exit $? at $(date +%T)" | tee -a "$WORK/phases.txt"
+}
+
+status=0
+# build the model (and its int8 ONNX export for the CPU phase) outside the timed phases
+timeout -k 10 "$T_BUILD" $PY -m streamer build-model "${MODEL#random:}" \
+    > "$WORK/build.log" 2>&1 || echo "build-model: exit $?" | tee -a "$WORK/phases.txt"
+nobatch=()
+[ "$HAS_BATCH" = 1 ] && nobatch=(--server-arg=--max-batch --server-arg=1)
+bench gpu-nobatch "$T_GPU" --device "$DEVICE" --variants fp32 --clients "$CLIENTS" \
+    "${nobatch[@]}" || status=1
+if [ "$HAS_BATCH" = 1 ]; then
+    bench gpu-batch "$T_BATCH" --device "$DEVICE" --variants "$PRECISIONS" \
+        --clients "$CLIENTS" --compare-clients "$COMPARE" \
+        --server-arg=--max-batch --server-arg="$MAX_BATCH" || status=1
+else
+    bench gpu-precisions "$T_BATCH" --device "$DEVICE" --variants "$PRECISIONS" \
+        --clients "$COMPARE" || status=1
+fi
+runs=("$WORK"/gpu-*)
+for split in $CPU_SPLITS; do
+    workers=${split%%:*} threads=${split##*:}
+    name=cpu-w${workers}t${threads}
+    # the whole CPU budget is shared between the splits
+    bench "$name" $((T_CPU / $(echo $CPU_SPLITS | wc -w))) --device cpu --variants int8 \
+        --clients "$CPU_CLIENTS" --compare-clients same \
+        --server-arg=--workers --server-arg="$workers" \
+        --server-arg=--threads --server-arg="$threads" || status=1
+    runs+=("$WORK/$name")
 done
-tar czf "$OUT/logs.tgz" -C "$WORK" --exclude '*.png' --exclude results.json . 2> /dev/null
+
+$PY -m bench.gpu_report --out "$OUT" "${runs[@]}" > "$WORK/report.log" 2>&1 || status=1
+cp "$WORK/phases.txt" "$OUT/" 2> /dev/null
+(cd "$WORK" && tar czf "$OUT/results.tgz" --ignore-failed-read */results.json */table.txt \
+    */summary.md env.txt 2> /dev/null)
+best=$WORK/gpu-batch
+[ -d "$best" ] || best=$WORK/gpu-nobatch
+for f in compare.png vs_clients.png; do
+    [ -f "$best/$f" ] && cp "$best/$f" "$OUT/"
+done
+tar czf "$OUT/logs.tgz" -C "$WORK" --exclude cache --exclude '*.png' --exclude results.json . \
+    2> /dev/null
+ls -l "$OUT"
 exit "$status"

@@ -30,7 +30,8 @@ import numpy as np
 import orjson
 from websockets.asyncio.client import connect
 
-from streamer.client.connection import ClientOptions, Received, StreamingClient, stream_file
+from streamer.client.connection import ClientOptions, Received, StreamingClient
+from streamer.client.streaming import stream_file
 from streamer.core.protocol import Error, Final, StreamOptions
 from streamer.testkit import speech as synth
 

@@ -22,7 +22,7 @@ from streamer import __version__
 from streamer.core.protocol import LANGUAGES, StreamOptions
 from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
-from streamer.core.vad import FrameClassifier
+from streamer.core.vad import DEFAULT_AGGRESSIVENESS, FrameClassifier
 from streamer.errors import ConfigError, ModelError, StreamerError
 
 logger = logging.getLogger("streamer.cli")
@@ -98,10 +98,13 @@ def configure_logging(level: str, fmt: str) -> None:
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from streamer.model.recognizer import RecognizerOptions
+
+    recognizer = RecognizerOptions()  # the flags' defaults are its fields'
     g = parser.add_argument_group("model")
     g.add_argument(
         "--model",
-        default=_env("model", "iic/SenseVoiceSmall"),
+        default=_env("model", recognizer.model),
         help="hub id, local model directory, or random:tiny / random:small / "
         "random:tagged (meaningless text; for tests and timing) "
         "[STREAMER_MODEL, default %(default)s]",
@@ -109,7 +112,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--backend",
         choices=("auto", "torch", "onnx"),
-        default=_env("backend", "auto"),
+        default=_env("backend", recognizer.backend),
         help="what runs the model: torch (funasr) or onnx (ONNX Runtime; a torch model "
         "is exported once and cached); auto = onnx on the CPU, torch on CUDA "
         "[STREAMER_BACKEND, %(default)s]",
@@ -117,34 +120,38 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--hub",
         choices=("ms", "hf"),
-        default=_env("hub", "ms"),
+        default=_env("hub", recognizer.hub),
         help="model hub for ids: ModelScope or Hugging Face [%(default)s]",
     )
     g.add_argument(
-        "--device", default=_env("device", "auto"), help="auto, cpu, cuda or cuda:N [%(default)s]"
+        "--device",
+        default=_env("device", recognizer.device),
+        help="auto, cpu, cuda or cuda:N; serve also takes a list (cuda:0,cuda:1) or "
+        "cuda:all: one worker and model copy per device [%(default)s]",
     )
     g.add_argument(
         "--dtype",
         choices=("fp32", "fp16", "bf16"),
-        default=_env("dtype", "fp32"),
+        default=_env("dtype", recognizer.dtype),
         help="weights precision; fp16/bf16 need CUDA [%(default)s]",
     )
     g.add_argument(
         "--quantize",
         choices=("none", "int8"),
-        default=_env("quantize", "none"),
+        default=_env("quantize", recognizer.quantize or "none"),
         help="int8 weights (CPU only; torch: dynamic Linear, onnx: model.int8.onnx) [%(default)s]",
     )
     g.add_argument(
         "--threads",
         type=int,
-        default=_env("threads", 0, int),
-        help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores [%(default)s]",
+        default=_env("threads", recognizer.threads, int),
+        help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores; with several "
+        "workers this is the total, shared out evenly between them [%(default)s]",
     )
     g.add_argument(
         "--no-warmup",
         action="store_true",
-        default=_env("no_warmup", False, _bool),
+        default=_env("no_warmup", not recognizer.warmup, _bool),
         help="skip warm-up decodes at start-up",
     )
     g.add_argument(
@@ -193,6 +200,11 @@ def _recognizer_options(args: argparse.Namespace) -> Any:
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from streamer.model import pool
+    from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S
+    from streamer.server.server import ServerOptions
+
+    server = ServerOptions()  # the flags' defaults are its fields' (and its options')
     p = sub.add_parser(
         "serve",
         help="run the streaming server",
@@ -202,15 +214,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "STREAMER_MAX_SESSIONS).",
     )
     p.add_argument(
-        "--host", default=_env("host", "127.0.0.1"), help="interface; 0.0.0.0 for all [%(default)s]"
+        "--host", default=_env("host", server.host), help="interface; 0.0.0.0 for all [%(default)s]"
     )
-    p.add_argument("--port", type=int, default=_env("port", 8000, int), help="[%(default)s]")
+    p.add_argument("--port", type=int, default=_env("port", server.port, int), help="[%(default)s]")
     _add_model_arguments(p)
     g = p.add_argument_group("streaming")
     g.add_argument(
         "--max-sessions",
         type=int,
-        default=_env("max_sessions", 64, int),
+        default=_env("max_sessions", server.max_sessions, int),
         help="concurrent sessions; more get HTTP 503 [%(default)s]",
     )
     g.add_argument(
@@ -225,19 +237,19 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--vad-aggressiveness",
         type=int,
         choices=(0, 1, 2, 3),
-        default=_env("vad_aggressiveness", 2, int),
+        default=_env("vad_aggressiveness", server.vad_aggressiveness, int),
         help="webrtcvad mode; 2-3 resist background noise [%(default)s]",
     )
     g.add_argument(
         "--endpoint-ms",
         type=int,
-        default=_env("endpoint_ms", 500, int),
+        default=_env("endpoint_ms", server.default_stream.endpoint_ms, int),
         help="default trailing silence that ends an utterance [%(default)s]",
     )
     g.add_argument(
         "--max-utterance-ms",
         type=int,
-        default=_env("max_utterance_ms", 7000, int),
+        default=_env("max_utterance_ms", SegmenterOptions().max_utterance_ms, int),
         help="hard cap on an utterance [%(default)s]",
     )
     g.add_argument(
@@ -246,6 +258,26 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         default=_env("long_segment_ms", SegmenterOptions().long_segment_ms, int),
         help="from this length on, a short pause (about 230 ms) ends an utterance; "
         "--max-utterance-ms turns it off [%(default)s]",
+    )
+    g.add_argument(
+        "--pause-dip-ms",
+        type=int,
+        default=_env("pause_dip_ms", SegmenterOptions().pause_dip_ms, int),
+        help="a long utterance also ends at this much quiet (an energy dip the VAD's "
+        "hangover hides); 0 leaves it to the VAD [%(default)s]",
+    )
+    g.add_argument(
+        "--pause-contrast-db",
+        type=float,
+        default=_env("pause_contrast_db", SegmenterOptions().pause_contrast_db, float),
+        help="energy dips count only where speech is this much over the noise floor [%(default)s]",
+    )
+    g.add_argument(
+        "--cut-search-ms",
+        type=int,
+        default=_env("cut_search_ms", SegmenterOptions().cut_search_ms, int),
+        help="an utterance reaching --max-utterance-ms is cut at the quietest point of "
+        "this last stretch [%(default)s]",
     )
     g.add_argument(
         "--speculative-finals",
@@ -257,44 +289,44 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--partial-interval-ms",
         type=int,
-        default=_env("partial_interval_ms", 300, int),
+        default=_env("partial_interval_ms", SessionOptions().partial_interval_ms, int),
         help="re-decode the open utterance after this much new audio [%(default)s]",
     )
     g.add_argument(
         "--idle-timeout-s",
         type=float,
-        default=_env("idle_timeout_s", 60.0, float),
+        default=_env("idle_timeout_s", server.idle_timeout_s, float),
         help="end sessions without audio or keepalive for this long [%(default)s]",
     )
     g.add_argument(
         "--max-session-s",
         type=float,
-        default=_env("max_session_s", 4 * 3600.0, float),
+        default=_env("max_session_s", server.max_session_s, float),
         help="longest session [%(default)s]",
     )
     g.add_argument(
         "--max-message-bytes",
         type=int,
-        default=_env("max_message_bytes", 1 << 20, int),
+        default=_env("max_message_bytes", server.max_message_bytes, int),
         help="largest client frame; larger ones close with 1009 [%(default)s]",
     )
     g.add_argument(
         "--max-backlog-bytes",
         type=int,
-        default=_env("max_backlog_bytes", 1 << 20, int),
+        default=_env("max_backlog_bytes", server.max_backlog_bytes, int),
         help="audio a session may send ahead of the model before the server stops "
         "reading its socket [%(default)s]",
     )
     g.add_argument(
         "--shutdown-grace-s",
         type=float,
-        default=_env("shutdown_grace_s", 10.0, float),
+        default=_env("shutdown_grace_s", server.shutdown_grace_s, float),
         help="time to finish open utterances on SIGTERM [%(default)s]",
     )
     g.add_argument(
         "--drain-s",
         type=float,
-        default=_env("drain_s", 5.0, float),
+        default=_env("drain_s", server.drain_s, float),
         help="on SIGTERM, first refuse new sessions (/readyz 503 draining) and serve open "
         "ones up to this long, so a load balancer moves new sessions elsewhere; then shut "
         "down. SIGUSR1 drains without exiting, SIGUSR2 admits again [%(default)s]",
@@ -302,7 +334,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--write-timeout-s",
         type=float,
-        default=_env("write_timeout_s", 15.0, float),
+        default=_env("write_timeout_s", server.write_timeout_s, float),
         help="close (1008) a client that reads nothing for this long [%(default)s]",
     )
     g.add_argument(
@@ -317,15 +349,23 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--decode-timeout-s",
         type=float,
-        default=_env("decode_timeout_s", 30.0, float),
+        default=_env("decode_timeout_s", DEFAULT_DECODE_TIMEOUT_S, float),
         help="a decode running longer means the model is stalled: the server turns "
         "unready, tells every session and exits with status 3 for its supervisor to "
         "restart it [%(default)s]",
     )
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=_env("workers", pool.DEFAULT_WORKERS_PER_DEVICE, int),
+        help="model workers per device, each with its own thread and model copy; "
+        "sessions go to the least loaded (on a CPU, --threads is shared between them) "
+        "[STREAMER_WORKERS, %(default)s]",
+    )
     s = p.add_argument_group("security")
     s.add_argument(
         "--token",
-        default=_env("token", None),
+        default=_env("token", server.token),
         help="require this token (v1: Authorization: Bearer or ?token=; Deepgram: "
         "Authorization: Token; OpenAI Realtime: Authorization: Bearer; FunASR: ?token=)",
     )
@@ -340,20 +380,20 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--allowed-origins",
-        default=_env("allowed_origins", ""),
+        default=_env("allowed_origins", ",".join(server.allowed_origins)),
         help="comma-separated Origin values browsers may connect from; empty allows any",
     )
     s.add_argument(
         "--public-metrics",
         action="store_true",
-        default=_env("public_metrics", False, _bool),
+        default=_env("public_metrics", server.public_metrics, _bool),
         help="serve /metrics without --token (it requires the token by default)",
     )
     c = p.add_argument_group("other protocols (each on its own port; off by default)")
     c.add_argument(
         "--funasr-port",
         type=int,
-        default=_env("funasr_port", None, int),
+        default=_env("funasr_port", server.funasr_port, int),
         help="serve FunASR's runtime WebSocket protocol on ws://HOST:PORT/ for "
         "funasr-client, funasr-python and FunASR's html5 demo (FunASR uses 10095; "
         "docs/funasr.md); --token is then required as ?token= in the URL",
@@ -361,14 +401,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--wyoming-port",
         type=int,
-        default=_env("wyoming_port", None, int),
+        default=_env("wyoming_port", server.wyoming_port, int),
         help="serve Wyoming, Home Assistant's speech protocol, on tcp://HOST:PORT "
         "(convention 10300; docs/wyoming.md)",
     )
     c.add_argument(
         "--wyoming-insecure",
         action="store_true",
-        default=_env("wyoming_insecure", False, _bool),
+        default=_env("wyoming_insecure", server.wyoming_insecure, _bool),
         help="serve --wyoming-port although --token is set: Wyoming has no authentication, "
         "so bind it to a trusted network only",
     )
@@ -387,6 +427,9 @@ def _server_options(args: argparse.Namespace) -> Any:
     segmenter = SegmenterOptions(
         max_utterance_ms=args.max_utterance_ms,
         long_segment_ms=min(args.long_segment_ms, args.max_utterance_ms),
+        pause_dip_ms=args.pause_dip_ms,
+        pause_contrast_db=args.pause_contrast_db,
+        cut_search_ms=args.cut_search_ms,
     )
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     return ServerOptions(
@@ -431,25 +474,68 @@ def _classifier_factory(vad: str) -> Callable[[], FrameClassifier] | None:
     raise ConfigError(f"unknown VAD {vad!r}: choose one of {', '.join(VADS)}")
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    from streamer.model.loading import LoadProgress, load_recognizer, preflight
-    from streamer.model.worker import ModelWorker
-    from streamer.server.server import StreamingServer
+def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
+    """The model workers ``--device`` and ``--workers`` ask for, each device checked first."""
+    from dataclasses import replace
 
-    recognizer_options = _recognizer_options(args)
-    server_options = _server_options(args)
+    from streamer.model.loading import load_recognizer, preflight, resolve_devices
+    from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot, plan_slots
+    from streamer.model.worker import ModelWorker
+
     if args.decode_timeout_s <= 0:
         raise ConfigError("--decode-timeout-s must be positive")
-    preflight(recognizer_options)  # impossible devices, missing files: fail in seconds
-    progress = LoadProgress()
-    classifier_factory = _classifier_factory(args.vad)
-    worker = ModelWorker(
-        lambda: load_recognizer(recognizer_options, progress),
-        decode_timeout_s=args.decode_timeout_s,
-        max_batch=args.max_batch,
+    devices = resolve_devices(args.device)
+    base = _recognizer_options(argparse.Namespace(**{**vars(args), "device": devices[0]}))
+    for device in devices:  # impossible devices, missing files: fail in seconds
+        preflight(replace(base, device=device))
+    slots = plan_slots(
+        devices, workers_per_device=args.workers, threads=args.threads, usable_cores=_cores()
     )
+
+    def build(slot: WorkerSlot, hooks: WorkerHooks) -> ModelWorker:
+        options = replace(base, device=slot.device, threads=slot.threads)
+        # the first worker reports its loading stages to /readyz; the others load alike
+        shown = progress if slot.index == 0 else None
+        return ModelWorker(
+            lambda: load_recognizer(options, shown),
+            decode_timeout_s=args.decode_timeout_s,
+            max_batch=args.max_batch,
+            on_decoded=hooks.on_decoded,
+            on_failure=hooks.on_failure,
+        )
+
+    if len(slots) > 1:
+        logger.info(
+            "%d model workers: %s",
+            len(slots),
+            ", ".join(f"{s.index} on {s.device} ({s.threads} threads)" for s in slots),
+        )
+    return WorkerPool(build, slots, on_decoded=metrics.observe_worker_decode)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from streamer.model.loading import LoadProgress
+    from streamer.server.metrics import Metrics
+    from streamer.server.server import StreamingServer
+
+    server_options = _server_options(args)
+    progress = LoadProgress()
+    metrics = Metrics()
+    worker = _worker_pool(args, metrics, progress)
+    classifier_factory = _classifier_factory(args.vad)
     server = StreamingServer(
-        server_options, worker, loading=progress, classifier_factory=classifier_factory
+        server_options,
+        worker,
+        metrics=metrics,
+        loading=progress,
+        classifier_factory=classifier_factory,
     )
     await server.start()  # bind first: /readyz answers 503 with the stage while loading
     worker.start()
@@ -539,13 +625,15 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
         "server uses.",
     )
     p.add_argument("files", nargs="+", type=Path)
-    p.add_argument("--language", choices=LANGUAGES, default="auto")
+    p.add_argument("--language", choices=LANGUAGES, default=StreamOptions().language)
     p.add_argument("--no-itn", action="store_true", help="no inverse text normalisation")
     p.add_argument(
         "--json", action="store_true", help="JSON lines (one per utterance, with tags and times)"
     )
     p.add_argument("--vad", choices=VADS, default="webrtc", help="as for serve [%(default)s]")
-    p.add_argument("--vad-aggressiveness", type=int, choices=(0, 1, 2, 3), default=2)
+    p.add_argument(
+        "--vad-aggressiveness", type=int, choices=(0, 1, 2, 3), default=DEFAULT_AGGRESSIVENESS
+    )
     _add_model_arguments(p)
     _add_logging_arguments(p)
     p.set_defaults(func=_cmd_transcribe, log_level="warning")

@@ -6,7 +6,7 @@
     ├── ConfigError                 bad server/recognizer options (CLI exits 2)
     ├── ModelError                  model weights missing, unloadable or inconsistent
     ├── DecodeError                 one decode failed; that segment's final carries it
-    ├── ClientError                 raised by :mod:`streamer.client.connection`
+    ├── ClientError                 raised by :mod:`streamer.client`
     │   ├── ConnectionRefusedByServer   handshake refused (auth, capacity, origin)
     │   ├── ServerUnreachable           nothing answered at the URL
     │   └── ServerClosed                the server ended the session with an error
@@ -68,7 +68,7 @@ class DecodeError(StreamerError):
 
 
 class ClientError(StreamerError):
-    """An error seen by :mod:`streamer.client.connection`."""
+    """An error seen by :mod:`streamer.client`."""
 
 
 class ConnectionRefusedByServer(ClientError):

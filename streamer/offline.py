@@ -8,16 +8,15 @@ therefore cut exactly as the live server would cut them (VAD, 7 s cap).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 
 import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
-from streamer.core.jobs import DecodeResult
 from streamer.core.protocol import Final, StreamOptions
 from streamer.core.session import Session, SessionOptions
 from streamer.core.vad import FrameClassifier, webrtc_classifier
+from streamer.model.decoding import decode_job
 from streamer.model.worker import SpeechRecognizer
 
 logger = logging.getLogger(__name__)
@@ -58,15 +57,7 @@ def _drain(recognizer: SpeechRecognizer, session: Session) -> Iterator[Final]:
     while True:
         jobs = session.jobs_to_submit()
         for job in jobs:
-            started = time.perf_counter()
-            try:
-                transcript = recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)
-                result = DecodeResult(
-                    job=job, transcript=transcript, decode_ms=(time.perf_counter() - started) * 1000
-                )
-            except Exception as exc:  # reported in that segment's final; the log keeps why
-                logger.exception("decoding segment %d failed", job.segment_id)
-                result = DecodeResult(job=job, error=f"{type(exc).__name__}: {exc}")
+            result = decode_job(recognizer, job)  # a failure is logged there, reported in its final
             session.decode_finished(result)
         for message in session.messages_to_send():
             if isinstance(message, Final):

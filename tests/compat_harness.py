@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import orjson
 
-from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session, SessionOptions
 from streamer.core.transcript import Transcript
@@ -79,7 +79,9 @@ class Harness:
             # which the session decodes the final again: that fails too, and ends the flag)
             if (job.kind == "final" or job.speculative) and self.fail_next_final:
                 self.fail_next_final = job.kind != "final"
-                result = DecodeResult(job=job, error="injected failure")
+                result = DecodeResult(
+                    job=job, failure=DecodeFailure.DECODE_FAILED, detail="injected failure"
+                )
             else:
                 raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>{self.text_for(job)}"
                 t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)

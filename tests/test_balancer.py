@@ -23,13 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.client.connection import (
-    ClientOptions,
-    SessionResult,
-    StreamingClient,
-    stream_file,
-    transcribe,
-)
+from streamer.client.connection import ClientOptions, StreamingClient
+from streamer.client.streaming import stream_file, transcribe
+from streamer.client.timeline import SessionResult
 from streamer.core.protocol import End, Error, Final, SpeechStart, StreamOptions
 from streamer.testkit import speech as synth
 from tests.fakes import FakeRecognizer, loudness_classifier
@@ -310,7 +306,7 @@ async def test_nginx_twenty_clients_one_server_shut_down_mid_stream(
     baseline = list((await transcribe(ClientOptions(url=b.url, stream=stream), pcm, 16000)).finals)
     assert len(baseline) == 6 and baseline[1].text == "hello there"
 
-    caplog.set_level(logging.INFO, logger="streamer.client.connection")
+    caplog.set_level(logging.INFO, logger="streamer.client")
     with running_nginx(tmp_path, [a.port, b.port]) as base:
         options = ClientOptions(url=base + "/v1/asr", stream=stream, initial_backoff_s=0.05)
         resumed_at: dict[int, int] = {}

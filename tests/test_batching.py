@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.core.words import transcript_words
 from streamer.errors import ConfigError
@@ -19,7 +19,6 @@ from streamer.model.onnx_export import cached_export
 from streamer.model.recognizer import MIN_DECODE_SAMPLES, Recognizer, RecognizerOptions
 from streamer.model.worker import (
     DEFAULT_MAX_BATCH,
-    MODEL_STALLED,
     ModelWorker,
     WorkerOptions,
     select_batch,
@@ -340,7 +339,8 @@ def test_a_failing_batch_fails_only_its_bad_job() -> None:
     results = {int(r.job.pcm[0]): r for r in collect.wait_for(3)}
     worker.stop()
     assert fake.calls_seen == [[6, 7, 8], [6], [7], [8]]  # the batch, then one by one
-    assert "injected decode failure" in (results[7].error or "")
+    assert results[7].failure == DecodeFailure.DECODE_FAILED
+    assert "injected decode failure" in results[7].detail
     assert results[6].transcript is not None and results[8].transcript is not None
     assert worker.failure is None
 
@@ -382,7 +382,7 @@ def test_the_watchdog_answers_every_job_of_a_stalled_batch() -> None:
     fake.gate.release()
     worker.stop()
     assert fake.calls_seen == [[1, 3]]  # the finals' batch stalled; the partial waited
-    assert results[1].error_code == MODEL_STALLED and results[3].error_code == MODEL_STALLED
+    assert results[1].failure == results[3].failure == DecodeFailure.MODEL_STALLED
     assert results[2].dropped
     assert len(collect.results) == 3  # the late batch is not delivered again
 

@@ -2,7 +2,7 @@
 ``tagged_server_url`` come from conftest.py: a server on port 0 with a tiny model).
 
 The outputs are checked against the server's own finals, obtained independently through
-:func:`streamer.client.connection.transcribe`: segmentation is sample-exact, so every run over the
+:func:`streamer.client.streaming.transcribe`: segmentation is sample-exact, so every run over the
 same audio yields the same segments.
 """
 
@@ -20,7 +20,8 @@ import pytest
 import soundfile as sf
 
 from streamer.client import cli as client_cli
-from streamer.client.connection import ClientOptions, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions
 from streamer.testkit import speech as synth
 

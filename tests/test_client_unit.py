@@ -27,20 +27,21 @@ from websockets.http11 import Request, Response
 from streamer.client import cli as client_cli
 from streamer.client.connection import (
     ClientOptions,
-    PaceSchedule,
     Received,
     ServerUnreachable,
     StreamingClient,
     backoff_delays,
-    chunk_bounds,
     connect_with_backoff,
-    resume_sample,
     session_url,
-    shift_message,
+)
+from streamer.client.streaming import (
+    PaceSchedule,
+    chunk_bounds,
     stream_file,
     stream_pcm,
     transcribe,
 )
+from streamer.client.timeline import resume_sample, shift_message
 from streamer.core.protocol import (
     End,
     Error,
@@ -53,7 +54,7 @@ from streamer.core.protocol import (
     encode,
     parse_client_message,
 )
-from streamer.errors import ConnectionRefusedByServer, ServerClosed
+from streamer.errors import ClientError, ConnectionRefusedByServer, ServerClosed
 
 RATE = 16000
 
@@ -251,6 +252,46 @@ async def test_reconnect_resumes_after_the_last_final(scripted: tuple[str, Scrip
     assert result.reconnects == 1
     assert result.end is not None and result.end.segments == 4
     assert result.end.audio_ms == pytest.approx(4200.0)
+
+
+async def test_transcribe_is_one_session_without_reconnection(
+    scripted: tuple[str, Script],
+) -> None:
+    url, script = scripted
+    script.drop_after_samples = int(1.5 * RATE)
+    with pytest.raises(ServerClosed) as info:
+        await transcribe(ClientOptions(url=url, initial_backoff_s=0.01), ramp(3.0), RATE)
+    assert info.value.code == 1006 and len(script.sessions) == 1
+
+
+async def test_a_server_that_does_not_speak_v1_is_a_clear_error() -> None:
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send("<html>not a protocol v1 server</html>")
+        await ws.wait_closed()
+
+    async with serve(handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        with pytest.raises(ClientError, match="not a protocol v1 server: not JSON"):
+            await StreamingClient.connect(ClientOptions(url=f"ws://127.0.0.1:{port}/v1/asr"))
+
+
+async def test_an_unreadable_message_mid_session_is_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send(encode(Ready("s1", 1, RATE, "scripted", {})).decode())
+        await ws.send("{not json")
+        await ws.recv()  # the stop
+        await ws.send(encode(End(0, 0.0, 0, 0)).decode())
+
+    async with serve(handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        url = f"ws://127.0.0.1:{port}/v1/asr"
+        async with await StreamingClient.connect(ClientOptions(url=url)) as client:
+            await client.stop()
+            messages = [m async for m in client.messages()]
+    assert [type(m) for m in messages] == [Ready, End]
+    assert "ignoring an unreadable server message: not JSON" in caplog.text
 
 
 async def test_gives_up_after_max_reconnects(scripted: tuple[str, Script]) -> None:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import soxr
 
-from streamer.client.connection import ClientOptions, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions
 from streamer.testkit import speech as synth
 from tests import compat_clients as clients

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.client.connection import ClientOptions, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
 from streamer.core.compat.common import join_texts
 from streamer.server.server import ServerOptions
 from streamer.testkit import speech as synth

@@ -13,7 +13,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from streamer.client.connection import ClientOptions, StreamingClient, transcribe
+from streamer.client.connection import ClientOptions, StreamingClient
+from streamer.client.streaming import transcribe
 from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event
 from streamer.core.protocol import StreamOptions
 from streamer.errors import ConfigError

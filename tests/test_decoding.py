@@ -26,7 +26,7 @@ FRONT_CENTER = Path("/usr/share/sounds/alsa/Front_Center.wav")
 
 
 def _funasr():
-    from streamer.model.recognizer import import_funasr
+    from streamer.model.funasr_quiet import import_funasr
 
     return import_funasr()
 

@@ -345,7 +345,8 @@ def test_importing_the_backend_loads_no_model_library() -> None:
 
 
 async def test_server_with_the_onnx_backend(make_server, tagged_model_dir, speech_cache) -> None:
-    from streamer.client.connection import ClientOptions, transcribe
+    from streamer.client.connection import ClientOptions
+    from streamer.client.streaming import transcribe
     from streamer.core.protocol import StreamOptions
     from streamer.testkit import speech as synth
 

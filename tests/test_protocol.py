@@ -90,6 +90,8 @@ def test_server_message_round_trip_and_unknown_fields():
     assert protocol.decode_server_message(orjson.dumps(obj)) == final
     with pytest.raises(MalformedMessage):
         protocol.decode_server_message(b'{"type":"bogus"}')
+    with pytest.raises(MalformedMessage, match="not JSON"):
+        protocol.decode_server_message("{not json")
 
 
 @pytest.mark.parametrize(

@@ -317,7 +317,7 @@ def test_unreachable_hub(hub: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 def test_missing_fbank_backend(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> None:
-    from streamer.model.recognizer import import_funasr
+    from streamer.model.funasr_quiet import import_funasr
 
     import_funasr()
     from funasr.utils import fbank

@@ -16,7 +16,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from streamer.client.connection import ClientOptions, StreamingClient, transcribe
+from streamer.client.connection import ClientOptions, StreamingClient
+from streamer.client.streaming import transcribe
 from streamer.core.protocol import Final, StreamOptions
 from streamer.server.connection import WS_MAX_QUEUE_FRAMES
 from streamer.testkit import speech as synth

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from streamer.client.connection import ClientOptions, Received, stream_file, transcribe
+from streamer.client.connection import ClientOptions, Received
+from streamer.client.streaming import stream_file, transcribe
 from streamer.core.protocol import Final, StreamOptions
 from streamer.testkit import speech as synth
 

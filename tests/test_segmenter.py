@@ -83,12 +83,14 @@ def test_scattered_speech_within_onset_window_counts():
     assert events == []
 
 
-def test_cap_cuts_at_quietest_point_of_last_second_and_tiles():
+def test_cap_cuts_at_quietest_point_of_its_last_400_ms_and_tiles():
     n = 800  # 16 s of continuous speech
     energies = [1000.0 + (i % 13) * 10 for i in range(n)]
-    quiet = 300  # a quiet dip 6.0 s after the start (start is frame 0)
+    quiet = 340  # a quiet dip 6.8 s after the start (start is frame 0)
     for i in range(quiet - 1, quiet + 2):
         energies[i] = 5.0
+    for i in range(299, 302):  # a quieter one at 6.0 s: too far back, not chosen
+        energies[i] = 1.0
     _, events = run([True] * n, energies=energies, flush="stop")
     segs = ends(events)
     assert [e.reason for e in segs[:-1]] == ["max_duration"] * (len(segs) - 1)
@@ -158,7 +160,7 @@ def test_long_segment_ends_at_the_first_short_pause():
     """Past long_segment_ms (4 s), a 100 ms pause ends the segment; before it, it does not."""
     speech, pause = [True] * 50, [False] * 12  # 1 s of speech, 240 ms pauses
     flags = [False] * 20 + (speech + pause) * 6 + [False] * 40
-    _, events = run(flags)
+    _, events = run(flags, options=SegmenterOptions(pause_dip_ms=0))  # the VAD's pauses only
     segments = ends(events)
     first = segments[0]
     assert first.reason == "silence"
@@ -168,6 +170,66 @@ def test_long_segment_ends_at_the_first_short_pause():
     # it ends 100 ms (the end padding, at most the pause) after the last speech frame
     last_speech = 20 + 3 * 62 - 12
     assert first.end_sample == (last_speech + 5) * FRAME
+
+
+def _hangover_speech(seconds: int, dip_at_s: tuple[float, ...], dip_frames: int = 4):
+    """Flags always speech (a VAD whose hangover hides the pauses), energies that dip."""
+    n = seconds * 50
+    energies = [2000.0 + (i % 7) * 100 for i in range(n)]
+    for at in dip_at_s:
+        for i in range(int(at * 50), int(at * 50) + dip_frames):
+            energies[i] = 20.0
+    return [False] * 50 + [True] * n, [10.0] * 50 + energies  # 1 s of silence first
+
+
+def test_long_segment_ends_at_an_energy_dip_the_vad_does_not_see():
+    flags, energies = _hangover_speech(10, dip_at_s=(2.0, 5.0))
+    _, events = run(flags, energies=energies)
+    first = ends(events)[0]
+    assert first.reason == "silence"
+    # the dip at 2 s is too early; the one at 5 s (4.3 s into the segment) ends it after
+    # its third quiet frame (pause_dip_ms 60)
+    assert first.end_sample == (50 + 250 + 3) * FRAME
+    # the VAD's hangover over the rest of the dip opens no segment: the next one starts
+    # when the energy is back, at the end of the first (nothing lost in between)
+    assert starts(events)[1].start_sample == first.end_sample
+
+
+def test_the_onset_gate_after_a_dip_lasts_one_endpoint():
+    """Quiet frames the VAD calls speech open no segment for one endpoint after a dip,
+    then they count again (a quieter speaker after a loud one is not ignored)."""
+    flags, energies = _hangover_speech(6, dip_at_s=(4.5,), dip_frames=75)  # 1.5 s quiet
+    _, events = run(flags, energies=energies)
+    first_end = ends(events)[0].end_sample // FRAME
+    assert first_end == 50 + 225 + 3
+    (confirmed, second), *_ = [(i, e) for i, e in events if isinstance(e, SegmentStart)][1:]
+    assert confirmed == first_end + 25 + 4  # the gate's 25 frames, then 5 speech frames
+    assert second.start_sample >= first_end * FRAME
+
+
+def test_dips_without_contrast_do_not_cut():
+    """Speech level within pause_contrast_db of the floor (say under loud noise): no dips."""
+    flags, energies = _hangover_speech(10, dip_at_s=(5.0,))
+    energies = [max(e, 600.0) for e in energies]  # the floor is 600, speech ~2300: 6 dB
+    _, events = run(flags, energies=energies)
+    assert ends(events)[0].reason == "max_duration"
+
+
+def test_energy_dips_can_be_turned_off():
+    flags, energies = _hangover_speech(10, dip_at_s=(5.0,))
+    _, events = run(flags, energies=energies, options=SegmenterOptions(pause_dip_ms=0))
+    assert ends(events)[0].reason == "max_duration"
+
+
+def test_pause_possible_while_a_long_segment_is_quiet():
+    flags, energies = _hangover_speech(6, dip_at_s=(1.0, 5.0))
+    seg = Segmenter(SegmenterOptions())
+    seen = []
+    for flag, energy in zip(flags, energies, strict=True):
+        seg.push(flag, energy)
+        seen.append(seg.pause_possible)
+    assert not any(seen[:100])  # the dip at 1 s: the segment is short
+    assert seen[300:302] == [True, True] and not seen[299]
 
 
 def test_short_pauses_below_the_long_length_keep_the_normal_endpoint():

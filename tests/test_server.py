@@ -7,6 +7,7 @@ The same server with the real (random-weight) model is exercised in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import urllib.error
 import urllib.request
@@ -17,8 +18,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from streamer.client.connection import ClientOptions, StreamingClient, transcribe
-from streamer.core import protocol
+from streamer.client.connection import ClientOptions, StreamingClient
+from streamer.client.streaming import transcribe
 from streamer.core.protocol import End, Final, StreamOptions
 from streamer.errors import ConnectionRefusedByServer
 from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
@@ -351,9 +352,16 @@ async def test_unpaced_long_stream_is_back_pressured(make_fake_server):
     assert all(isinstance(f, Final) and f.error is None for f in result.finals)
 
 
-def test_stream_options_travel_as_query():
-    url = protocol.PATH
-    assert url == "/v1/asr"
+async def test_stream_options_travel_as_query(fake_server):
+    # every stream option the client sets reaches the session (the ready echoes them)
+    chosen = StreamOptions(language="en", itn=False, sample_rate=8000, partials=False,
+                           endpoint_ms=800, words=True)  # fmt: skip
+    assert all(getattr(chosen, f.name) != getattr(StreamOptions(), f.name)
+               for f in dataclasses.fields(StreamOptions))  # fmt: skip
+    options = ClientOptions(url=fake_server.url, stream=chosen)
+    async with await StreamingClient.connect(options) as client:
+        assert client.ready.options == dataclasses.asdict(chosen)
+        assert client.ready.sample_rate == 8000
 
 
 def self_signed_cert(folder):

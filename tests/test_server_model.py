@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from streamer.client.connection import ClientOptions, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
 from streamer.core.protocol import Final, Partial, StreamOptions
 from streamer.core.transcript import parse_tags
 from streamer.testkit import speech as synth
@@ -61,17 +62,22 @@ async def test_noisy_speech_at_20_db_snr(server_url, speech_cache):
 async def test_monologue_is_cut_into_segments_of_at_most_7_s(server_url, speech_cache):
     sentences = synth.SENTENCES["en"] * 2
     spoken = [("en", s, synth.speak(s, "en", cache_dir=speech_cache)) for s in sentences]
-    # 150 ms pauses: shorter than the endpoint, so only the 7 s cap can cut
+    # 150 ms pauses: shorter than the endpoint (and hidden from webrtcvad by its
+    # hangover), so only the energy dips of long segments and the 7 s cap can cut
     pcm, truth = synth.join_with_silence(spoken, 150, lead_ms=400)
     assert pcm.size / 16000 > 14
     result = await transcribe(ClientOptions(url=server_url), pcm, 16000)
     finals = list(result.finals)
     assert len(finals) >= 3
     assert all(f.end_ms - f.start_ms <= 7000 for f in finals)
-    reasons = [f.reason for f in finals]
-    assert reasons[:-1] == ["max_duration"] * (len(finals) - 1)
+    assert all(f.reason in ("silence", "max_duration") for f in finals[:-1])
+    assert all(f.end_ms - f.start_ms >= 4000 for f in finals[:-1])  # long segments only
     for a, b in zip(finals, finals[1:], strict=False):
-        assert b.start_ms == a.end_ms  # the cuts tile the audio: no sample lost or repeated
+        # nothing repeated; a cap's cut tiles the audio, a dip's end leaves only quiet out
+        assert b.start_ms == a.end_ms if a.reason == "max_duration" else b.start_ms >= a.end_ms
+        if a.reason == "silence":
+            gap = pcm[int(a.end_ms * 16) : int(b.start_ms * 16)].astype(np.int32)
+            assert gap.size == 0 or np.abs(gap).max() < 1000
     # the speech is covered from its first to its last sample
     assert finals[0].start_ms <= truth[0].start_sample / 16
     assert finals[-1].end_ms >= truth[-1].end_sample / 16 - 60

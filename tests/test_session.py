@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from streamer.core import protocol
-from streamer.core.jobs import DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeResult
 from streamer.core.protocol import (
     End,
     Error,
@@ -222,7 +222,9 @@ def test_decode_failure_gives_final_with_error_and_session_goes_on():
     s.start()
     feed(s, speech_with_gaps(), respond=False)
     jobs = s.jobs_to_submit()
-    s.decode_finished(DecodeResult(job=jobs[0], error="RuntimeError: boom"))
+    s.decode_finished(
+        DecodeResult(job=jobs[0], failure=DecodeFailure.DECODE_FAILED, detail="RuntimeError: boom")
+    )
     answer(s)
     t = Transcript.from_raw("<|en|>ok", rich="", token_ids=(), audio_ms=0, decode_ms=0)
     s.decode_finished(DecodeResult(job=jobs[1], transcript=t))
@@ -454,7 +456,9 @@ def test_failed_speculation_is_not_repeated_and_the_final_is_decoded():
     s.start()
     feed(s, np.concatenate([silence(300), tone(1500), silence(300)]), respond=False)
     (spec,) = s.jobs_to_submit()
-    s.decode_finished(DecodeResult(job=spec, error="RuntimeError: boom"))
+    s.decode_finished(
+        DecodeResult(job=spec, failure=DecodeFailure.DECODE_FAILED, detail="RuntimeError: boom")
+    )
     feed(s, silence(600), respond=False)
     (job,) = s.jobs_to_submit()  # not the same speculation again: the final itself
     assert job.kind == "final" and (job.start_sample, job.end_sample) == (
@@ -504,9 +508,45 @@ def test_decode_errors_reach_clients_as_a_code_and_a_safe_message():
     feed(s, np.concatenate([silence(300), tone(500)]), respond=False)
     s.receive_text('{"type":"stop"}')
     (job,) = s.jobs_to_submit()
-    s.decode_finished(DecodeResult(job=job, error="RuntimeError: /secret/path/model.pt"))
+    s.decode_finished(
+        DecodeResult(
+            job=job,
+            failure=DecodeFailure.DECODE_FAILED,
+            detail="RuntimeError: /secret/path/model.pt",
+        )
+    )
     messages = s.messages_to_send()
     final = next(m for m in messages if isinstance(m, Final))
     assert final.error["code"] == "decode_failed" and "secret" not in final.error["message"]
     error = next(m for m in messages if isinstance(m, Error))
     assert "secret" not in error.message
+
+
+# --- continuous speech: no partial starts in a long segment's quiet frames ---------------
+
+
+def test_no_partial_starts_on_a_quiet_frame_of_a_long_segment():
+    """Past long_segment_ms a quiet frame may begin the pause that ends the segment; a
+    partial decode started there would hold up its final, so it waits for loud audio."""
+    s = make_session()
+    s.start()
+    tremolo = np.concatenate([tone(60), silence(40)] * 20)  # 2 quiet frames in every 5
+    pcm = np.concatenate([silence(300), tone(4500), tremolo, silence(1000)])
+    data = pcm.tobytes()
+    partial_ends = []
+    for i in range(0, len(data), 640):
+        s.receive_audio(data[i : i + 640])
+        for job in s.jobs_to_submit():
+            if job.kind == "partial" and not job.speculative:
+                partial_ends.append(job.end_sample)
+            raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>{job.kind} {job.end_sample}"
+            t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)
+            s.decode_finished(DecodeResult(job=job, transcript=t, decode_ms=1))
+    tremolo_start = 16 * (300 + 4500)
+    late = [end for end in partial_ends if end > tremolo_start + 16 * 200]
+    assert len(late) >= 5  # partials go on through the tremolo
+    # the frame each was started on (the one ending at end_sample) was loud
+    phases = [(end - tremolo_start) // 320 % 5 for end in late]
+    assert all(phase in (1, 2, 3) for phase in phases), str(phases)
+    finals = [m for m in s.messages_to_send() if isinstance(m, Final)]
+    assert [f.reason for f in finals] == ["silence"]  # 40 ms dips end nothing

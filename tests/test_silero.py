@@ -17,7 +17,8 @@ import orjson
 import pytest
 
 from streamer.cli import _classifier_factory
-from streamer.client.connection import ClientOptions, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions
 from streamer.errors import ConfigError, ModelError
 from streamer.model import silero

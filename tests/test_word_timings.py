@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.client.connection import ClientOptions, transcribe
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
 from streamer.core.protocol import Final, Partial, StreamOptions, Word
 from streamer.core.transcript import Transcript
 from streamer.core.words import FRAME_MS, QUERY_FRAMES, join_words, transcript_words

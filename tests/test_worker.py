@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.model.worker import ModelWorker
 from tests.fakes import FakeRecognizer
 
@@ -130,7 +130,7 @@ def test_decode_error_is_a_result_and_the_worker_goes_on():
     worker.submit(job("s", "final", 8, segment=1), collect)
     assert finished.wait(10)
     worker.stop()
-    assert "injected decode failure" in results[0].error
+    assert "injected decode failure" in results[0].detail
     assert results[1].transcript is not None
     assert recognizer.threads == {"model-worker"}  # every decode on the one worker thread
 
@@ -216,12 +216,14 @@ def test_watchdog_answers_every_waiting_final_when_a_decode_hangs():
         results = wait_for(3)
         finals = [r for r in results if r.job.kind == "final"]
         assert sorted(r.job.session_id for r in finals) == ["a", "b"]
-        assert all(r.error_code == "model_stalled" and r.transcript is None for r in finals)
+        assert all(
+            r.failure is DecodeFailure.MODEL_STALLED and r.transcript is None for r in finals
+        )
         assert [r.dropped for r in results if r.job.kind == "partial"] == [True]
         assert worker.failure == reasons[0] and "longer than 0.2 s" in reasons[0]
         # after the failure, new jobs are answered at once, never queued
         worker.submit(job("d", "final", 4), collect)
-        assert wait_for(4)[3].error_code == "model_stalled"
+        assert wait_for(4)[3].failure is DecodeFailure.MODEL_STALLED
     finally:
         recognizer.release.set()
         worker.stop()
@@ -248,7 +250,7 @@ def test_worker_thread_dying_of_a_base_exception_fails_loudly():
         worker.submit(job("a", "final", 1), collect)
         assert failed.wait(10)
         (result,) = wait_for(1)
-        assert result.error_code == "model_stalled"
+        assert result.failure is DecodeFailure.MODEL_STALLED
         assert reasons == ["the model worker thread died"]
     finally:
         worker.stop()

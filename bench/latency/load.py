@@ -19,7 +19,8 @@ import numpy as np
 
 from bench.latency.audio import SAMPLE_RATE, BenchAudio, client_track
 from bench.latency.metrics import Arrival, SendLog
-from streamer.client.connection import ClientOptions, Received, StreamingClient, run_session
+from streamer.client.connection import ClientOptions, Received, StreamingClient
+from streamer.client.streaming import run_session
 from streamer.core.protocol import End, StreamOptions
 from streamer.errors import StreamerError
 

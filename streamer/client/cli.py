@@ -22,14 +22,9 @@ import orjson
 
 from streamer.audio_io import load_audio
 from streamer.client.captions import FORMATS, CaptionWriter, display_width, format_for, make_writer
-from streamer.client.connection import (
-    DEFAULT_URL,
-    ClientOptions,
-    Received,
-    ServerUnreachable,
-    SessionResult,
-    stream_file,
-)
+from streamer.client.connection import DEFAULT_URL, ClientOptions, Received, ServerUnreachable
+from streamer.client.streaming import stream_file
+from streamer.client.timeline import SessionResult
 from streamer.core.protocol import (
     LANGUAGES,
     End,

@@ -1,4 +1,5 @@
-"""The protocol v1 client (asyncio, websockets >= 14).
+"""The protocol v1 connection (asyncio, websockets >= 14): one session, its keepalive and
+reconnection with backoff.
 
 One implementation for the example clients, the bench and the tests::
 
@@ -9,9 +10,9 @@ One implementation for the example clients, the bench and the tests::
         async for message in client.messages():  # ends after `end`
             ...
 
-For a whole signal use :func:`transcribe` (one session, results with arrival times and
-the send log) or :func:`stream_file` (the same, reconnecting with backoff when the
-connection drops and resuming from the first sample not yet covered by a final).
+For a whole signal use :func:`streamer.client.streaming.transcribe` or
+:func:`streamer.client.streaming.stream_file` (paced sends, resume after a lost
+connection); their results are :mod:`streamer.client.timeline`'s.
 
 Errors: :class:`ConnectionRefusedByServer` when the handshake is refused (``status``
 401/403/404/503), :class:`ServerUnreachable` when nothing answers, :class:`ServerClosed`
@@ -27,10 +28,8 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from statistics import median
 from types import TracebackType
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -48,7 +47,6 @@ from websockets.exceptions import (
 )
 from websockets.protocol import Event
 
-from streamer.audio_io import load_audio
 from streamer.core.protocol import (
     PATH,
     ConfigMessage,
@@ -82,20 +80,10 @@ __all__ = [
     "ServerUnreachable",
     "ClientOptions",
     "Received",
-    "SentChunk",
-    "SessionResult",
-    "PaceSchedule",
     "StreamingClient",
     "session_url",
     "backoff_delays",
-    "chunk_bounds",
-    "resume_sample",
-    "shift_message",
     "connect_with_backoff",
-    "stream_pcm",
-    "run_session",
-    "transcribe",
-    "stream_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -143,72 +131,6 @@ class Received:
     arrival_s: float  # time.monotonic() right after the frame was read from the connection
 
 
-@dataclass(frozen=True)
-class SentChunk:
-    """One audio frame handed to the connection."""
-
-    end_sample: int  # samples of the signal sent so far (end of this chunk)
-    sent_s: float  # time.monotonic() right after the send returned
-
-
-@dataclass(frozen=True)
-class SessionResult:
-    """Everything a streamed signal produced, on the signal's timeline."""
-
-    ready: Ready  # the (first) session's ready message
-    sample_rate: int  # rate of the samples counted in `sends`
-    messages: tuple[Received, ...]  # every server message in arrival order
-    sends: tuple[SentChunk, ...]  # the send log
-    finals: tuple[Final, ...]  # finals in order (non-empty and empty text alike)
-    end: End | None  # the end message (combined over reconnections); None if none came
-    started_s: float  # time.monotonic() when connecting began
-    finished_s: float  # time.monotonic() when the last message arrived
-    reconnects: int = 0  # reconnections made by stream_file
-
-    @property
-    def text(self) -> str:
-        """The finals' text joined by spaces (empty finals skipped)."""
-        return " ".join(f.text for f in self.finals if f.text.strip())
-
-    @property
-    def partials(self) -> tuple[Partial, ...]:
-        return tuple(r.message for r in self.messages if isinstance(r.message, Partial))
-
-    def sent_time_s(self, sample: int) -> float | None:
-        """When the chunk carrying ``sample`` was sent (None if it never was)."""
-        for chunk in self.sends:
-            if chunk.end_sample > sample:
-                return chunk.sent_s
-        return None
-
-    def time_to_first_partial_s(self) -> float | None:
-        """From sending the audio where the first segment starts to its first result.
-
-        The first result is its first partial, or its final when partials are off.
-        """
-        for item in self.messages:
-            if isinstance(item.message, Partial | Final):
-                sample = int(item.message.start_ms * self.sample_rate / 1000)
-                sent = self.sent_time_s(sample)
-                return None if sent is None else item.arrival_s - sent
-        return None
-
-    def final_latencies_s(self) -> list[float]:
-        """Per final: arrival minus the send time of the audio at its ``end_ms``."""
-        latencies = []
-        for item in self.messages:
-            if isinstance(item.message, Final):
-                sample = max(0, int(item.message.end_ms * self.sample_rate / 1000) - 1)
-                sent = self.sent_time_s(sample)
-                if sent is not None:
-                    latencies.append(item.arrival_s - sent)
-        return latencies
-
-    def median_final_latency_s(self) -> float | None:
-        latencies = self.final_latencies_s()
-        return median(latencies) if latencies else None
-
-
 # ---------------------------------------------------------------------------
 # Pure helpers (tested without sockets)
 
@@ -238,68 +160,6 @@ def backoff_delays(
         nominal = min(max_s, initial_s * 2**k)
         delays.append(nominal / 2 + rng.uniform(0, nominal / 2))
     return delays
-
-
-def chunk_bounds(
-    start_sample: int, total_samples: int, chunk_samples: int
-) -> list[tuple[int, int]]:
-    """``[start, end)`` sample ranges of ``chunk_samples`` from ``start_sample`` to the end."""
-    if chunk_samples <= 0:
-        raise ValueError("chunk_samples must be positive")
-    return [
-        (a, min(a + chunk_samples, total_samples))
-        for a in range(max(0, start_sample), total_samples, chunk_samples)
-    ]
-
-
-@dataclass(frozen=True)
-class PaceSchedule:
-    """When each chunk is due, like a live source: sample ``n`` exists at ``origin + n/rate``.
-
-    Due times come from one origin, never from the previous send, so late sends do not
-    accumulate drift; a chunk that is already late goes out at once.
-    """
-
-    origin_s: float  # monotonic time at which sample `origin_sample` is due
-    sample_rate: int  # Hz
-    speed: float = 1.0  # 2.0 sends twice as fast as real time
-    origin_sample: int = 0
-
-    def due_s(self, end_sample: int) -> float:
-        """When the chunk ending at ``end_sample`` may be sent (all of it has "happened")."""
-        return self.origin_s + (end_sample - self.origin_sample) / (self.sample_rate * self.speed)
-
-
-def resume_sample(finals: Sequence[Final], sample_rate: int) -> int:
-    """The first sample not covered by a final: where a reconnected stream starts again."""
-    if not finals:
-        return 0
-    return max(0, round(max(f.end_ms for f in finals) * sample_rate / 1000))
-
-
-def shift_message(message: ServerMessage, offset_ms: float, segment_offset: int) -> ServerMessage:
-    """``message`` with its times moved by ``offset_ms`` and its segment id by ``segment_offset``.
-
-    Used to put the messages of a resumed session onto the timeline of the whole signal.
-    """
-    if offset_ms == 0 and segment_offset == 0:
-        return message
-    if isinstance(message, SpeechStart):
-        return dataclasses.replace(
-            message,
-            segment_id=message.segment_id + segment_offset,
-            start_ms=message.start_ms + offset_ms,
-        )
-    if isinstance(message, Partial | Final):
-        return dataclasses.replace(
-            message,
-            segment_id=message.segment_id + segment_offset,
-            start_ms=message.start_ms + offset_ms,
-            end_ms=message.end_ms + offset_ms,
-        )
-    if isinstance(message, End):
-        return dataclasses.replace(message, audio_ms=message.audio_ms + offset_ms)
-    return message
 
 
 def _pcm_bytes(pcm: bytes | bytearray | memoryview | np.ndarray) -> bytes | bytearray | memoryview:
@@ -585,7 +445,7 @@ class StreamingClient:
                 continue
             try:
                 message = decode_server_message(data)
-            except (MalformedMessage, orjson.JSONDecodeError) as exc:
+            except MalformedMessage as exc:
                 logger.warning("ignoring an unreadable server message: %s", exc)
                 continue
             if isinstance(message, Ready):
@@ -642,7 +502,7 @@ async def _first_message(connection: ClientConnection) -> Ready:
         raise _server_closed(exc) from None
     try:
         message = decode_server_message(data)
-    except (MalformedMessage, orjson.JSONDecodeError) as exc:
+    except MalformedMessage as exc:
         raise ClientError(f"the server is not a protocol v1 server: {exc}") from None
     if not isinstance(message, Ready):
         if isinstance(message, Error):
@@ -704,280 +564,3 @@ def _delays(attempts: int, options: ClientOptions, rng: random.Random) -> Iterat
     for k in range(attempts):
         nominal = min(options.max_backoff_s, options.initial_backoff_s * 2 ** min(k, 30))
         yield nominal / 2 + rng.uniform(0, nominal / 2)
-
-
-# ---------------------------------------------------------------------------
-# Streaming a whole signal
-
-ChunkCallback = Callable[[int, float], None]  # (end_sample, time.monotonic())
-MessageCallback = Callable[[Received], None]
-
-
-async def stream_pcm(
-    client: StreamingClient,
-    pcm_int16: np.ndarray,
-    sample_rate: int,
-    *,
-    chunk_ms: int = 100,
-    speed: float | None = 1.0,
-    on_chunk_sent: ChunkCallback | None = None,
-    start_sample: int = 0,
-    schedule: PaceSchedule | None = None,
-    send_stop: bool = True,
-) -> None:
-    """Send ``pcm_int16[start_sample:]`` in ``chunk_ms`` chunks, then ``stop``.
-
-    ``speed`` paces the chunks like a live source (1.0 real time, 4.0 four times faster;
-    ``None`` sends as fast as the connection takes them). A chunk is sent when its last
-    sample is due on the ``schedule`` (default: starting now at ``start_sample``).
-    ``on_chunk_sent(end_sample, time.monotonic())`` is called right after each send.
-    Read the messages from another task meanwhile.
-    """
-    if sample_rate != client.ready.sample_rate:
-        raise ClientError(
-            f"the session expects {client.ready.sample_rate} Hz audio, got {sample_rate} Hz;"
-            " set ClientOptions.stream.sample_rate or resample first"
-        )
-    if pcm_int16.dtype != np.int16 or pcm_int16.ndim != 1:
-        raise TypeError("stream_pcm needs a 1-D int16 array (see streamer.audio_io.load_audio)")
-    if speed is not None and speed <= 0:
-        raise ValueError(f"speed must be positive or None, got {speed}")
-    chunk_samples = max(1, sample_rate * chunk_ms // 1000)
-    if speed is not None and schedule is None:
-        schedule = PaceSchedule(time.monotonic(), sample_rate, speed, start_sample)
-    for start, end in chunk_bounds(start_sample, pcm_int16.size, chunk_samples):
-        if schedule is not None and speed is not None:
-            delay_s = schedule.due_s(end) - time.monotonic()
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
-        await client.send_audio(pcm_int16[start:end])
-        sent_s = time.monotonic()
-        if on_chunk_sent is not None:
-            on_chunk_sent(end, sent_s)
-        if speed is None:
-            # Let the reader timestamp what arrived while the sends do not block.
-            await asyncio.sleep(0)
-    if send_stop:
-        await client.stop()
-
-
-async def _cancel(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    await asyncio.wait([task])
-    if not task.cancelled() and task.exception() is not None:
-        logger.debug("sender ended with %r after the session ended", task.exception())
-
-
-async def run_session(
-    client: StreamingClient,
-    pcm_int16: np.ndarray,
-    sample_rate: int,
-    *,
-    on_message: MessageCallback,
-    chunk_ms: int = 100,
-    speed: float | None = 1.0,
-    on_chunk_sent: ChunkCallback | None = None,
-    start_sample: int = 0,
-    schedule: PaceSchedule | None = None,
-) -> bool:
-    """Stream the signal on an open session while reading its messages concurrently.
-
-    Every message goes to ``on_message`` as it arrives. Returns True when the session
-    ended after all audio and ``stop`` were sent, False when the server ended it first
-    (shutting down). Raises :class:`ServerClosed` on an abnormal close.
-    """
-    sender = asyncio.create_task(
-        stream_pcm(
-            client,
-            pcm_int16,
-            sample_rate,
-            chunk_ms=chunk_ms,
-            speed=speed,
-            on_chunk_sent=on_chunk_sent,
-            start_sample=start_sample,
-            schedule=schedule,
-        )
-    )
-    try:
-        async for item in client.received():
-            on_message(item)
-    except BaseException:
-        await _cancel(sender)
-        raise
-    if not sender.done():
-        await _cancel(sender)
-        return False
-    error = sender.exception()
-    if isinstance(error, ServerClosed):
-        return False  # the session closed normally while audio was still being sent
-    if error is not None:
-        raise error
-    return client.stop_sent
-
-
-def _result(
-    ready: Ready,
-    sample_rate: int,
-    messages: list[Received],
-    sends: list[SentChunk],
-    end: End | None,
-    started_s: float,
-    reconnects: int = 0,
-) -> SessionResult:
-    return SessionResult(
-        ready=ready,
-        sample_rate=sample_rate,
-        messages=tuple(messages),
-        sends=tuple(sends),
-        finals=tuple(r.message for r in messages if isinstance(r.message, Final)),
-        end=end,
-        started_s=started_s,
-        finished_s=messages[-1].arrival_s if messages else time.monotonic(),
-        reconnects=reconnects,
-    )
-
-
-def _with_rate(options: ClientOptions, sample_rate: int) -> ClientOptions:
-    if options.stream.sample_rate == sample_rate:
-        return options
-    stream = dataclasses.replace(options.stream, sample_rate=sample_rate)
-    return dataclasses.replace(options, stream=stream)
-
-
-async def transcribe(
-    options: ClientOptions,
-    pcm: np.ndarray,
-    sample_rate: int,
-    *,
-    speed: float | None = None,
-    chunk_ms: int = 100,
-    on_message: MessageCallback | None = None,
-    on_chunk_sent: ChunkCallback | None = None,
-) -> SessionResult:
-    """Stream ``pcm`` (int16 mono at ``sample_rate``) in one session; no reconnection.
-
-    The session is opened with ``sample_rate`` as its stream rate (the server resamples
-    rates other than 16000). ``speed=None`` streams unpaced. Raises like
-    :meth:`StreamingClient.connect`, and :class:`ServerClosed` if the session ends
-    abnormally or before all audio was sent.
-    """
-    options = _with_rate(options, sample_rate)
-    messages: list[Received] = []
-    sends: list[SentChunk] = []
-
-    def record(item: Received) -> None:
-        messages.append(item)
-        if on_message is not None:
-            on_message(item)
-
-    def sent(end_sample: int, sent_s: float) -> None:
-        sends.append(SentChunk(end_sample, sent_s))
-        if on_chunk_sent is not None:
-            on_chunk_sent(end_sample, sent_s)
-
-    async with await StreamingClient.connect(options) as client:
-        complete = await run_session(
-            client, pcm, sample_rate, on_message=record, chunk_ms=chunk_ms, speed=speed,
-            on_chunk_sent=sent,
-        )  # fmt: skip
-    if not complete:
-        raise ServerClosed(1001, "the server ended the session before all audio was sent")
-    return _result(client.ready, sample_rate, messages, sends, client.end, client.started_s)
-
-
-async def stream_file(
-    options: ClientOptions,
-    source: str | Path | np.ndarray,
-    *,
-    sample_rate: int | None = None,
-    speed: float | None = 1.0,
-    chunk_ms: int = 100,
-    on_message: MessageCallback | None = None,
-    on_chunk_sent: ChunkCallback | None = None,
-    on_reconnect: Callable[[int, int, BaseException | None], None] | None = None,
-) -> SessionResult:
-    """Stream a file (path, or int16 array at ``sample_rate``), reconnecting when dropped.
-
-    When the connection is lost or the server restarts mid-stream (not when it refuses
-    or rejects the audio), a new session is opened with :func:`connect_with_backoff` and
-    the audio is sent again from the end of the last final; that session's times and
-    segment ids are shifted so every message stays on the file's timeline. Pacing keeps
-    the original schedule: the resent backlog goes out at once. ``on_reconnect(count,
-    resume_sample, error)`` is called before each reconnection. The first connection is
-    a single attempt so that a wrong URL fails fast.
-    """
-    if isinstance(source, np.ndarray):
-        if sample_rate is None:
-            raise ValueError("pass sample_rate with a PCM array")
-        pcm = source
-    else:
-        sample_rate = sample_rate or options.stream.sample_rate
-        pcm = load_audio(source, target_rate=sample_rate)
-    options = _with_rate(options, sample_rate)
-    messages: list[Received] = []
-    sends: list[SentChunk] = []
-    finals: list[Final] = []
-    offset_sample = 0
-    segment_offset = 0
-    partials_sent = partials_skipped = 0
-    last_end: End | None = None
-
-    def record(item: Received) -> None:
-        nonlocal partials_sent, partials_skipped, last_end
-        message = shift_message(item.message, offset_sample * 1000 / sample_rate, segment_offset)
-        if isinstance(message, Final):
-            finals.append(message)
-        elif isinstance(message, End):
-            partials_sent += message.partials_sent
-            partials_skipped += message.partials_skipped
-            last_end = message
-        shifted = Received(message, item.arrival_s)
-        messages.append(shifted)
-        if on_message is not None:
-            on_message(shifted)
-
-    def sent(end_sample: int, sent_s: float) -> None:
-        sends.append(SentChunk(end_sample, sent_s))
-        if on_chunk_sent is not None:
-            on_chunk_sent(end_sample, sent_s)
-
-    client = await StreamingClient.connect(options)
-    first_ready = client.ready
-    started_s = client.started_s
-    schedule = None if speed is None else PaceSchedule(time.monotonic(), sample_rate, speed)
-    reconnects = 0
-    while True:
-        error: BaseException | None = None
-        try:
-            async with client:
-                complete = await run_session(
-                    client, pcm, sample_rate, on_message=record, chunk_ms=chunk_ms, speed=speed,
-                    on_chunk_sent=sent, start_sample=offset_sample, schedule=schedule,
-                )  # fmt: skip
-        except ServerClosed as exc:
-            if not _retryable(exc) or reconnects >= options.max_reconnects:
-                raise
-            complete, error = False, exc
-        if complete:
-            break
-        if reconnects >= options.max_reconnects:
-            raise ServerClosed(1001, "the server ended the session before all audio was sent")
-        reconnects += 1
-        offset_sample = resume_sample(finals, sample_rate)
-        segment_offset = len(finals)
-        logger.warning(
-            "session %s ended early (%s); reconnecting (%d) from %.2f s",
-            client.session_id, error or "server ended it", reconnects, offset_sample / sample_rate,
-        )  # fmt: skip
-        if on_reconnect is not None:
-            on_reconnect(reconnects, offset_sample, error)
-        client = await connect_with_backoff(options, timeout_s=options.reconnect_timeout_s)
-    end = None
-    if last_end is not None:
-        end = End(
-            segments=len(finals),
-            audio_ms=last_end.audio_ms,
-            partials_sent=partials_sent,
-            partials_skipped=partials_skipped,
-        )
-    return _result(first_ready, sample_rate, messages, sends, end, started_s, reconnects)

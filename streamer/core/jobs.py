@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
 import numpy as np
@@ -32,14 +33,39 @@ class DecodeJob:
     speculative: bool = False
 
 
+class DecodeFailure(Enum):
+    """Why a job got no transcript: the one table of decode failures' codes and messages.
+
+    ``code`` is the error code clients are told (in the final's ``error`` and a non-fatal
+    ``error`` message); ``message`` is its text, formatted with the ``segment_id``. The
+    failure's own detail (an exception's text) stays in the server log.
+    """
+
+    DECODE_FAILED = (
+        "decode_failed",
+        "decoding segment {segment_id} failed (details are in the server log)",
+    )
+    MODEL_STALLED = (
+        "model_stalled",
+        "the model stopped answering; the server is restarting (retry shortly)",
+    )
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+
+    def client_message(self, segment_id: int) -> str:
+        return self.message.format(segment_id=segment_id)
+
+
 @dataclass(frozen=True, eq=False)
 class DecodeResult:
-    """The worker's answer to one job. Exactly one of transcript/error/dropped is set."""
+    """The worker's answer to one job. Exactly one of transcript/failure/dropped is set."""
 
     job: DecodeJob
     transcript: Transcript | None = None  # the decode succeeded
-    error: str | None = None  # the decode raised; this is its message (for the log only)
-    error_code: str = "decode_failed"  # what clients are told when error is set
+    failure: DecodeFailure | None = None  # the decode failed: what clients are told
+    detail: str = ""  # why it failed (an exception's text), for the server log only
     dropped: bool = False  # the worker discarded the job (superseded partial)
     queue_ms: float = 0.0  # time between submission and the start of decoding
     decode_ms: float = 0.0  # time the model spent (on the whole batch this job ran in)

@@ -16,6 +16,14 @@ Rules:
 * **Long segments end at the first pause**: once a segment is ``long_segment_ms`` long,
   ``long_endpoint_ms`` of non-speech (a breath between phrases) ends it, so people who
   talk without stopping get segments cut at pauses and the hard cap stays the exception.
+  The VAD's hangover hides pauses of 100-200 ms, so a long segment also ends at an
+  **energy dip**: ``pause_dip_ms`` of frames quieter than the geometric middle between
+  the stream's noise floor (the 5th percentile of the last ``floor_window_ms``) and the
+  segment's speech level (the median energy of its speech frames), measured when the two
+  are at least ``pause_contrast_db`` apart. The segment ends at the dip's last frame;
+  for ``endpoint_ms`` after it (or until the next segment starts), frames quieter than
+  that middle do not count as speech for an onset, so the VAD's hangover over the rest
+  of the dip does not open an empty segment (and a quieter speaker is still heard later).
 * **Finalize**: the client says the utterance is over. The open segment ends as soon as
   the audio shows ``end_pad_ms`` of non-speech after its last speech (at once when it
   already does), at the sample where the silence endpoint would have ended it: a
@@ -23,8 +31,9 @@ Rules:
   it changes no segment. With no segment open it does nothing (speech that has begun but
   is not confirmed yet stays in the onset window).
 * **Hard cap**: a segment reaching ``max_utterance_ms`` is cut at the quietest point of
-  its last ``cut_search_ms``; the next segment starts at exactly that sample, so
-  consecutive segments tile the audio.
+  its last ``cut_search_ms`` (near "now", so the next segment does not start in the
+  past); the next segment starts at exactly that sample, so consecutive segments tile
+  the audio.
 """
 
 from __future__ import annotations
@@ -56,7 +65,10 @@ class SegmenterOptions:
     max_utterance_ms: int = 7000  # hard cap on a segment's length
     long_segment_ms: int = 4000  # from this length on, a shorter pause ends the segment
     long_endpoint_ms: int = 100  # that pause, as webrtcvad sees it (about 230 ms of silence)
-    cut_search_ms: int = 1000  # a capped segment is cut at the quietest point of this tail
+    pause_dip_ms: int = 60  # in a long segment, this much quiet ends it (0: only the VAD)
+    pause_contrast_db: float = 10.0  # speech level over noise floor needed to trust dips
+    floor_window_ms: int = 10000  # the noise floor is measured over this much recent audio
+    cut_search_ms: int = 400  # a capped segment is cut at the quietest point of this tail
     quiet_window_ms: int = 60  # energy is averaged over this span when looking for the cut
 
     def __post_init__(self) -> None:
@@ -72,6 +84,10 @@ class SegmenterOptions:
             raise ConfigError("max_utterance_ms must be at least 1000")
         if self.long_endpoint_ms <= 0 or self.long_segment_ms <= 0:
             raise ConfigError("long_endpoint_ms and long_segment_ms must be positive")
+        if self.pause_dip_ms < 0 or self.pause_contrast_db < 0 or self.floor_window_ms <= 0:
+            raise ConfigError(
+                "need pause_dip_ms >= 0, pause_contrast_db >= 0 and floor_window_ms > 0"
+            )
         if self.pre_roll_ms < 0 or self.end_pad_ms < 0:
             raise ConfigError("pre_roll_ms and end_pad_ms must not be negative")
 
@@ -99,6 +115,8 @@ class SegmentEnd:
 
 
 SegmentEvent = SegmentStart | SegmentEnd
+_LEVEL_EVERY_FRAMES = 10  # the dip threshold is re-estimated this often
+_MIN_LEVEL_FRAMES = 25  # speech frames a segment needs before its level is trusted
 
 
 class Segmenter:
@@ -118,6 +136,8 @@ class Segmenter:
         self._long_endpoint_frames = min(o.frames(o.long_endpoint_ms), self._endpoint_frames)
         self._cut_search_frames = o.frames(o.cut_search_ms)
         self._quiet_frames = max(1, o.frames(o.quiet_window_ms))
+        self._dip_frames = o.frames(o.pause_dip_ms)
+        self._contrast = 10 ** (o.pause_contrast_db / 10)
 
         self._frame_index = 0  # frames seen so far
         self._next_id = 0
@@ -130,6 +150,13 @@ class Segmenter:
         self._silence_frames = 0
         self._energies: list[float] = []  # per frame since _start_frame
         self._finalize_pending = False  # end the open segment at its next end_pad pause
+        # energy dips (see the module docstring)
+        self._history: deque[float] = deque(maxlen=max(1, o.frames(o.floor_window_ms)))
+        self._speech_energies: list[float] = []  # of the open segment's speech frames
+        self._dip_threshold: float | None = None  # None: no contrast, dips not trusted
+        self._dip_run = 0  # consecutive frames below the threshold
+        self._gate: float | None = None  # after a dip: onset ignores quieter frames
+        self._gate_frames = 0  # for this many frames
 
     # -- queries ---------------------------------------------------------------
 
@@ -172,6 +199,13 @@ class Segmenter:
         return (self._last_speech_frame + pad) * self._frame
 
     @property
+    def pause_possible(self) -> bool:
+        """The open segment is long and its last frame was quiet: a dip may be starting.
+
+        A partial decode started now would likely delay the final that follows."""
+        return self._dip_run > 0 and self._is_long()
+
+    @property
     def keep_from_sample(self) -> int:
         """Audio before this sample will never be part of a segment again."""
         if self._open_id is not None:
@@ -186,7 +220,15 @@ class Segmenter:
         events: list[SegmentEvent] = []
         index = self._frame_index
         self._frame_index += 1
+        if self._dip_frames:
+            self._history.append(energy)
         if self._open_id is None:
+            if self._gate is not None:
+                self._gate_frames -= 1
+                if energy < self._gate:
+                    is_speech = False
+                if self._gate_frames <= 0:
+                    self._gate = None
             self._window.append(is_speech)
             if sum(self._window) >= self._min_speech_frames:
                 first_speech = index - len(self._window) + 1 + self._window.index(True)
@@ -196,6 +238,11 @@ class Segmenter:
             return events
 
         self._energies.append(energy)
+        if self._dip_frames and self._dip(is_speech, energy):
+            events.append(self._close(self._frame_index * self._frame, "silence"))
+            self._gate = self._dip_threshold
+            self._gate_frames = self._endpoint_frames  # longer than any VAD hangover
+            return events
         if is_speech:
             self._last_speech_frame = index + 1
             self._silence_frames = 0
@@ -245,17 +292,45 @@ class Segmenter:
 
     # -- internals -------------------------------------------------------------
 
+    def _is_long(self) -> bool:
+        return self._frame_index - self._start_frame >= self._long_frames
+
     def _endpoint_now(self) -> int:
         """Frames of non-speech that end the open segment at its current length."""
-        if self._frame_index - self._start_frame >= self._long_frames:
-            return self._long_endpoint_frames
-        return self._endpoint_frames
+        return self._long_endpoint_frames if self._is_long() else self._endpoint_frames
+
+    def _dip(self, is_speech: bool, energy: float) -> bool:
+        """Track the open segment's energy dips; True when one ends the segment now."""
+        if is_speech:
+            self._speech_energies.append(energy)
+        if self._frame_index % _LEVEL_EVERY_FRAMES == 0:
+            self._dip_threshold = self._estimate_threshold()
+        threshold = self._dip_threshold
+        if threshold is None or energy >= threshold:
+            self._dip_run = 0
+            return False
+        self._dip_run += 1
+        return self._dip_run >= self._dip_frames and self._is_long()
+
+    def _estimate_threshold(self) -> float | None:
+        """The geometric middle of noise floor and speech level, or None without contrast."""
+        if len(self._speech_energies) < _MIN_LEVEL_FRAMES:
+            return None
+        floor = max(float(np.percentile(np.fromiter(self._history, np.float64), 5)), 1.0)
+        level = float(np.median(np.asarray(self._speech_energies, np.float64)))
+        if level < floor * self._contrast:
+            return None
+        return float(np.sqrt(floor * level))
 
     def _open(self, start_frame: int, energies_from: int) -> SegmentStart:
         self._open_id = self._next_id
         self._next_id += 1
         self._start_frame = start_frame
         self._silence_frames = 0
+        self._gate = None
+        self._speech_energies = []
+        self._dip_threshold = None
+        self._dip_run = 0
         # energies of frames already consumed are unknown before the start; treat as loud
         # so the cut search never picks pre-roll it could not measure
         self._energies = [float("inf")] * (self._frame_index - energies_from)
@@ -269,6 +344,8 @@ class Segmenter:
         self._floor_frame = -(-end_sample // self._frame)  # ceil: whole frames after the end
         self._window.clear()
         self._energies = []
+        self._speech_energies = []
+        self._dip_run = 0
         return event
 
     def _cut(self) -> list[SegmentEvent]:
@@ -293,4 +370,7 @@ class Segmenter:
         self._next_id += 1
         self._start_frame = cut_frame
         self._energies = self._energies[cut_offset:]
+        self._speech_energies = []
+        self._dip_threshold = None
+        self._dip_run = 0
         return [end, SegmentStart(self._open_id, cut_frame * self._frame)]

@@ -19,7 +19,7 @@ import numpy as np
 from streamer.core import protocol
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.framing import AudioBuffer, PcmFramer, S16Decoder
-from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.protocol import (
     ConfigMessage,
     End,
@@ -344,6 +344,8 @@ class Session:
         interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
         if position - self._partial_mark < interval:
             return
+        if self._segmenter.pause_possible:
+            return  # a long segment may end here: keep the worker free for its final
         self._partial_mark = position
         if self._segmenter.last_speech_sample <= self._partial_submitted_end:
             return  # only silence since the last partial: its text cannot have changed
@@ -486,6 +488,7 @@ class Session:
             if (
                 position - self._partial_submitted_end >= interval
                 and self._segmenter.last_speech_sample > self._partial_submitted_end
+                and not self._segmenter.pause_possible
             ):
                 self._partial_mark = position
                 self._submit_partial(position)
@@ -523,9 +526,8 @@ class Session:
         error = None
         if t is None:
             # the worker's exception text stays in the server log; clients get a code
-            code = result.error_code if result.error is not None else "decode_failed"
-            message = _DECODE_ERROR_MESSAGES.get(code, _DECODE_ERROR_MESSAGES["decode_failed"])
-            message = message.format(segment_id=job.segment_id)
+            failure = result.failure or DecodeFailure.DECODE_FAILED  # a dropped final too
+            code, message = failure.code, failure.client_message(job.segment_id)
             error = {"code": code, "message": message}
             self._non_fatal_code(code, message)
         self._emit(
@@ -604,12 +606,6 @@ class Session:
         self.state = State.ENDED
         self.close_code = close_code_for(error)
         self.close_reason = error.code
-
-
-_DECODE_ERROR_MESSAGES = {
-    "decode_failed": "decoding segment {segment_id} failed (details are in the server log)",
-    "model_stalled": "the model stopped answering; the server is restarting (retry shortly)",
-}
 
 
 def _ms(samples: int) -> float:

@@ -4,7 +4,9 @@ A backend (:mod:`streamer.model.recognizer` for torch, :mod:`streamer.model.onnx
 for ONNX Runtime) only turns a batch of waveforms into CTC logits, one ``(frames, vocab)``
 array per utterance. Everything around that lives here, once: checking the audio and the
 options, greedy CTC decoding (argmax, repeats collapsed, blanks dropped) with each token's
-first encoder frame and posterior, the tokenizer, and the tagged transcript.
+first encoder frame and posterior, the tokenizer, and the tagged transcript; and
+:func:`decode_job`, the one path from a decode job to its result (the worker thread's and
+offline transcription's).
 
 Encoder frame ``f`` of an utterance: frames 0-3 are the query frames (language, emotion,
 event, ITN); frame ``f >= 4`` covers audio from ``(f - 4) * FRAME_MS`` milliseconds.
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, DecodeError, ModelError
 from streamer.model.sensevoice import (
@@ -36,6 +39,7 @@ from streamer.model.sensevoice import (
 
 if TYPE_CHECKING:
     from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.worker import SpeechRecognizer
 
 logger = logging.getLogger(__name__)
 
@@ -374,3 +378,28 @@ class CtcRecognizer:
     def _logits(self, batch: Sequence[Utterance]) -> list[np.ndarray]:
         """CTC logits, one float32 ``(encoder frames, vocab)`` array per utterance."""
         raise NotImplementedError
+
+
+def decode_job(
+    recognizer: SpeechRecognizer, job: DecodeJob, *, queue_ms: float = 0.0
+) -> DecodeResult:
+    """Decode one job: a transcript, or ``DecodeFailure.DECODE_FAILED`` when it raised.
+
+    The failure is logged here with its traceback; its text travels in ``detail`` only.
+    """
+    started = time.perf_counter()
+    try:
+        transcript = recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)
+    except Exception as exc:  # one bad decode must not stop the worker
+        logger.exception(
+            "decode failed (session %s, segment %d, %s)", job.session_id, job.segment_id, job.kind
+        )
+        return DecodeResult(
+            job=job,
+            failure=DecodeFailure.DECODE_FAILED,
+            detail=f"{type(exc).__name__}: {exc}",
+            queue_ms=queue_ms,
+            decode_ms=(time.perf_counter() - started) * 1000,
+        )
+    decode_ms = (time.perf_counter() - started) * 1000
+    return DecodeResult(job=job, transcript=transcript, queue_ms=queue_ms, decode_ms=decode_ms)

@@ -121,6 +121,34 @@ def preflight(options: RecognizerOptions) -> None:
                 raise ModelError(f"model file {file} cannot be read (check its permissions)")
 
 
+def resolve_devices(spec: str) -> tuple[str, ...]:
+    """The devices ``--device`` names: a list (``cuda:0,cuda:1``) or ``cuda:all``.
+
+    ``cuda:all`` is every CUDA device torch sees; on a machine without an NVIDIA driver
+    or device it fails at once, without importing torch. Check each device with
+    :func:`preflight` afterwards.
+    """
+    from streamer.model.pool import parse_devices
+
+    devices = parse_devices(spec)
+    if devices != ("cuda:all",):
+        return devices
+    if _no_gpu_visible():
+        raise ConfigError(
+            "--device cuda:all needs CUDA GPUs, and this machine has none (no NVIDIA "
+            "driver or device); use --device cpu (and --workers N for several CPU workers)"
+        )
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(
+            f"--device cuda:all: torch {torch.__version__} sees no CUDA device "
+            "(no GPU, no driver, or a CPU-only torch build); use --device cpu"
+        )
+    return tuple(f"cuda:{i}" for i in range(count))
+
+
 def resolve_backend(options: RecognizerOptions) -> str:
     """The backend ``options`` get: "torch" or "onnx".
 
@@ -198,7 +226,7 @@ def load_recognizer(
     if resolve_backend(options) == "onnx":
         return _load_onnx(options, progress)
     with progress.stage_of("import", "importing torch and funasr"):
-        from streamer.model.recognizer import import_funasr
+        from streamer.model.funasr_quiet import import_funasr
 
         import_funasr()
     if options.model.startswith(RANDOM_PREFIX):

@@ -19,13 +19,12 @@ torch and funasr are imported inside functions only, so importing this module is
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import re
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from streamer.model.files import (
     locate_model,
     model_files,
 )
+from streamer.model.funasr_quiet import import_funasr, quiet_funasr
 from streamer.model.sensevoice import (
     EMO_UNKNOWN_ID,
     LANGUAGES,
@@ -68,8 +68,6 @@ __all__ = [
     "Recognizer",
     "RecognizerOptions",
     "default_threads",
-    "import_funasr",
-    "quiet_funasr",
 ]
 
 BACKENDS = ("auto", "torch", "onnx")
@@ -400,50 +398,3 @@ def _check_fbank_backend() -> None:
             "kaldi-native-fbank (pip install kaldi-native-fbank) or a torchaudio build that "
             "matches your torch."
         )
-
-
-def import_funasr() -> Any:
-    """``import funasr`` without letting it configure logging (it calls basicConfig)."""
-    with quiet_funasr():
-        import funasr
-
-    return funasr
-
-
-class _FunasrLogFilter(logging.Filter):
-    """Demotes records funasr logs straight on the root logger to DEBUG on ours."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            return True
-        logger.debug("funasr: %s", record.getMessage())
-        return False
-
-
-@contextlib.contextmanager
-def quiet_funasr() -> Iterator[None]:
-    """Keep funasr from configuring logging or printing while it loads.
-
-    AutoModel calls ``logging.basicConfig`` (and root-logger helpers that call it when
-    the root has no handler), logs chatter on the root logger and prints to stdout.
-    Only our CLI configures logging.
-    """
-    root = logging.getLogger()
-    log_filter = _FunasrLogFilter()
-    captured = io.StringIO()
-    original = logging.basicConfig
-    logging.basicConfig = _no_basic_config
-    root.addFilter(log_filter)
-    try:
-        with contextlib.redirect_stdout(captured):
-            yield
-    finally:
-        logging.basicConfig = original
-        root.removeFilter(log_filter)
-        for line in captured.getvalue().splitlines():
-            if line.strip():
-                logger.debug("funasr printed: %s", line)
-
-
-def _no_basic_config(*args: Any, **kwargs: Any) -> None:
-    return None

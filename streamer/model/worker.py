@@ -30,7 +30,7 @@ A batch that raises is decoded again job by job, so only the job that fails gets
 
 Watchdog: a decode (one batch) that runs longer than ``decode_timeout_s``, or a worker thread that
 dies for any reason, makes the worker *failed* for good (:attr:`ModelWorker.failure`
-says why): every job waiting or running is answered with ``error_code="model_stalled"``,
+says why): every job waiting or running is answered with ``DecodeFailure.MODEL_STALLED``,
 later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
 server then turns unready and the process exits non-zero for its supervisor to restart
 it; a stuck native call cannot be interrupted from Python).
@@ -49,9 +49,10 @@ from typing import Protocol, TypeGuard
 import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
-from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
+from streamer.model.decoding import decode_job
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,6 @@ DEFAULT_MAX_PADDING_RATIO = 1.25
 # on the CPU a batch of 8 x 7 s takes 6.4 x one 7 s decode, and a final arriving meanwhile
 # waits for all of it: bound a batch to one longest segment's audio (7 s)
 CPU_MAX_BATCH_AUDIO_S = 7.0
-MODEL_STALLED = "model_stalled"  # the error code of jobs answered by the watchdog
 
 ResultCallback = Callable[[DecodeResult], None]
 
@@ -180,7 +180,8 @@ class ModelWorker:
 
     ``load`` builds the recognizer inside the worker thread (model loading is slow and
     must not block the loop); :attr:`ready` is set once it returns, and :attr:`load_error`
-    holds the exception if it raised.
+    holds the exception if it raised. ``on_decoded`` (metrics) is called for every decode
+    and ``on_failure`` once when the watchdog fails the worker, both from its threads.
     """
 
     def __init__(
@@ -190,6 +191,8 @@ class ModelWorker:
         decode_timeout_s: float | None = DEFAULT_DECODE_TIMEOUT_S,
         max_batch: int | None = None,
         options: WorkerOptions | None = None,
+        on_decoded: Callable[[DecodeResult], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         """``options`` wins over ``decode_timeout_s`` and ``max_batch`` (shorthands)."""
         self.options = options or WorkerOptions(decode_timeout_s, max_batch)
@@ -205,12 +208,12 @@ class ModelWorker:
         self.ready = threading.Event()  # set when the model is loaded (or failed to load)
         self.load_error: BaseException | None = None
         self.recognizer: SpeechRecognizer | None = None
-        self.on_decoded: Callable[[DecodeResult], None] | None = None  # metrics hook
+        self.on_decoded = on_decoded  # metrics hook, called for every decode
         # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
         self._running: list[_Queued] | None = None
         self._running_since = 0.0
         self.failure: str | None = None  # why the worker failed for good (None: healthy)
-        self.on_failure: Callable[[str], None] | None = None  # called once, from a thread
+        self.on_failure = on_failure  # called once, from a thread, when the worker fails
         self._watchdog = threading.Thread(target=self._watch, name="model-watchdog", daemon=True)
 
     # -- control ---------------------------------------------------------------
@@ -426,27 +429,9 @@ class ModelWorker:
         ]
 
     def _decode_one(self, item: _Queued) -> DecodeResult:
-        job = item.job
-        started = time.perf_counter()
-        queue_ms = (started - item.submitted) * 1000
         assert self.recognizer is not None
-        try:
-            transcript = self.recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)
-        except Exception as exc:  # one bad decode must not stop the worker
-            logger.exception(
-                "decode failed (session %s, segment %d, %s)",
-                job.session_id,
-                job.segment_id,
-                job.kind,
-            )
-            return DecodeResult(
-                job=job,
-                error=f"{type(exc).__name__}: {exc}",
-                queue_ms=queue_ms,
-                decode_ms=(time.perf_counter() - started) * 1000,
-            )
-        decode_ms = (time.perf_counter() - started) * 1000
-        return DecodeResult(job=job, transcript=transcript, queue_ms=queue_ms, decode_ms=decode_ms)
+        queue_ms = (time.perf_counter() - item.submitted) * 1000
+        return decode_job(self.recognizer, item.job, queue_ms=queue_ms)
 
     def _answer(self, item: _Queued, result: DecodeResult) -> None:
         if self.on_decoded is not None and not result.dropped:
@@ -488,4 +473,4 @@ def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> i
 def _stalled(job: DecodeJob, reason: str) -> DecodeResult:
     if job.kind == "partial":
         return DecodeResult(job=job, dropped=True)
-    return DecodeResult(job=job, error=reason, error_code=MODEL_STALLED)
+    return DecodeResult(job=job, failure=DecodeFailure.MODEL_STALLED, detail=reason)

@@ -47,6 +47,7 @@ from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechS
 from streamer.core.session import State
 from streamer.core.wire import OutFrame, WireAdapter
 from streamer.errors import CLOSE_INTERNAL_ERROR, CLOSE_POLICY_VIOLATION
+from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
 from streamer.server.metrics import Metrics
 
@@ -96,7 +97,7 @@ class Connection:
         self,
         ws: ServerConnection,
         adapter: WireAdapter,
-        worker: ModelWorker,
+        worker: WorkerPool | ModelWorker,
         metrics: Metrics,
         limits: ConnectionLimits,
     ) -> None:

@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from streamer.core.jobs import DecodeResult
+from streamer.model.pool import WorkerLoad, WorkerSlot
 
 # Jobs per model call (--max-batch); a GPU sweep goes up to 64.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -117,11 +118,60 @@ class Metrics:
             "streamer_model_ready", "1 once the model is warmed up", registry=r
         )
 
+        # per worker of the pool (--device cuda:0,cuda:1, --workers N): worker is its
+        # index, device its device; rate(busy) is a device's utilisation
+        self.worker_sessions = Gauge(
+            "streamer_worker_sessions",
+            "Sessions pinned to the worker",
+            ["worker", "device"],
+            registry=r,
+        )
+        self.worker_queued = Gauge(
+            "streamer_worker_queued_jobs",
+            "Jobs waiting for the worker",
+            ["worker", "device"],
+            registry=r,
+        )
+        self.worker_ready = Gauge(
+            "streamer_worker_ready",
+            "1 while the worker is loaded and healthy",
+            ["worker", "device"],
+            registry=r,
+        )
+        self.worker_decodes_total = Counter(
+            "streamer_worker_decodes",
+            "Decodes done by the worker",
+            ["worker", "device", "kind"],
+            registry=r,
+        )
+        self.worker_busy_seconds_total = Counter(
+            "streamer_worker_busy_seconds",
+            "Model time spent by the worker",
+            ["worker", "device"],
+            registry=r,
+        )
+
+    def observe_worker_decode(self, slot: WorkerSlot, result: DecodeResult) -> None:
+        """The pool's decode hook: the totals above, and the worker's own counters."""
+        self.observe_decode(result)
+        self.worker_decodes_total.labels(slot.label, slot.device, result.job.kind).inc()
+        self.worker_busy_seconds_total.labels(slot.label, slot.device).inc(result.decode_ms / 1000)
+
+    def observe_workers(self, loads: list[WorkerLoad]) -> None:
+        """Each worker's gauges (the server calls it a few times a second)."""
+        for load in loads:
+            labels = (load.slot.label, load.slot.device)
+            self.worker_sessions.labels(*labels).set(load.sessions)
+            self.worker_queued.labels(*labels).set(
+                load.stats.queued_finals + load.stats.queued_partials
+            )
+            self.worker_ready.labels(*labels).set(int(load.ready and load.failure is None))
+
     def observe_decode(self, result: DecodeResult) -> None:
         """Called from the worker thread for every decode (prometheus_client is thread-safe)."""
         kind = result.job.kind
         self.queue_wait_seconds.labels(kind).observe(result.queue_ms / 1000)
-        if result.error is not None:
+        if result.failure is not None:
             self.decode_failures_total.inc()
         else:
             self.decode_seconds.labels(kind).observe(result.decode_ms / 1000)

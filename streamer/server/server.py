@@ -40,6 +40,7 @@ from streamer.errors import (
     ProtocolError,
     close_code_for,
 )
+from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
 from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import (
@@ -147,14 +148,17 @@ class ServerOptions:
 class StreamingServer:
     """The server's lifecycle: :meth:`start`, then :meth:`shutdown` (or ``async with``).
 
-    ``worker`` must be started by the caller (it loads the model in its own thread);
-    the server answers ``/readyz`` with 503 and refuses sessions until it is ready.
+    ``worker`` (a :class:`WorkerPool`, or one :class:`ModelWorker`, which is wrapped in
+    a pool of one) must be started by the caller (it loads the model in its own
+    threads); the server answers ``/readyz`` with 503 and refuses sessions until it is
+    ready. A pool's decode hook should be ``metrics.observe_worker_decode`` of the
+    ``metrics`` passed here.
     """
 
     def __init__(
         self,
         options: ServerOptions,
-        worker: ModelWorker,
+        worker: WorkerPool | ModelWorker,
         *,
         metrics: Metrics | None = None,
         classifier_factory: Callable[[], FrameClassifier] | None = None,
@@ -162,8 +166,10 @@ class StreamingServer:
     ) -> None:
         self.options = options
         self._loading = loading  # the model's loading stage, shown by /readyz until ready
-        self.worker = worker
         self.metrics = metrics or Metrics()
+        if isinstance(worker, ModelWorker):
+            worker = WorkerPool.adopt(worker, on_decoded=self.metrics.observe_worker_decode)
+        self.worker = worker
         self._classifier_factory = classifier_factory or (
             lambda: webrtc_classifier(options.vad_aggressiveness)
         )
@@ -190,7 +196,6 @@ class StreamingServer:
             ping_interval_s=options.ping_interval_s,
             ping_timeout_s=options.ping_timeout_s,
         )
-        worker.on_decoded = self.metrics.observe_decode
         self.metrics.sessions_capacity.set(options.max_sessions)
         self._failure: str | None = None  # why the model failed; the process must restart
         self._failed = asyncio.Event()
@@ -422,6 +427,7 @@ class StreamingServer:
             lag = max(0.0, loop.time() - before - LOOP_LAG_PROBE_S)
             self.metrics.loop_lag_seconds.observe(lag)
             stats = self.worker.stats()
+            self.metrics.observe_workers(self.worker.loads())
             self.metrics.queue_depth.labels("final").set(stats.queued_finals)
             self.metrics.queue_depth.labels("partial").set(stats.queued_partials)
 
@@ -472,7 +478,7 @@ class StreamingServer:
             single_header(request, name)  # raises BadRequest when repeated
         query = dict(parse_qsl(url.query))
         if path == "/healthz":
-            return json_response(http.HTTPStatus.OK, {"status": "ok"})
+            return json_response(http.HTTPStatus.OK, {"status": "ok", "workers": self._workers()})
         if path == "/readyz":
             if self.ready and not self._shutting_down:
                 return self._readiness()
@@ -485,6 +491,7 @@ class StreamingServer:
                 body = {"status": "failed", "message": "the model failed to load"}
             elif self._loading is not None:
                 body.update(self._loading.snapshot())
+            body["workers"] = self._workers()
             return unavailable_response(body, RETRY_AFTER_S)
         if path == "/metrics":
             token = self.options.token
@@ -522,11 +529,30 @@ class StreamingServer:
             status = "draining"
         elif len(self._connections) >= self.options.max_sessions:
             status = "full"
-        if status != "ready":
+        if status != "ready":  # about admission alone: the workers are listed when ready
             return unavailable_response({"status": status, **counts}, RETRY_AFTER_S)
         return json_response(
-            http.HTTPStatus.OK, {"status": status, "model": self.worker.model_name, **counts}
+            http.HTTPStatus.OK,
+            {
+                "status": status,
+                "model": self.worker.model_name,
+                **counts,
+                "workers": self._workers(),
+            },
         )
+
+    def _workers(self) -> list[dict[str, object]]:
+        """Each model worker, for ``/readyz`` and ``/healthz``."""
+        return [
+            {
+                "worker": load.slot.index,
+                "device": load.slot.device,
+                "state": "failed" if load.failure else "ready" if load.ready else "loading",
+                "sessions": load.sessions,
+                "queued": load.stats.queued_finals + load.stats.queued_partials,
+            }
+            for load in self.worker.loads()
+        ]
 
     def _refuse(
         self, status: http.HTTPStatus, code: str, message: str, endpoint: Endpoint

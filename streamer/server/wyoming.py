@@ -30,6 +30,7 @@ from streamer.core.jobs import DecodeResult
 from streamer.core.protocol import Error, Final, Partial, ServerMessage
 from streamer.core.session import State
 from streamer.core.wire import OutFrame
+from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
 from streamer.server.connection import ConnectionLimits
 from streamer.server.metrics import Metrics
@@ -57,7 +58,7 @@ class WyomingConnection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         adapter: WyomingAdapter,
-        worker: ModelWorker,
+        worker: WorkerPool | ModelWorker,
         metrics: Metrics,
         limits: ConnectionLimits,
     ) -> None:

@@ -24,12 +24,11 @@ torch and funasr are imported inside functions only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -195,7 +194,7 @@ def build_random_model(
         raise ConfigError(f"unknown random model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     import torch
 
-    from streamer.model.recognizer import import_funasr
+    from streamer.model.funasr_quiet import import_funasr
 
     import_funasr()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -260,30 +259,6 @@ def write_am_mvn(path: Path, mean: np.ndarray, std: np.ndarray) -> None:
         f"<LearnRateCoef> 0 [ {vector(1.0 / std)} ]\n"
         "</Nnet>\n"
     )
-
-
-def main_build(argv: Sequence[str] | None = None) -> int:
-    """``streamer build-model NAME --out DIR``: write a random model directory."""
-    parser = argparse.ArgumentParser(
-        prog="streamer build-model", description="Build a random-weight SenseVoice model."
-    )
-    parser.add_argument("name", choices=MODEL_NAMES)
-    parser.add_argument("--out", type=Path, required=True, help="directory to create")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--speech-cache",
-        type=Path,
-        default=None,
-        help="where espeak clips are cached (tagged only)",
-    )
-    args = parser.parse_args(argv)
-    if args.out.exists() and any(args.out.iterdir()):
-        parser.error(f"{args.out} exists and is not empty")
-    speech_cache = args.speech_cache or args.out / ".speech"
-    build_random_model(args.name, args.out, speech_cache_dir=speech_cache, seed=args.seed)
-    if args.speech_cache is None:
-        shutil.rmtree(speech_cache, ignore_errors=True)
-    return 0
 
 
 # --- tokenizer --------------------------------------------------------------------------

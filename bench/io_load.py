@@ -1,0 +1,322 @@
+"""The I/O side at hundreds of streams: what the event loop spends per real-time stream.
+
+**The model here is a test double** (:class:`InstantRecognizer`: it answers every decode
+at once with a fixed-rate text), so everything measured is the server's own per-stream
+work: WebSocket frames, resampling, framing, webrtcvad, the segmenter, the session's
+messages and their JSON, the worker hand-offs. It tells at how many streams one loop
+core saturates, independently of how fast any model is.
+
+    python -m bench.io_load --streams 50,100,200 --duration-s 20 --generators 2
+
+* the server runs in a child process (``streamer``'s own loop: uvloop when installed);
+  its *main thread's* CPU time is the event loop's (read from /proc), the rest of the
+  process (the worker thread, the metrics) is reported apart;
+* the load comes from ``--generators`` processes, each running its share of the real-
+  time clients with the bench's own load generator (``bench.latency.load``); each
+  reports how late it sent its chunks, so an overloaded generator is seen, not hidden;
+* ``--micro`` also times the sans-I/O pieces alone, per stream-second, in this process.
+
+Writes ``io_load.json`` and prints a table (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+logger = logging.getLogger("bench.io_load")
+
+
+# -- the server, with the test-double recognizer ------------------------------------
+
+
+class InstantRecognizer:
+    """TEST DOUBLE: answers at once, about 3 words per second of audio."""
+
+    name = "instant-test-double"
+
+    def decode(self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True) -> Any:
+        from streamer.core.transcript import Transcript
+
+        ms = pcm.size / 16
+        words = " ".join(["word"] * max(1, int(ms / 330)))
+        raw = f"<|en|><|NEUTRAL|><|Speech|><|withitn|>{words}"
+        return Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=ms, decode_ms=0.0)
+
+
+async def _serve(port: int, workers: int) -> None:
+    from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot
+    from streamer.model.worker import ModelWorker
+    from streamer.server.metrics import Metrics
+    from streamer.server.server import ServerOptions, StreamingServer
+
+    metrics = Metrics()
+
+    def factory(slot: WorkerSlot, hooks: WorkerHooks) -> ModelWorker:
+        return ModelWorker(
+            InstantRecognizer, on_decoded=hooks.on_decoded, on_failure=hooks.on_failure
+        )
+
+    pool = WorkerPool(
+        factory,
+        [WorkerSlot(i, "cpu", 1) for i in range(workers)],
+        on_decoded=metrics.observe_worker_decode,
+    )
+    pool.start()
+    options = ServerOptions(host="127.0.0.1", port=port, max_sessions=5000)
+    server = StreamingServer(options, pool, metrics=metrics)
+    await server.start()
+    await server.wait_ready()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    print("READY", flush=True)  # noqa: T201 - the parent waits for this line
+    await stop.wait()
+    await server.shutdown()
+    pool.stop(1.0)
+
+
+def _thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of the process's main thread (the loop) and of all its threads."""
+
+    def ticks(path: str) -> float:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+    return {"loop": ticks(f"/proc/{pid}/task/{pid}/stat"), "process": ticks(f"/proc/{pid}/stat")}
+
+
+# -- the load generators --------------------------------------------------------------
+
+
+def _generate(args: tuple[str, int, int, int, float, float, bool]) -> dict[str, Any]:
+    """One generator process: ``count`` clients (indexes from ``first``) of ``total``."""
+    url, first, count, total, duration_s, stagger_s, partials = args
+    from bench.latency.audio import load_bench_audio
+    from bench.latency.load import StepOptions, plan_clients, run_step
+
+    audio = load_bench_audio("auto", REPO / "bench" / "out" / "audio-cache")
+    options = StepOptions(
+        url=url, clients=total, duration_s=duration_s, stagger_s=stagger_s, partials=partials
+    )
+    plans = plan_clients(options, audio)[first : first + count]
+    started = time.process_time()
+    records = asyncio.run(run_step(options, plans))
+    cpu_s = time.process_time() - started
+    lateness: list[float] = []
+    for record in records:
+        if not record.sends:
+            continue
+        first_sample, first_s = record.sends[0]
+        lateness.extend(
+            sent_s - first_s - (sample - first_sample) / 16000 for sample, sent_s in record.sends
+        )
+    messages = sum(len(r.arrivals) for r in records)
+    return {
+        "clients": count,
+        "errors": [r.error for r in records if r.error],
+        "cpu_s": cpu_s,
+        "messages": messages,
+        "send_late_s": lateness,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _scrape(port: int) -> Any:
+    from bench.latency.monitor import scrape
+
+    return scrape(f"http://127.0.0.1:{port}")
+
+
+def run_step(
+    port: int, pid: int, streams: int, duration_s: float, generators: int, partials: bool
+) -> dict[str, Any]:
+    from bench.latency import prom
+
+    url = f"ws://127.0.0.1:{port}/v1/asr"
+    stagger_s = min(10.0, duration_s / 4)
+    shares = [streams // generators + (i < streams % generators) for i in range(generators)]
+    jobs, first = [], 0
+    for share in shares:
+        jobs.append((url, first, share, streams, duration_s, stagger_s, partials))
+        first += share
+    before_metrics = _scrape(port)
+    before = _thread_cpu_s(pid)
+    wall = time.monotonic()
+    with multiprocessing.get_context("spawn").Pool(generators) as workers:
+        parts = workers.map(_generate, [j for j in jobs if j[2]])
+    wall_s = time.monotonic() - wall
+    after = _thread_cpu_s(pid)
+    after_metrics = _scrape(port)
+    lag = prom.histogram_delta(before_metrics, after_metrics, "streamer_event_loop_lag_seconds")
+    late = np.array([x for p in parts for x in p["send_late_s"]] or [0.0])
+    # the audio streamed: each client's track (duration minus its delay, plus the tail)
+    stream_s = sum(max(1.0, duration_s - i * stagger_s / streams) for i in range(streams))
+    loop_s = after["loop"] - before["loop"]
+    process_s = after["process"] - before["process"]
+    return {
+        "streams": streams,
+        "generators": generators,
+        "partials": partials,
+        "wall_s": wall_s,
+        "stream_s": stream_s,
+        "loop_cpu_s": loop_s,
+        "other_threads_cpu_s": process_s - loop_s,
+        "loop_cpu_pct": 100 * loop_s / wall_s,
+        "loop_ms_per_stream_s": 1000 * loop_s / stream_s,
+        "loop_lag_p50_ms": 1000 * (lag.quantile(0.5) or 0) if lag else None,
+        "loop_lag_p99_ms": 1000 * (lag.quantile(0.99) or 0) if lag else None,
+        "generator_cpu_s": sum(p["cpu_s"] for p in parts),
+        "send_late_p95_ms": float(np.percentile(late, 95) * 1000),
+        "send_late_max_ms": float(late.max() * 1000),
+        "messages": sum(p["messages"] for p in parts),
+        "errors": [e for p in parts for e in p["errors"]][:5],
+        "error_count": sum(len(p["errors"]) for p in parts),
+    }
+
+
+# -- the sans-I/O pieces alone --------------------------------------------------------
+
+
+def micro(seconds: float = 30.0) -> dict[str, float]:
+    """ms of CPU per stream-second for each piece, on the bench audio."""
+    from bench.latency.audio import load_bench_audio
+    from streamer.core.jobs import DecodeResult
+    from streamer.core.protocol import StreamOptions
+    from streamer.core.resample import StreamResampler
+    from streamer.core.session import Session, SessionOptions
+    from streamer.core.vad import webrtc_classifier
+    from streamer.core.wire import V1Adapter
+
+    audio = load_bench_audio("auto", REPO / "bench" / "out" / "audio-cache")
+    pcm = np.concatenate([c.pcm for c in audio.clips])
+    pcm = np.tile(pcm, int(np.ceil(seconds * 16000 / pcm.size)))[: int(seconds * 16000)]
+    out: dict[str, float] = {}
+
+    classify = webrtc_classifier()
+    frames = pcm[: pcm.size // 480 * 480].reshape(-1, 480)
+    started = time.process_time()
+    for frame in frames:
+        classify(frame)
+    out["webrtcvad_30ms_frames"] = (time.process_time() - started) * 1000 / seconds
+
+    pcm48 = np.repeat(pcm, 3)
+    resampler = StreamResampler(48000, 16000)
+    started = time.process_time()
+    for i in range(0, pcm48.size, 4800):
+        resampler.push(pcm48[i : i + 4800])
+    out["resample_48k_to_16k"] = (time.process_time() - started) * 1000 / seconds
+
+    for rate in (16000, 48000):
+        data = pcm if rate == 16000 else pcm48
+        session = Session(
+            "bench", SessionOptions(), StreamOptions(sample_rate=rate), webrtc_classifier()
+        )
+        adapter = V1Adapter(session)
+        recognizer = InstantRecognizer()
+        chunk = rate // 10
+        started = time.process_time()
+        adapter.start()
+        sent = 0
+        for i in range(0, data.size, chunk):
+            adapter.receive_bytes(data[i : i + chunk].tobytes())
+            for job in session.jobs_to_submit():
+                transcript = recognizer.decode(job.pcm)
+                session.decode_finished(DecodeResult(job=job, transcript=transcript))
+            sent += sum(len(f.data) for f in adapter.drain())
+        out[f"session_v1_{rate // 1000}k_total"] = (time.process_time() - started) * 1000 / seconds
+        out[f"session_v1_{rate // 1000}k_bytes_out_per_s"] = sent / seconds
+    return out
+
+
+# -- main ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.io_load", description=__doc__)
+    p.add_argument("--streams", default="50,100,200", help="comma list of stream counts")
+    p.add_argument("--duration-s", type=float, default=20.0, help="audio per stream")
+    p.add_argument("--generators", type=int, default=2, help="load-generator processes")
+    p.add_argument("--workers", type=int, default=1, help="worker threads (test doubles)")
+    p.add_argument("--no-partials", action="store_true", help="clients ask for no partials")
+    p.add_argument("--micro", action="store_true", help="also time the sans-I/O pieces")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "io_load")
+    p.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child server's port
+    args = p.parse_args(argv)
+    if args.serve is not None:
+        from streamer.loop import run
+
+        run(_serve(args.serve, args.workers), use_uvloop=True)
+        return 0
+    logging.basicConfig(level=logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.io_load",
+            "--serve",
+            str(port),
+            "--workers",
+            str(args.workers),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    results: dict[str, Any] = {"loadavg_before": os.getloadavg(), "steps": []}
+    try:
+        assert child.stdout is not None
+        if child.stdout.readline().strip() != "READY":
+            raise SystemExit("the server did not start")
+        for streams in (int(s) for s in args.streams.split(",")):
+            step = run_step(
+                port, child.pid, streams, args.duration_s, args.generators, not args.no_partials
+            )
+            results["steps"].append(step)
+            print(  # noqa: T201
+                f"{streams:5d} streams: loop {step['loop_cpu_pct']:5.1f} % of a core, "
+                f"{step['loop_ms_per_stream_s']:.2f} ms/stream-s, lag p99 "
+                f"{step['loop_lag_p99_ms']:.0f} ms, send late p95 "
+                f"{step['send_late_p95_ms']:.0f} ms, "
+                f"generators {step['generator_cpu_s']:.0f} cpu-s, errors {step['error_count']}",
+                flush=True,
+            )
+        if args.micro:
+            results["micro_ms_per_stream_s"] = micro()
+            print(json.dumps(results["micro_ms_per_stream_s"], indent=1))  # noqa: T201
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    results["loadavg_after"] = os.getloadavg()
+    (args.out / "io_load.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Every serve flag's default is the default of the option field it sets (one owner)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Any
+
+import pytest
+
+from streamer.cli import ENV_PREFIX, build_parser
+from streamer.core.protocol import StreamOptions
+from streamer.core.segmenter import SegmenterOptions
+from streamer.core.session import SessionOptions
+from streamer.core.vad import DEFAULT_AGGRESSIVENESS
+from streamer.model.pool import DEFAULT_WORKERS_PER_DEVICE
+from streamer.model.recognizer import RecognizerOptions
+from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S, WorkerOptions
+from streamer.server import server as server_module
+from streamer.server.server import ServerOptions
+
+# flags whose value is not a field of the same name, and what their default must be
+RENAMED: dict[str, Any] = {
+    "no_warmup": not RecognizerOptions().warmup,
+    "quantize": RecognizerOptions().quantize or "none",
+    "allowed_origins": ",".join(ServerOptions().allowed_origins),
+    "endpoint_ms": ServerOptions().default_stream.endpoint_ms,  # a stream option's default
+    "decode_timeout_s": DEFAULT_DECODE_TIMEOUT_S,  # ModelWorker's
+    "workers": DEFAULT_WORKERS_PER_DEVICE,  # the pool's
+    "max_batch": WorkerOptions().max_batch,  # the worker's (None: auto)
+}
+# flags that set no option field
+NOT_OPTIONS = {"help", "func", "vad", "log_level", "log_format", "no_uvloop", "cache_dir"}
+OWNERS = (ServerOptions, SessionOptions, SegmenterOptions, RecognizerOptions)
+
+
+def subparser(name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def field_defaults(cls: type) -> dict[str, Any]:
+    instance = cls()
+    return {f.name: getattr(instance, f.name) for f in dataclasses.fields(cls)}
+
+
+@pytest.fixture(autouse=True)
+def no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+
+
+def test_each_serve_flag_default_is_its_option_field_default() -> None:
+    checked = []
+    for action in subparser("serve")._actions:
+        name = action.dest
+        if name in NOT_OPTIONS:
+            continue
+        if name in RENAMED:
+            expected = RENAMED[name]
+        else:
+            owners = [fields[name] for fields in map(field_defaults, OWNERS) if name in fields]
+            assert owners, f"--{name.replace('_', '-')}: no option field of that name"
+            expected = owners[0]
+        assert action.default == expected, name
+        checked.append(name)
+    assert len(checked) >= 25, checked  # not vacuous
+
+
+def test_transcribe_defaults_are_the_options() -> None:
+    defaults = {a.dest: a.default for a in subparser("transcribe")._actions}
+    assert defaults["language"] == StreamOptions().language
+    assert defaults["vad_aggressiveness"] == DEFAULT_AGGRESSIVENESS
+    assert defaults["model"] == RecognizerOptions().model
+
+
+def test_a_changed_field_default_moves_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Moved(ServerOptions):
+        port: int = 9999
+
+    monkeypatch.setattr(server_module, "ServerOptions", Moved)
+    (port,) = [a for a in subparser("serve")._actions if a.dest == "port"]
+    assert port.default == 9999
