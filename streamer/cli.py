@@ -43,6 +43,16 @@ def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
         raise SystemExit(f"error: {ENV_PREFIX}{name.upper()}={value!r} is not valid") from None
 
 
+def _max_batch(value: str) -> int | None:
+    """``auto`` (None: the worker decides from the model) or a positive count."""
+    if value == "auto":
+        return None
+    count = int(value)  # ValueError: argparse and _env report it
+    if count < 1:
+        raise ValueError(value)
+    return count
+
+
 def _bool(value: str) -> bool:
     if value.lower() in ("1", "true", "yes", "on"):
         return True
@@ -328,6 +338,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="close (1008) a client that reads nothing for this long [%(default)s]",
     )
     g.add_argument(
+        "--max-batch",
+        type=_max_batch,
+        default=_env("max_batch", None, _max_batch),
+        help="jobs decoded in one model call when several are queued (one queued job "
+        "always runs alone at once); 'auto': 8 on CUDA, 1 on the CPU, where batching "
+        "measured no better; int8 batches are not token-identical to batch 1 "
+        "(bench/RESULTS.md) [auto]",
+    )
+    g.add_argument(
         "--decode-timeout-s",
         type=float,
         default=_env("decode_timeout_s", DEFAULT_DECODE_TIMEOUT_S, float),
@@ -480,6 +499,7 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
         return ModelWorker(
             lambda: load_recognizer(options, shown),
             decode_timeout_s=args.decode_timeout_s,
+            max_batch=args.max_batch,
             on_decoded=hooks.on_decoded,
             on_failure=hooks.on_failure,
         )

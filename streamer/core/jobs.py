@@ -68,4 +68,5 @@ class DecodeResult:
     detail: str = ""  # why it failed (an exception's text), for the server log only
     dropped: bool = False  # the worker discarded the job (superseded partial)
     queue_ms: float = 0.0  # time between submission and the start of decoding
-    decode_ms: float = 0.0  # time the model spent
+    decode_ms: float = 0.0  # time the model spent (on the whole batch this job ran in)
+    batch_size: int = 1  # jobs decoded in the same model call as this one

@@ -277,6 +277,16 @@ class CtcRecognizer:
     def sample_rate(self) -> int:
         return SAMPLE_RATE
 
+    @property
+    def batch_exact(self) -> bool:
+        """Whether :meth:`decode_batch` gives each utterance exactly its tokens alone.
+
+        True in fp32 (measured on the CPU, both backends; bench/RESULTS.md "Dynamic
+        batching"). int8 quantizes each activation tensor with one scale, so the other
+        rows of a batch (and its padding) change a row's tokens.
+        """
+        return self.options.quantize is None
+
     def decode(
         self, pcm: np.ndarray | bytes, *, language: str = "auto", use_itn: bool = True
     ) -> Transcript:
@@ -298,8 +308,9 @@ class CtcRecognizer:
     ) -> list[Transcript]:
         """Recognise several utterances in one model call (padded to the longest).
 
-        Each transcript is the one :meth:`decode` gives for that utterance alone, up to
-        float rounding of the padded batch; ``decode_ms`` is the time of the whole call.
+        Each transcript is the one :meth:`decode` gives for that utterance alone where
+        :attr:`batch_exact` holds (not with int8); ``decode_ms`` is the time of the whole
+        call.
         """
         if not len(pcms) == len(languages) == len(use_itns):
             raise ConfigError("decode_batch needs one language and one ITN flag per utterance")

@@ -1,9 +1,20 @@
-"""The one model worker: a thread that owns the recognizer and decodes jobs one by one.
+"""The one model worker: a thread that owns the recognizer and decodes queued jobs.
 
 The event loop never waits on the model. It submits :class:`~streamer.core.jobs.DecodeJob`
-objects with a callback; the worker thread decodes them at batch size 1 and calls the
-callback from its own thread (the server hops back to the loop with
-``call_soon_threadsafe``).
+objects with a callback; the worker thread decodes them and calls the callback from its
+own thread (the server hops back to the loop with ``call_soon_threadsafe``).
+
+Dynamic batching: a job found alone in the queue is decoded alone at once (batch 1).
+When several are queued, :func:`select_batch` takes up to ``max_batch`` of them, the one
+the queue discipline puts first always included (so an older final never waits behind
+newer work), the others of its kind (finals with finals, partials with partials) in
+queue order as long as padding them to the longest keeps the
+batch within ``max_padding_ratio`` of its unpadded length, and one
+``decode_batch`` call decodes them all. A batch is token-exact (each job gets the tokens
+it gets alone) in fp32; int8 picks one activation scale per tensor, so a batch's other
+rows change a row's result. ``max_batch=None`` (automatic) batches on an accelerator in
+fp32/fp16 only; on the CPU it stays at batch 1, where batching measured no better
+(bench/RESULTS.md, "Dynamic batching").
 
 Queue discipline:
 
@@ -15,7 +26,9 @@ Queue discipline:
 * a session's pending partial is dropped as soon as one of its finals is queued;
 * :meth:`ModelWorker.drop_session` forgets every queued job of a departed client.
 
-Watchdog: a decode that runs longer than ``decode_timeout_s``, or a worker thread that
+A batch that raises is decoded again job by job, so only the job that fails gets an error.
+
+Watchdog: a decode (one batch) that runs longer than ``decode_timeout_s``, or a worker thread that
 dies for any reason, makes the worker *failed* for good (:attr:`ModelWorker.failure`
 says why): every job waiting or running is answered with ``DecodeFailure.MODEL_STALLED``,
 later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
@@ -29,12 +42,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
@@ -43,6 +57,15 @@ from streamer.model.decoding import decode_job
 logger = logging.getLogger(__name__)
 
 DEFAULT_DECODE_TIMEOUT_S = 30.0  # a 7 s segment decodes in about 1 s on a slow CPU core
+# jobs per model call where batches are token-exact; 8 x 7 s decode in 1.7-4 s on 2 CPU
+# cores, well inside the watchdog (bench/RESULTS.md, "Dynamic batching")
+DEFAULT_MAX_BATCH = 8
+# a batch's padded samples (jobs x longest) at most this times its real samples: on the
+# CPU a row of a 7 s batch costs 80 % of a 7 s decode alone, so padding must stay small
+DEFAULT_MAX_PADDING_RATIO = 1.25
+# on the CPU a batch of 8 x 7 s takes 6.4 x one 7 s decode, and a final arriving meanwhile
+# waits for all of it: bound a batch to one longest segment's audio (7 s)
+CPU_MAX_BATCH_AUDIO_S = 7.0
 
 ResultCallback = Callable[[DecodeResult], None]
 
@@ -56,6 +79,46 @@ class SpeechRecognizer(Protocol):
     def decode(
         self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True
     ) -> Transcript: ...
+
+
+class BatchRecognizer(SpeechRecognizer, Protocol):
+    """A recognizer that decodes several utterances in one call
+    (:class:`streamer.model.decoding.CtcRecognizer`); others are decoded at batch 1."""
+
+    @property
+    def batch_exact(self) -> bool: ...
+
+    def decode_batch(
+        self,
+        pcms: Sequence[np.ndarray],
+        *,
+        languages: Sequence[str],
+        use_itns: Sequence[bool],
+    ) -> list[Transcript]: ...
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How the worker decodes. Validated on construction (raises ConfigError)."""
+
+    decode_timeout_s: float | None = DEFAULT_DECODE_TIMEOUT_S  # None: no watchdog
+    # jobs per model call; None: DEFAULT_MAX_BATCH on an accelerator where the
+    # recognizer's batches are token-exact (batch_exact), else 1 (always on the CPU)
+    max_batch: int | None = None
+    max_padding_ratio: float = DEFAULT_MAX_PADDING_RATIO  # see select_batch
+    # padded audio per batch; None: CPU_MAX_BATCH_AUDIO_S on the CPU (a batch then holds
+    # up the next final no longer than one longest segment alone), no bound elsewhere
+    max_batch_audio_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.decode_timeout_s is not None and self.decode_timeout_s <= 0:
+            raise ConfigError("decode_timeout_s must be positive")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ConfigError(f"max_batch must be at least 1, not {self.max_batch}")
+        if self.max_batch_audio_s is not None and self.max_batch_audio_s <= 0:
+            raise ConfigError("max_batch_audio_s must be positive")
+        if self.max_padding_ratio < 1:
+            raise ConfigError(f"max_padding_ratio must be 1 or more, not {self.max_padding_ratio}")
 
 
 @dataclass
@@ -72,6 +135,46 @@ class WorkerStats:
     busy: bool
 
 
+def select_batch(
+    candidates: Sequence[DecodeJob],
+    *,
+    max_batch: int,
+    max_padding_ratio: float,
+    max_batch_samples: int | None = None,
+) -> list[int]:
+    """Which of ``candidates`` (in queue-discipline order) to decode together: indices.
+
+    The first candidate is always taken (the worker's queue discipline put it first, so
+    it never waits behind later work). The others are taken in order if they are of the
+    first one's kind (a final never waits for partials decoded with it: on 2 CPU cores
+    that doubled final p95, bench/RESULTS.md), while the batch has fewer than
+    ``max_batch`` jobs and ``jobs x longest <= max_padding_ratio x total`` samples holds,
+    so a batch groups similar lengths and a long job does not make short ones pay for its
+    padding (or the reverse), and while its padded samples stay within
+    ``max_batch_samples`` (None: no bound), which bounds how long a batch holds up the
+    next final.
+    """
+    if not candidates:
+        return []
+    chosen = [0]
+    kind = candidates[0].kind
+    longest = total = candidates[0].pcm.size
+    for index in range(1, len(candidates)):
+        if len(chosen) >= max_batch:
+            break
+        if candidates[index].kind != kind:
+            continue
+        samples = candidates[index].pcm.size
+        new_longest = max(longest, samples)
+        padded = (len(chosen) + 1) * new_longest
+        if max_batch_samples is not None and padded > max_batch_samples:
+            continue
+        if padded <= max_padding_ratio * (total + samples):
+            chosen.append(index)
+            longest, total = new_longest, total + samples
+    return chosen
+
+
 class ModelWorker:
     """Owns the recognizer in a dedicated thread. Start it once; stop it at shutdown.
 
@@ -86,25 +189,28 @@ class ModelWorker:
         load: Callable[[], SpeechRecognizer],
         *,
         decode_timeout_s: float | None = DEFAULT_DECODE_TIMEOUT_S,
+        max_batch: int | None = None,
+        options: WorkerOptions | None = None,
         on_decoded: Callable[[DecodeResult], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
-        if decode_timeout_s is not None and decode_timeout_s <= 0:
-            raise ConfigError("decode_timeout_s must be positive")
+        """``options`` wins over ``decode_timeout_s`` and ``max_batch`` (shorthands)."""
+        self.options = options or WorkerOptions(decode_timeout_s, max_batch)
         self._load = load
-        self.decode_timeout_s = decode_timeout_s  # None: no watchdog
+        self.decode_timeout_s = self.options.decode_timeout_s  # None: no watchdog
+        self.max_batch = 1  # resolved from options once the model is loaded
+        self._max_batch_samples: int | None = None  # likewise
         self._lock = threading.Condition()
         self._finals: deque[_Queued] = deque()
         self._partials: OrderedDict[str, _Queued] = OrderedDict()  # session_id -> job
-        self._running_session: str | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
         self.ready = threading.Event()  # set when the model is loaded (or failed to load)
         self.load_error: BaseException | None = None
         self.recognizer: SpeechRecognizer | None = None
         self.on_decoded = on_decoded  # metrics hook, called for every decode
-        # watchdog: the job being decoded and since when (perf_counter), guarded by _lock
-        self._running: _Queued | None = None
+        # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
+        self._running: list[_Queued] | None = None
         self._running_since = 0.0
         self.failure: str | None = None  # why the worker failed for good (None: healthy)
         self.on_failure = on_failure  # called once, from a thread, when the worker fails
@@ -136,9 +242,7 @@ class ModelWorker:
 
     def stats(self) -> WorkerStats:
         with self._lock:
-            return WorkerStats(
-                len(self._finals), len(self._partials), self._running_session is not None
-            )
+            return WorkerStats(len(self._finals), len(self._partials), self._running is not None)
 
     # -- queue -----------------------------------------------------------------
 
@@ -175,7 +279,8 @@ class ModelWorker:
             logger.debug("dropped %d queued jobs of departed session %s", dropped, session_id)
         return dropped
 
-    def _next(self) -> _Queued | None:
+    def _next(self) -> list[_Queued] | None:
+        """Wait for work; take the next batch off the queue (see :func:`select_batch`)."""
         with self._lock:
             while (
                 not self._stopping
@@ -186,19 +291,27 @@ class ModelWorker:
                 self._lock.wait()
             if self._stopping or self.failure is not None:
                 return None
-            if self._finals:
-                item = self._finals.popleft()
-            else:
-                first = next((k for k, q in self._partials.items() if q.job.first), None)
-                if first is None:
-                    _, item = self._partials.popitem(last=False)
+            partials = list(self._partials.values())
+            # the queue discipline: finals oldest first, first partials, then refreshes
+            queued = list(self._finals)
+            queued += [q for q in partials if q.job.first]
+            queued += [q for q in partials if not q.job.first]
+            chosen = select_batch(
+                [q.job for q in queued],
+                max_batch=self.max_batch,
+                max_padding_ratio=self.options.max_padding_ratio,
+                max_batch_samples=self._max_batch_samples,
+            )
+            batch = [queued[i] for i in chosen]
+            for item in batch:
+                if item.job.kind == "final":
+                    self._finals.remove(item)
                 else:
-                    item = self._partials.pop(first)
-            self._running_session = item.job.session_id
-            self._running = item
+                    del self._partials[item.job.session_id]
+            self._running = batch
             self._running_since = time.perf_counter()
             self._lock.notify_all()  # wakes the watchdog
-            return item
+            return batch
 
     # -- thread ----------------------------------------------------------------
 
@@ -214,16 +327,25 @@ class ModelWorker:
             return
         finally:
             self.ready.set()
-        logger.info("model worker ready (%s)", self.recognizer.name)
+        self.max_batch = _resolve_max_batch(self.options.max_batch, self.recognizer)
+        audio_s = self.options.max_batch_audio_s
+        if audio_s is None and str(getattr(self.recognizer, "device", "cpu")) == "cpu":
+            audio_s = CPU_MAX_BATCH_AUDIO_S
+        self._max_batch_samples = None if audio_s is None else int(audio_s * SAMPLE_RATE)
+        logger.info(
+            "model worker ready (%s, at most %d jobs per decode)",
+            self.recognizer.name,
+            self.max_batch,
+        )
         try:
-            while (item := self._next()) is not None:
-                result = self._decode(item)
+            while (batch := self._next()) is not None:
+                results = self._decode(batch)
                 with self._lock:
-                    late = self._running is not item  # the watchdog answered it already
+                    late = self._running is not batch  # the watchdog answered it already
                     self._running = None
-                    self._running_session = None
                 if not late:
-                    self._answer(item, result)
+                    for item, result in zip(batch, results, strict=True):
+                        self._answer(item, result)
         except BaseException:  # whatever it was, the server must not go on silently
             logger.exception("the model worker thread died")
             self._fail("the model worker thread died")
@@ -245,9 +367,9 @@ class ModelWorker:
                     break
         if self.failure is None and not self._stopping:
             logger.error(
-                "a decode has run for over %g s (session %s): the model is stalled",
+                "a decode has run for over %g s (sessions %s): the model is stalled",
                 self.decode_timeout_s,
-                running.job.session_id,
+                ", ".join(sorted({q.job.session_id for q in running})),
             )
             self._fail(f"a decode ran longer than {self.decode_timeout_s:g} s")
 
@@ -259,9 +381,8 @@ class ModelWorker:
             self.failure = reason
             waiting = list(self._finals) + list(self._partials.values())
             if self._running is not None:
-                waiting.insert(0, self._running)
+                waiting[:0] = self._running
             self._running = None
-            self._running_session = None
             self._finals.clear()
             self._partials.clear()
             self._lock.notify_all()
@@ -273,7 +394,41 @@ class ModelWorker:
             except Exception:
                 logger.exception("failure hook failed")
 
-    def _decode(self, item: _Queued) -> DecodeResult:
+    def _decode(self, batch: list[_Queued]) -> list[DecodeResult]:
+        """Decode ``batch`` in one call; if that raises, job by job (one result each)."""
+        if len(batch) == 1:
+            return [self._decode_one(batch[0])]
+        started = time.perf_counter()
+        recognizer = self.recognizer
+        assert recognizer is not None and _batches(recognizer)
+        jobs = [item.job for item in batch]
+        try:
+            transcripts = recognizer.decode_batch(
+                [job.pcm for job in jobs],
+                languages=[job.language for job in jobs],
+                use_itns=[job.itn for job in jobs],
+            )
+        except Exception as exc:  # find the bad job: only that one gets an error
+            logger.warning(
+                "a batch of %d failed (%s: %s); decoding its jobs one by one",
+                len(batch),
+                type(exc).__name__,
+                exc,
+            )
+            return [self._decode_one(item) for item in batch]
+        decode_ms = (time.perf_counter() - started) * 1000
+        return [
+            DecodeResult(
+                job=item.job,
+                transcript=transcript,
+                queue_ms=(started - item.submitted) * 1000,
+                decode_ms=decode_ms,
+                batch_size=len(batch),
+            )
+            for item, transcript in zip(batch, transcripts, strict=True)
+        ]
+
+    def _decode_one(self, item: _Queued) -> DecodeResult:
         assert self.recognizer is not None
         queue_ms = (time.perf_counter() - item.submitted) * 1000
         return decode_job(self.recognizer, item.job, queue_ms=queue_ms)
@@ -288,6 +443,31 @@ class ModelWorker:
             item.callback(result)
         except Exception:
             logger.exception("result callback failed")
+
+
+def _batches(recognizer: SpeechRecognizer) -> TypeGuard[BatchRecognizer]:
+    return callable(getattr(recognizer, "decode_batch", None))
+
+
+def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> int:
+    """The jobs per call: ``requested``, or automatic (exact batches only); 1 where the
+    recognizer cannot batch."""
+    if not _batches(recognizer):
+        return 1
+    if requested is not None:
+        if requested > 1 and not getattr(recognizer, "batch_exact", False):
+            logger.warning(
+                "max_batch %d on %s: batched results are not token-identical to batch 1 "
+                "(int8 quantizes each batch as one tensor; bench/RESULTS.md)",
+                requested,
+                recognizer.name,
+            )
+        return requested
+    # on 2 CPU cores batching did not raise capacity (finals wait for partials' batches),
+    # so automatic batching is for accelerators, and only where batches are exact
+    exact = bool(getattr(recognizer, "batch_exact", False))
+    on_cpu = str(getattr(recognizer, "device", "cpu")) == "cpu"
+    return DEFAULT_MAX_BATCH if exact and not on_cpu else 1
 
 
 def _stalled(job: DecodeJob, reason: str) -> DecodeResult:

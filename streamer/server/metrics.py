@@ -8,6 +8,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from streamer.core.jobs import DecodeResult
 from streamer.model.pool import WorkerLoad, WorkerSlot
 
+# Jobs per model call (--max-batch); a GPU sweep goes up to 64.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # Buckets in seconds: decodes take 10 ms (GPU) to 1 s (CPU, 7 s of audio).
 LATENCY_BUCKETS_S = (
     0.005,
@@ -81,6 +83,12 @@ class Metrics:
             ["kind"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
+        )
+        self.decode_batch_size = Histogram(
+            "streamer_decode_batch_size",
+            "Jobs decoded in the same model call, observed once per decoded job",
+            registry=r,
+            buckets=BATCH_SIZE_BUCKETS,
         )
         self.decode_failures_total = Counter(
             "streamer_decode_failures", "Decodes that raised", registry=r
@@ -167,6 +175,7 @@ class Metrics:
             self.decode_failures_total.inc()
         else:
             self.decode_seconds.labels(kind).observe(result.decode_ms / 1000)
+            self.decode_batch_size.observe(result.batch_size)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
