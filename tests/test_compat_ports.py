@@ -293,7 +293,8 @@ async def test_metrics_count_sessions_by_protocol(make_ports_server):
 
 
 def test_cli_flags_and_environment(monkeypatch):
-    from streamer.cli import _server_options, build_parser
+    from streamer.cli import build_parser
+    from streamer.cli.serve import _server_options
 
     args = build_parser().parse_args(["serve", "--funasr-port", "10095", "--wyoming-port", "0"])
     options = _server_options(args)

@@ -277,7 +277,8 @@ def test_cuda_all_without_a_gpu_fails_before_anything_slow() -> None:
 
 
 def test_the_cli_checks_every_listed_device() -> None:
-    from streamer.cli import _worker_pool, build_parser
+    from streamer.cli import build_parser
+    from streamer.cli.serve import _worker_pool
 
     def pool_of(*argv: str):
         args = build_parser().parse_args(["serve", "--model", "random:tiny", *argv])

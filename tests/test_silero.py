@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pytest
 
-from streamer.cli import _classifier_factory
+from streamer.cli.common import _classifier_factory
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions

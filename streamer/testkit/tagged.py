@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--speech-cache", type=Path, default=Path(".cache/speech"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from streamer.cli import configure_logging
+    from streamer.cli.common import configure_logging
 
     configure_logging("info", "text")
     if args.rebuild:

@@ -1,8 +1,4 @@
-"""The ``streamer`` command: serve, transcribe, client, build-model, export-onnx.
-
-This is the only module that reads argv and the environment and configures logging.
-Heavy imports (torch, funasr) happen inside the commands, so ``--help`` is instant.
-"""
+"""``streamer serve``: its flags, the options they make, the worker pool, the lifecycle."""
 
 from __future__ import annotations
 
@@ -12,191 +8,28 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from streamer import __version__
-from streamer.core.protocol import LANGUAGES, StreamOptions
+from streamer.cli.common import (
+    VADS,
+    _add_logging_arguments,
+    _add_model_arguments,
+    _bool,
+    _classifier_factory,
+    _env,
+    _max_batch,
+    _recognizer_options,
+)
+from streamer.core.protocol import StreamOptions
 from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
-from streamer.core.vad import DEFAULT_AGGRESSIVENESS, FrameClassifier
-from streamer.errors import ConfigError, ModelError, StreamerError
+from streamer.errors import ConfigError
 
-logger = logging.getLogger("streamer.cli")
+logger = logging.getLogger(__name__)
 
-ENV_PREFIX = "STREAMER_"
 EXIT_MODEL_FAILED = 3  # serve: the model stalled or its worker died; restart the process
-VADS = ("webrtc", "silero")  # --vad choices
-
-
-def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
-    """The default of a flag: ``STREAMER_<NAME>`` when set, else ``default``."""
-    value = os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"))
-    if value is None or value == "":
-        return default
-    try:
-        return kind(value)
-    except ValueError:
-        raise SystemExit(f"error: {ENV_PREFIX}{name.upper()}={value!r} is not valid") from None
-
-
-def _max_batch(value: str) -> int | None:
-    """``auto`` (None: the worker decides from the model) or a positive count."""
-    if value == "auto":
-        return None
-    count = int(value)  # ValueError: argparse and _env report it
-    if count < 1:
-        raise ValueError(value)
-    return count
-
-
-def _bool(value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(value)
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        session_id = getattr(record, "session_id", None)
-        if session_id is not None:
-            entry["session_id"] = session_id
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(entry).decode()
-
-
-def configure_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
-        )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # third-party chatter stays at WARNING unless debugging
-    quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
-    for name in ("websockets", "funasr", "modelscope", "jieba", "urllib3"):
-        logging.getLogger(name).setLevel(max(quiet, logging.getLogger(name).level))
-
-
-# -- shared flag groups --------------------------------------------------------
-
-
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamer.model.recognizer import RecognizerOptions
-
-    recognizer = RecognizerOptions()  # the flags' defaults are its fields'
-    g = parser.add_argument_group("model")
-    g.add_argument(
-        "--model",
-        default=_env("model", recognizer.model),
-        help="hub id, local model directory, or random:tiny / random:small / "
-        "random:tagged (meaningless text; for tests and timing) "
-        "[STREAMER_MODEL, default %(default)s]",
-    )
-    g.add_argument(
-        "--backend",
-        choices=("auto", "torch", "onnx"),
-        default=_env("backend", recognizer.backend),
-        help="what runs the model: torch (funasr) or onnx (ONNX Runtime; a torch model "
-        "is exported once and cached); auto = onnx on the CPU, torch on CUDA "
-        "[STREAMER_BACKEND, %(default)s]",
-    )
-    g.add_argument(
-        "--hub",
-        choices=("ms", "hf"),
-        default=_env("hub", recognizer.hub),
-        help="model hub for ids: ModelScope or Hugging Face [%(default)s]",
-    )
-    g.add_argument(
-        "--device",
-        default=_env("device", recognizer.device),
-        help="auto, cpu, cuda or cuda:N; serve also takes a list (cuda:0,cuda:1) or "
-        "cuda:all: one worker and model copy per device [%(default)s]",
-    )
-    g.add_argument(
-        "--dtype",
-        choices=("fp32", "fp16", "bf16"),
-        default=_env("dtype", recognizer.dtype),
-        help="weights precision; fp16/bf16 need CUDA [%(default)s]",
-    )
-    g.add_argument(
-        "--quantize",
-        choices=("none", "int8"),
-        default=_env("quantize", recognizer.quantize or "none"),
-        help="int8 weights (CPU only; torch: dynamic Linear, onnx: model.int8.onnx) [%(default)s]",
-    )
-    g.add_argument(
-        "--threads",
-        type=int,
-        default=_env("threads", recognizer.threads, int),
-        help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores; with several "
-        "workers this is the total, shared out evenly between them [%(default)s]",
-    )
-    g.add_argument(
-        "--no-warmup",
-        action="store_true",
-        default=_env("no_warmup", not recognizer.warmup, _bool),
-        help="skip warm-up decodes at start-up",
-    )
-    g.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=_env("cache_dir", None, Path),
-        help="where random models and ONNX exports are cached "
-        "[STREAMER_CACHE_DIR, ~/.cache/sensevoice-streamer]",
-    )
-
-
-def _add_logging_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--log-level",
-        default=_env("log_level", "info"),
-        choices=("debug", "info", "warning", "error"),
-        help="[STREAMER_LOG_LEVEL, %(default)s]",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=_env("log_format", "text"),
-        choices=("text", "json"),
-        help="[STREAMER_LOG_FORMAT, %(default)s]",
-    )
-
-
-def _recognizer_options(args: argparse.Namespace) -> Any:
-    from streamer.model.recognizer import RecognizerOptions
-
-    kwargs: dict[str, Any] = dict(
-        model=args.model,
-        backend=args.backend,
-        hub=args.hub,
-        device=args.device,
-        dtype=args.dtype,
-        quantize=None if args.quantize == "none" else args.quantize,
-        threads=args.threads,
-        warmup=not args.no_warmup,
-    )
-    if args.cache_dir is not None:
-        kwargs["cache_dir"] = args.cache_dir
-    return RecognizerOptions(**kwargs)
-
-
-# -- serve -----------------------------------------------------------------------
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -461,19 +294,6 @@ def _server_options(args: argparse.Namespace) -> Any:
     )
 
 
-def _classifier_factory(vad: str) -> Callable[[], FrameClassifier] | None:
-    """The per-session VAD for ``--vad``; None is the server's own default (webrtcvad at
-    ``--vad-aggressiveness``). Loads Silero's graph once, here, so that a missing
-    package fails at start."""
-    if vad == "webrtc":
-        return None
-    if vad == "silero":
-        from streamer.model.silero import silero_classifier_factory
-
-        return silero_classifier_factory()
-    raise ConfigError(f"unknown VAD {vad!r}: choose one of {', '.join(VADS)}")
-
-
 def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
     """The model workers ``--device`` and ``--workers`` ask for, each device checked first."""
     from dataclasses import replace
@@ -614,192 +434,3 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 # -- transcribe ----------------------------------------------------------------
-
-
-def _add_transcribe(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "transcribe",
-        help="transcribe audio files offline",
-        description="Decode audio files (any common format, resampled to "
-        "16 kHz mono), cut into utterances by the same VAD the "
-        "server uses.",
-    )
-    p.add_argument("files", nargs="+", type=Path)
-    p.add_argument("--language", choices=LANGUAGES, default=StreamOptions().language)
-    p.add_argument("--no-itn", action="store_true", help="no inverse text normalisation")
-    p.add_argument(
-        "--json", action="store_true", help="JSON lines (one per utterance, with tags and times)"
-    )
-    p.add_argument("--vad", choices=VADS, default="webrtc", help="as for serve [%(default)s]")
-    p.add_argument(
-        "--vad-aggressiveness", type=int, choices=(0, 1, 2, 3), default=DEFAULT_AGGRESSIVENESS
-    )
-    _add_model_arguments(p)
-    _add_logging_arguments(p)
-    p.set_defaults(func=_cmd_transcribe, log_level="warning")
-
-
-def _cmd_transcribe(args: argparse.Namespace) -> int:
-    from streamer.audio_io import load_audio
-    from streamer.core.protocol import message_dict
-    from streamer.model.loading import LoadProgress, load_recognizer, preflight
-    from streamer.offline import transcribe_pcm
-
-    options = _recognizer_options(args)
-    preflight(options)
-    classifier_factory = _classifier_factory(args.vad)
-    # loading takes seconds to a minute: say what is happening even at --log-level warning
-    logging.getLogger("streamer.model.loading").setLevel(logging.INFO)
-    recognizer = load_recognizer(options, LoadProgress())
-    out = sys.stdout
-    status = 0
-    for path in args.files:
-        try:
-            pcm = load_audio(path)
-        except StreamerError as error:
-            logger.error("%s: %s", path, error)
-            status = 2
-            continue
-        texts = []
-        for final in transcribe_pcm(
-            recognizer,
-            pcm,
-            language=args.language,
-            itn=not args.no_itn,
-            vad_aggressiveness=args.vad_aggressiveness,
-            classifier=None if classifier_factory is None else classifier_factory(),
-        ):
-            if args.json:
-                record = {"file": str(path), **message_dict(final)}
-                out.write(orjson.dumps(record).decode() + "\n")
-            elif final.text:
-                texts.append(final.text)
-        if not args.json:
-            prefix = f"{path}: " if len(args.files) > 1 else ""
-            out.write(prefix + " ".join(texts) + "\n")
-        out.flush()
-    return status
-
-
-# -- build-model -----------------------------------------------------------------
-
-
-def _add_build_model(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "build-model",
-        help="build a random-weight SenseVoiceSmall model",
-        description="Write a complete model directory with random weights "
-        "(tiny, small = real size, tagged = tiny trained to emit "
-        "known tags) for tests and timing without downloads.",
-    )
-    p.add_argument("name", choices=("tiny", "small", "tagged"))
-    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
-    _add_logging_arguments(p)
-    p.set_defaults(func=_cmd_build_model)
-
-
-def _cmd_build_model(args: argparse.Namespace) -> int:
-    from streamer.model.recognizer import RecognizerOptions
-    from streamer.testkit.models import ensure_random_model
-
-    cache_dir = args.cache_dir or RecognizerOptions().cache_dir
-    path = ensure_random_model(args.name, cache_dir)
-    sys.stdout.write(f"{path}\n")
-    return 0
-
-
-# -- export-onnx -----------------------------------------------------------------
-
-
-def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "export-onnx",
-        help="export a torch/funasr model to ONNX",
-        description="Write model.onnx (fp32), model.int8.onnx (MatMul weights quantized "
-        "dynamically), tokens.txt, bpe.model, am.mvn and manifest.json for --backend "
-        "onnx. Without --out the export goes to the cache that serve --backend onnx "
-        "reads, keyed by the model's content hash.",
-    )
-    p.add_argument("model", help="torch/funasr model directory, cached hub id, or random:NAME")
-    p.add_argument("--out", type=Path, default=None, help="directory to create")
-    p.add_argument(
-        "--int8-weight-type",
-        choices=("QInt8", "QUInt8"),
-        default=None,
-        help="weights of model.int8.onnx [QInt8 on CPUs with VNNI/dotprod, where it is as "
-        "accurate and 2-3x faster; else QUInt8, which cannot saturate]",
-    )
-    p.add_argument("--hub", choices=("ms", "hf"), default=_env("hub", "ms"))
-    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
-    _add_logging_arguments(p)
-    p.set_defaults(func=_cmd_export_onnx)
-
-
-def _cmd_export_onnx(args: argparse.Namespace) -> int:
-    from streamer.model.files import locate_model
-    from streamer.model.onnx_export import cached_export, export_onnx
-    from streamer.model.recognizer import RecognizerOptions
-
-    options = RecognizerOptions(model=args.model, hub=args.hub, backend="torch")
-    cache_dir = args.cache_dir or options.cache_dir
-    source = locate_model(args.model, args.hub, cache_dir)
-    if not isinstance(source, Path):
-        raise ConfigError(f"{args.model} is not downloaded yet; run streamer serve with it once")
-    if args.out is None:
-        out = cached_export(
-            source, cache_dir, name=args.model, int8_weight_type=args.int8_weight_type
-        )
-    else:
-        if args.out.exists() and any(args.out.iterdir()):
-            raise ConfigError(f"{args.out} exists and is not empty")
-        export_onnx(source, args.out, int8_weight_type=args.int8_weight_type, name=args.model)
-        out = args.out
-    sys.stdout.write(f"{out}\n")
-    return 0
-
-
-# -- client --------------------------------------------------------------------
-
-
-def _add_client(sub: argparse._SubParsersAction) -> None:
-    from streamer.client.cli import add_client_arguments
-
-    p = sub.add_parser("client", help="stream an audio file to a server and show captions")
-    add_client_arguments(p)
-    p.set_defaults(func=_cmd_client)
-
-
-def _cmd_client(args: argparse.Namespace) -> int:
-    from streamer.client.cli import run_client
-
-    return asyncio.run(run_client(args))
-
-
-# -- entry point ---------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="streamer",
-        description="Real-time SenseVoiceSmall speech recognition over WebSocket.",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_serve(sub)
-    _add_transcribe(sub)
-    _add_client(sub)
-    _add_build_model(sub)
-    _add_export_onnx(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
-    try:
-        return int(args.func(args) or 0)
-    except (ModelError, ConfigError) as error:
-        logger.error("%s", error)
-        return 2 if isinstance(error, ConfigError) else 1
-    except KeyboardInterrupt:
-        return 130

@@ -1,0 +1,201 @@
+"""What every ``streamer`` command shares: environment defaults, logging, the model flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamer.core.vad import FrameClassifier
+from streamer.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "STREAMER_"
+VADS = ("webrtc", "silero")  # --vad choices
+
+
+def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
+    """The default of a flag: ``STREAMER_<NAME>`` when set, else ``default``."""
+    value = os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"))
+    if value is None or value == "":
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise SystemExit(f"error: {ENV_PREFIX}{name.upper()}={value!r} is not valid") from None
+
+
+def _max_batch(value: str) -> int | None:
+    """``auto`` (None: the worker decides from the model) or a positive count."""
+    if value == "auto":
+        return None
+    count = int(value)  # ValueError: argparse and _env report it
+    if count < 1:
+        raise ValueError(value)
+    return count
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        session_id = getattr(record, "session_id", None)
+        if session_id is not None:
+            entry["session_id"] = session_id
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry).decode()
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # third-party chatter stays at WARNING unless debugging
+    quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    for name in ("websockets", "funasr", "modelscope", "jieba", "urllib3"):
+        logging.getLogger(name).setLevel(max(quiet, logging.getLogger(name).level))
+
+
+# -- shared flag groups --------------------------------------------------------
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from streamer.model.recognizer import RecognizerOptions
+
+    recognizer = RecognizerOptions()  # the flags' defaults are its fields'
+    g = parser.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=_env("model", recognizer.model),
+        help="hub id, local model directory, or random:tiny / random:small / "
+        "random:tagged (meaningless text; for tests and timing) "
+        "[STREAMER_MODEL, default %(default)s]",
+    )
+    g.add_argument(
+        "--backend",
+        choices=("auto", "torch", "onnx"),
+        default=_env("backend", recognizer.backend),
+        help="what runs the model: torch (funasr) or onnx (ONNX Runtime; a torch model "
+        "is exported once and cached); auto = onnx on the CPU, torch on CUDA "
+        "[STREAMER_BACKEND, %(default)s]",
+    )
+    g.add_argument(
+        "--hub",
+        choices=("ms", "hf"),
+        default=_env("hub", recognizer.hub),
+        help="model hub for ids: ModelScope or Hugging Face [%(default)s]",
+    )
+    g.add_argument(
+        "--device",
+        default=_env("device", recognizer.device),
+        help="auto, cpu, cuda or cuda:N; serve also takes a list (cuda:0,cuda:1) or "
+        "cuda:all: one worker and model copy per device [%(default)s]",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=("fp32", "fp16", "bf16"),
+        default=_env("dtype", recognizer.dtype),
+        help="weights precision; fp16/bf16 need CUDA [%(default)s]",
+    )
+    g.add_argument(
+        "--quantize",
+        choices=("none", "int8"),
+        default=_env("quantize", recognizer.quantize or "none"),
+        help="int8 weights (CPU only; torch: dynamic Linear, onnx: model.int8.onnx) [%(default)s]",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=_env("threads", recognizer.threads, int),
+        help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores; with several "
+        "workers this is the total, shared out evenly between them [%(default)s]",
+    )
+    g.add_argument(
+        "--no-warmup",
+        action="store_true",
+        default=_env("no_warmup", not recognizer.warmup, _bool),
+        help="skip warm-up decodes at start-up",
+    )
+    g.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=_env("cache_dir", None, Path),
+        help="where random models and ONNX exports are cached "
+        "[STREAMER_CACHE_DIR, ~/.cache/sensevoice-streamer]",
+    )
+
+
+def _add_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=_env("log_level", "info"),
+        choices=("debug", "info", "warning", "error"),
+        help="[STREAMER_LOG_LEVEL, %(default)s]",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=_env("log_format", "text"),
+        choices=("text", "json"),
+        help="[STREAMER_LOG_FORMAT, %(default)s]",
+    )
+
+
+def _recognizer_options(args: argparse.Namespace) -> Any:
+    from streamer.model.recognizer import RecognizerOptions
+
+    kwargs: dict[str, Any] = dict(
+        model=args.model,
+        backend=args.backend,
+        hub=args.hub,
+        device=args.device,
+        dtype=args.dtype,
+        quantize=None if args.quantize == "none" else args.quantize,
+        threads=args.threads,
+        warmup=not args.no_warmup,
+    )
+    if args.cache_dir is not None:
+        kwargs["cache_dir"] = args.cache_dir
+    return RecognizerOptions(**kwargs)
+
+
+# -- serve -----------------------------------------------------------------------
+
+
+def _classifier_factory(vad: str) -> Callable[[], FrameClassifier] | None:
+    """The per-session VAD for ``--vad``; None is the server's own default (webrtcvad at
+    ``--vad-aggressiveness``). Loads Silero's graph once, here, so that a missing
+    package fails at start."""
+    if vad == "webrtc":
+        return None
+    if vad == "silero":
+        from streamer.model.silero import silero_classifier_factory
+
+        return silero_classifier_factory()
+    raise ConfigError(f"unknown VAD {vad!r}: choose one of {', '.join(VADS)}")

@@ -1,0 +1,187 @@
+"""The other commands: ``transcribe``, ``build-model``, ``export-onnx``, ``client``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import orjson
+
+from streamer.cli.common import (
+    VADS,
+    _add_logging_arguments,
+    _add_model_arguments,
+    _classifier_factory,
+    _env,
+    _recognizer_options,
+)
+from streamer.core.protocol import LANGUAGES, StreamOptions
+from streamer.core.vad import DEFAULT_AGGRESSIVENESS
+from streamer.errors import ConfigError, StreamerError
+
+logger = logging.getLogger(__name__)
+
+
+def _add_transcribe(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "transcribe",
+        help="transcribe audio files offline",
+        description="Decode audio files (any common format, resampled to "
+        "16 kHz mono), cut into utterances by the same VAD the "
+        "server uses.",
+    )
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--language", choices=LANGUAGES, default=StreamOptions().language)
+    p.add_argument("--no-itn", action="store_true", help="no inverse text normalisation")
+    p.add_argument(
+        "--json", action="store_true", help="JSON lines (one per utterance, with tags and times)"
+    )
+    p.add_argument("--vad", choices=VADS, default="webrtc", help="as for serve [%(default)s]")
+    p.add_argument(
+        "--vad-aggressiveness", type=int, choices=(0, 1, 2, 3), default=DEFAULT_AGGRESSIVENESS
+    )
+    _add_model_arguments(p)
+    _add_logging_arguments(p)
+    p.set_defaults(func=_cmd_transcribe, log_level="warning")
+
+
+def _cmd_transcribe(args: argparse.Namespace) -> int:
+    from streamer.audio_io import load_audio
+    from streamer.core.protocol import message_dict
+    from streamer.model.loading import LoadProgress, load_recognizer, preflight
+    from streamer.offline import transcribe_pcm
+
+    options = _recognizer_options(args)
+    preflight(options)
+    classifier_factory = _classifier_factory(args.vad)
+    # loading takes seconds to a minute: say what is happening even at --log-level warning
+    logging.getLogger("streamer.model.loading").setLevel(logging.INFO)
+    recognizer = load_recognizer(options, LoadProgress())
+    out = sys.stdout
+    status = 0
+    for path in args.files:
+        try:
+            pcm = load_audio(path)
+        except StreamerError as error:
+            logger.error("%s: %s", path, error)
+            status = 2
+            continue
+        texts = []
+        for final in transcribe_pcm(
+            recognizer,
+            pcm,
+            language=args.language,
+            itn=not args.no_itn,
+            vad_aggressiveness=args.vad_aggressiveness,
+            classifier=None if classifier_factory is None else classifier_factory(),
+        ):
+            if args.json:
+                record = {"file": str(path), **message_dict(final)}
+                out.write(orjson.dumps(record).decode() + "\n")
+            elif final.text:
+                texts.append(final.text)
+        if not args.json:
+            prefix = f"{path}: " if len(args.files) > 1 else ""
+            out.write(prefix + " ".join(texts) + "\n")
+        out.flush()
+    return status
+
+
+# -- build-model -----------------------------------------------------------------
+
+
+def _add_build_model(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "build-model",
+        help="build a random-weight SenseVoiceSmall model",
+        description="Write a complete model directory with random weights "
+        "(tiny, small = real size, tagged = tiny trained to emit "
+        "known tags) for tests and timing without downloads.",
+    )
+    p.add_argument("name", choices=("tiny", "small", "tagged"))
+    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
+    _add_logging_arguments(p)
+    p.set_defaults(func=_cmd_build_model)
+
+
+def _cmd_build_model(args: argparse.Namespace) -> int:
+    from streamer.model.recognizer import RecognizerOptions
+    from streamer.testkit.models import ensure_random_model
+
+    cache_dir = args.cache_dir or RecognizerOptions().cache_dir
+    path = ensure_random_model(args.name, cache_dir)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+# -- export-onnx -----------------------------------------------------------------
+
+
+def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export-onnx",
+        help="export a torch/funasr model to ONNX",
+        description="Write model.onnx (fp32), model.int8.onnx (MatMul weights quantized "
+        "dynamically), tokens.txt, bpe.model, am.mvn and manifest.json for --backend "
+        "onnx. Without --out the export goes to the cache that serve --backend onnx "
+        "reads, keyed by the model's content hash.",
+    )
+    p.add_argument("model", help="torch/funasr model directory, cached hub id, or random:NAME")
+    p.add_argument("--out", type=Path, default=None, help="directory to create")
+    p.add_argument(
+        "--int8-weight-type",
+        choices=("QInt8", "QUInt8"),
+        default=None,
+        help="weights of model.int8.onnx [QInt8 on CPUs with VNNI/dotprod, where it is as "
+        "accurate and 2-3x faster; else QUInt8, which cannot saturate]",
+    )
+    p.add_argument("--hub", choices=("ms", "hf"), default=_env("hub", "ms"))
+    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
+    _add_logging_arguments(p)
+    p.set_defaults(func=_cmd_export_onnx)
+
+
+def _cmd_export_onnx(args: argparse.Namespace) -> int:
+    from streamer.model.files import locate_model
+    from streamer.model.onnx_export import cached_export, export_onnx
+    from streamer.model.recognizer import RecognizerOptions
+
+    options = RecognizerOptions(model=args.model, hub=args.hub, backend="torch")
+    cache_dir = args.cache_dir or options.cache_dir
+    source = locate_model(args.model, args.hub, cache_dir)
+    if not isinstance(source, Path):
+        raise ConfigError(f"{args.model} is not downloaded yet; run streamer serve with it once")
+    if args.out is None:
+        out = cached_export(
+            source, cache_dir, name=args.model, int8_weight_type=args.int8_weight_type
+        )
+    else:
+        if args.out.exists() and any(args.out.iterdir()):
+            raise ConfigError(f"{args.out} exists and is not empty")
+        export_onnx(source, args.out, int8_weight_type=args.int8_weight_type, name=args.model)
+        out = args.out
+    sys.stdout.write(f"{out}\n")
+    return 0
+
+
+# -- client --------------------------------------------------------------------
+
+
+def _add_client(sub: argparse._SubParsersAction) -> None:
+    from streamer.client.cli import add_client_arguments
+
+    p = sub.add_parser("client", help="stream an audio file to a server and show captions")
+    add_client_arguments(p)
+    p.set_defaults(func=_cmd_client)
+
+
+def _cmd_client(args: argparse.Namespace) -> int:
+    from streamer.client.cli import run_client
+
+    return asyncio.run(run_client(args))
+
+
+# -- entry point ---------------------------------------------------------------
