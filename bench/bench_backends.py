@@ -46,12 +46,13 @@ CONFIGS = ("torch-fp32", "torch-int8", "onnx-fp32", "onnx-int8-quint8", "onnx-in
 STARTUP_CONFIGS = ("torch-fp32", "torch-int8", "onnx-fp32", "onnx-int8")
 
 
-def _speech(cache_dir: Path) -> np.ndarray:
+def speech_signal(cache_dir: Path, seconds: float = 30) -> np.ndarray:
+    """At least ``seconds`` of espeak speech (en and zh, 200 ms gaps), repeated."""
     clips = [speak(t, "en", cache_dir=cache_dir / "speech") for t in SENTENCES["en"]]
     clips += [speak(t, "zh", cache_dir=cache_dir / "speech") for t in SENTENCES["zh"]]
     gap = np.zeros(SAMPLE_RATE // 5, np.int16)
     signal = np.concatenate([part for clip in clips for part in (clip, gap)])
-    while signal.size < 30 * SAMPLE_RATE:
+    while signal.size < seconds * SAMPLE_RATE:
         signal = np.concatenate([signal, signal])
     return signal
 
@@ -96,7 +97,7 @@ def _summary(values: list[float]) -> str:
 
 
 def part_decode(args: argparse.Namespace) -> None:
-    speech = _speech(args.cache_dir)
+    speech = speech_signal(args.cache_dir)
     recognizers = {}
     for config in CONFIGS:
         started = time.perf_counter()
@@ -227,7 +228,7 @@ def part_startup(args: argparse.Namespace) -> None:
 
 
 def part_contention(args: argparse.Namespace) -> None:
-    speech = _speech(args.cache_dir)
+    speech = speech_signal(args.cache_dir)
     recognizers = {
         "onnx-int8, no spinning": _load("onnx-int8", args),
         "onnx-int8, spinning": _load("onnx-int8", args, spin_wait=True),

@@ -36,7 +36,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak  # noqa: E402
+from bench.bench_backends import speech_signal  # noqa: E402
+from streamer.testkit.speech import SAMPLE_RATE  # noqa: E402
 
 logger = logging.getLogger("bench_batch")
 
@@ -49,13 +50,7 @@ CONFIGS = {
 
 
 def speech(cache_dir: Path) -> np.ndarray:
-    clips = [speak(text, "en", cache_dir=cache_dir / "speech") for text in SENTENCES["en"]]
-    clips += [speak(text, "zh", cache_dir=cache_dir / "speech") for text in SENTENCES["zh"]]
-    gap = np.zeros(SAMPLE_RATE // 5, np.int16)
-    signal = np.concatenate([part for clip in clips for part in (clip, gap)])
-    while signal.size < 20 * SAMPLE_RATE:
-        signal = np.concatenate([signal, signal])
-    return signal
+    return speech_signal(cache_dir, seconds=20)
 
 
 def load(config: str, model: str, threads: int, cache_dir: Path, device: str) -> Any:
