@@ -53,25 +53,10 @@ def locate_model(model: str, hub: str, cache_dir: Path) -> Path | str:
     a hub id is looked up in the local hub cache, and when it is not there the hub must
     answer within :data:`HUB_PROBE_TIMEOUT_S`. Raises ModelError otherwise.
     """
-    if model.startswith(RANDOM_PREFIX):
-        from streamer.testkit.models import ensure_random_model
-
-        directory = ensure_random_model(model[len(RANDOM_PREFIX) :], cache_dir)
-        logger.warning(
-            "MODEL %s HAS RANDOM WEIGHTS: every transcript it produces is meaningless. "
-            "Use it for tests and timing only.",
-            model,
-        )
-    else:
-        path = Path(model).expanduser()
-        if path.exists() or looks_like_path(model):
-            directory = path
-        else:
-            cached = hub_cache_dir(model, hub)
-            if cached is None:
-                require_hub(model, hub)
-                return model
-            directory = cached
+    source = model_source(model, hub, cache_dir)
+    if isinstance(source, str):
+        return source
+    directory = source
     check_vocabulary(model_files(directory))
     if not model.startswith(RANDOM_PREFIX):
         from streamer.testkit.models import read_build_info
@@ -82,6 +67,31 @@ def locate_model(model: str, hub: str, cache_dir: Path) -> Path | str:
                 directory,
             )
     return directory
+
+
+def model_source(model: str, hub: str, cache_dir: Path) -> Path | str:
+    """Where ``model`` lives, before any check of its files: the directory of
+    ``random:NAME`` (built once under ``cache_dir``), of a path, or of a hub id already in
+    the local hub cache; else the hub id itself, once the hub has answered (ModelError
+    when it does not within :data:`HUB_PROBE_TIMEOUT_S`)."""
+    if model.startswith(RANDOM_PREFIX):
+        from streamer.testkit.models import ensure_random_model
+
+        directory = ensure_random_model(model[len(RANDOM_PREFIX) :], cache_dir)
+        logger.warning(
+            "MODEL %s HAS RANDOM WEIGHTS: every transcript it produces is meaningless. "
+            "Use it for tests and timing only.",
+            model,
+        )
+        return directory
+    path = Path(model).expanduser()
+    if path.exists() or looks_like_path(model):
+        return path
+    cached = hub_cache_dir(model, hub)
+    if cached is None:
+        require_hub(model, hub)
+        return model
+    return cached
 
 
 def looks_like_path(model: str) -> bool:

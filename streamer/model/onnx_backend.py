@@ -40,7 +40,7 @@ from streamer.model.decoding import (
     read_tokens_json,
     read_tokens_txt,
 )
-from streamer.model.files import RANDOM_PREFIX, hub_cache_dir, looks_like_path, require_hub
+from streamer.model.files import model_source
 from streamer.model.frontend import Cmvn, Frontend, read_am_mvn
 from streamer.model.onnx_export import (
     CMVN_FILE,
@@ -202,26 +202,8 @@ def locate_onnx_model(options: RecognizerOptions) -> OnnxModelDir:
     """The ONNX directory ``options.model`` names, exporting a torch model once if needed."""
     model = options.model
     quantized = options.quantize == "int8"
-    if model.startswith(RANDOM_PREFIX):
-        from streamer.testkit.models import ensure_random_model
-
-        directory = ensure_random_model(model[len(RANDOM_PREFIX) :], options.cache_dir)
-        logger.warning(
-            "MODEL %s HAS RANDOM WEIGHTS: every transcript it produces is meaningless. "
-            "Use it for tests and timing only.",
-            model,
-        )
-    else:
-        path = Path(model).expanduser()
-        if path.exists() or looks_like_path(model):
-            directory = path
-        else:
-            cached = hub_cache_dir(model, options.hub)
-            if cached is None:
-                require_hub(model, options.hub)
-                directory = _download(options)
-            else:
-                directory = cached
+    source = model_source(model, options.hub, options.cache_dir)
+    directory = _download(options) if isinstance(source, str) else source
     if not directory.is_dir():
         raise ModelError(
             f"Model directory {directory} does not exist. Pass a SenseVoiceSmall directory "
