@@ -12,10 +12,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from streamer.model.worker import ModelWorker, SpeechRecognizer
 from streamer.server.server import ServerOptions, StreamingServer
+from tests.fakes import FakeRecognizer, loudness_classifier
 
 
 class ServerThread:
@@ -115,6 +118,28 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
     yield factory
     for thread in started:
         thread.shutdown()
+
+
+@pytest.fixture
+def make_fake_server(make_server):
+    """Servers whose VAD is a loudness threshold, so tone bursts are exact utterances."""
+
+    def factory(load=FakeRecognizer, **options):
+        return make_server(load, classifier_factory=loudness_classifier, **options)
+
+    return factory
+
+
+async def messages_until_close(ws, timeout_s: float = 20) -> tuple[list[dict], int | None]:
+    """Every JSON message until the server closes, and its close code (None: no close frame).
+
+    ``timeout_s`` bounds the wait for each message."""
+    messages = []
+    try:
+        while True:
+            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s)))
+    except ConnectionClosed as closed:
+        return messages, closed.rcvd.code if closed.rcvd else None
 
 
 def recognizer_loader(model_dir: Path) -> Callable[[], SpeechRecognizer]:

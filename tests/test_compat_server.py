@@ -14,11 +14,11 @@ import numpy as np
 import orjson
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import InvalidStatus
 
 from tests import compat_clients as clients
 from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
-from tests.server_fixtures import make_server  # noqa: F401  (fixture)
+from tests.server_fixtures import messages_until_close
 
 TOKEN = "s3cret"
 
@@ -57,15 +57,6 @@ async def refused(url: str, **kwargs) -> tuple[int, dict, dict]:
     return response.status_code, orjson.loads(response.body), dict(response.headers)
 
 
-async def messages_until_close(ws, timeout: float = 10) -> tuple[list[dict], int | None]:
-    out = []
-    try:
-        while True:
-            out.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout)))
-    except ConnectionClosed as closed:
-        return out, closed.rcvd.code if closed.rcvd else None
-
-
 async def recv_until(ws, kind: str, timeout: float = 10) -> list[dict]:
     out = []
     while True:
@@ -88,7 +79,7 @@ async def test_deepgram_raw_session(fake_server) -> None:
     async with connect(url) as ws:
         await ws.send(b"".join([speech().tobytes()]))
         await ws.send('{"type": "CloseStream"}')
-        messages, code = await messages_until_close(ws)
+        messages, code = await messages_until_close(ws, timeout_s=10)
     assert code == 1000
     assert [m["type"] for m in messages] == ["Results", "Results", "Metadata"]
     assert all(
@@ -145,7 +136,7 @@ async def test_deepgram_close_right_after_close_stream_is_a_normal_end(fake_serv
     async with connect(url) as ws:  # and the server goes on serving
         await ws.send(speech().tobytes())
         await ws.send('{"type": "CloseStream"}')
-        messages, code = await messages_until_close(ws)
+        messages, code = await messages_until_close(ws, timeout_s=10)
     assert code == 1000 and messages[-1]["type"] == "Metadata"
 
 
@@ -158,10 +149,10 @@ async def test_deepgram_garbage_loses_nothing_in_another_session(fake_server) ->
         assert error["type"] == "Error" and error["variant"] == "SchemaError"
         await good.send(speech().tobytes())
         await good.send('{"type": "CloseStream"}')
-        messages, code = await messages_until_close(good)
+        messages, code = await messages_until_close(good, timeout_s=10)
         await bad.send(speech().tobytes())
         await bad.send('{"type": "CloseStream"}')
-        bad_messages, bad_code = await messages_until_close(bad)
+        bad_messages, bad_code = await messages_until_close(bad, timeout_s=10)
     assert code == 1000 and len([m for m in messages if m["type"] == "Results"]) == 2
     assert bad_code == 1000 and bad_messages[-1]["type"] == "Metadata"
 
@@ -279,7 +270,7 @@ async def test_max_sessions_is_shared_across_protocols(make_fake_server) -> None
 async def test_metrics_are_labelled_by_protocol(fake_server) -> None:
     async with connect(ws_url(fake_server, "/v1/listen")) as ws:
         await ws.send('{"type": "CloseStream"}')
-        await messages_until_close(ws)
+        await messages_until_close(ws, timeout_s=10)
     async with connect(ws_url(fake_server, "/v1/realtime?intent=transcription")) as ws:
         await ws.recv()
     await refused(ws_url(fake_server, "/v1/listen?encoding=speex"))

@@ -22,14 +22,14 @@ import numpy as np
 import orjson
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import InvalidStatus
 
 from streamer.client.connection import ClientOptions, StreamingClient
 from streamer.core.protocol import StreamOptions
 from streamer.errors import ConfigError
 from streamer.server.server import ServerOptions
-from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
-from tests.server_fixtures import make_server  # noqa: F401  (fixture)
+from tests.fakes import FakeRecognizer, silence, tone
+from tests.server_fixtures import messages_until_close
 
 HANG_GUARD_S = 60
 
@@ -62,23 +62,6 @@ def on_loop(thread, function) -> None:
         function()
 
     thread.call(call())
-
-
-async def messages_until_close(ws, timeout_s: float = 20.0) -> tuple[list[dict], int | None]:
-    messages = []
-    try:
-        while True:
-            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s)))
-    except ConnectionClosed as closed:
-        return messages, closed.rcvd.code if closed.rcvd else None
-
-
-@pytest.fixture
-def make_fake_server(make_server):  # noqa: F811
-    def factory(load=FakeRecognizer, **options):
-        return make_server(load, classifier_factory=loudness_classifier, **options)
-
-    return factory
 
 
 def test_negative_drain_is_a_config_error() -> None:

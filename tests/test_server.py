@@ -16,14 +16,14 @@ import numpy as np
 import orjson
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import InvalidStatus
 
 from streamer.client.connection import ClientOptions, StreamingClient
 from streamer.client.streaming import transcribe
 from streamer.core.protocol import End, Final, StreamOptions
 from streamer.errors import ConnectionRefusedByServer
-from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
-from tests.server_fixtures import make_server  # noqa: F401  (fixture)
+from tests.fakes import FakeRecognizer, silence, tone
+from tests.server_fixtures import messages_until_close
 
 
 def speech(n_segments: int = 3) -> np.ndarray:
@@ -45,26 +45,6 @@ async def recv_json(ws, timeout=10):
     return orjson.loads(await asyncio.wait_for(ws.recv(), timeout))
 
 
-async def drain(ws, timeout=20):
-    """Every message until the server closes; returns (messages, close code)."""
-    messages = []
-    try:
-        while True:
-            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout)))
-    except ConnectionClosed as closed:
-        return messages, closed.rcvd.code if closed.rcvd else None
-
-
-@pytest.fixture
-def make_fake_server(make_server):  # noqa: F811
-    """Servers whose VAD is a loudness threshold, so tone bursts are exact utterances."""
-
-    def factory(load=FakeRecognizer, **options):
-        return make_server(load, classifier_factory=loudness_classifier, **options)
-
-    return factory
-
-
 @pytest.fixture
 def fake_server(make_fake_server):
     return make_fake_server(lambda: FakeRecognizer(delay_s=0.01))
@@ -79,7 +59,7 @@ async def test_protocol_exchange_with_raw_websocket(fake_server):
         for i in range(0, len(pcm), 3201):  # odd-sized chunks
             await ws.send(pcm[i : i + 3201])
         await ws.send('{"type":"stop"}')
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
     assert code == 1000
     kinds = [m["type"] for m in messages]
     assert kinds[-1] == "end" and kinds.count("final") == 2 == kinds.count("speech_start")
@@ -120,7 +100,7 @@ async def test_many_unpaced_clients_each_get_every_final_and_health_answers(make
 
 async def test_unsupported_sample_rate_closes_1003(fake_server):
     async with connect(fake_server.url + "?sample_rate=11025") as ws:
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
     assert code == 1003
     assert messages[0]["type"] == "error" and messages[0]["code"] == "unsupported_sample_rate"
     assert messages[0]["fatal"] is True
@@ -128,7 +108,7 @@ async def test_unsupported_sample_rate_closes_1003(fake_server):
 
 async def test_wrong_option_closes_1008(fake_server):
     async with connect(fake_server.url + "?language=klingon") as ws:
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
     assert code == 1008 and messages[0]["code"] == "invalid_option"
 
 
@@ -145,7 +125,7 @@ async def test_bad_text_messages_are_errors_and_session_continues(fake_server):
         await ws.send(speech(1).tobytes())
         await ws.send('{"type":"stop"}')
         await ws.send(b"\x00\x00" * 100)  # audio after stop
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
     assert code == 1000
     kinds = [m["type"] for m in messages]
     assert "final" in kinds and kinds[-1] == "end"
@@ -157,7 +137,7 @@ async def test_oversized_frame_closes_1009(make_fake_server):
     async with connect(server.url, max_size=None) as ws:
         await recv_json(ws)
         await ws.send(b"\x00" * (128 * 1024))
-        _, code = await drain(ws)
+        _, code = await messages_until_close(ws)
     assert code == 1009
     # the server is still fine
     result = await transcribe(ClientOptions(url=server.url), speech(1), 16000)
@@ -204,7 +184,7 @@ async def test_idle_timeout_closes_1008_after_delivering_speech(make_fake_server
     async with connect(server.url + "?partials=false") as ws:
         await recv_json(ws)
         await ws.send(np.concatenate([silence(300), tone(1000)]).tobytes())
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
     assert code == 1008
     kinds = [m["type"] for m in messages]
     assert kinds == ["speech_start", "error", "final", "end"]
@@ -219,7 +199,7 @@ async def test_keepalive_prevents_idle_timeout(make_fake_server):
             await ws.send('{"type":"keepalive"}')
             await asyncio.sleep(0.3)
         await ws.send('{"type":"stop"}')
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
     assert code == 1000 and messages[-1]["type"] == "end"
 
 
@@ -321,7 +301,7 @@ async def test_graceful_shutdown_delivers_open_segments(make_fake_server):
         await ws.send(np.concatenate([silence(300), tone(1500)]).tobytes())
         await asyncio.sleep(0.3)
         await asyncio.to_thread(server.shutdown)
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
     assert code == 1001
     kinds = [m["type"] for m in messages]
     assert kinds[-2:] == ["final", "end"] and "speech_start" in kinds
