@@ -12,24 +12,13 @@ from streamer.core.compat.openai_realtime import RealtimeAdapter, RealtimeOption
 from streamer.core.session import State
 from streamer.core.wire import V1Adapter
 from streamer.errors import InvalidOption
+from tests import compat_clients as clients
 from tests.compat_harness import Harness, make_session
 from tests.fakes import silence, tone
 from tests.test_compat_deepgram import ulaw_encode
 
 # what the real clients send first (../shared/compat-protocols.md, section 2)
-GA_UPDATE = {
-    "type": "session.update",
-    "session": {
-        "type": "transcription",
-        "audio": {
-            "input": {
-                "format": {"type": "audio/pcm", "rate": 24000},
-                "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
-                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
-            }
-        },
-    },
-}
+GA_UPDATE = {"type": "session.update", "session": clients.GA_SESSION}
 PIPECAT_UPDATE = {
     "type": "session.update",
     "session": {
@@ -43,14 +32,7 @@ PIPECAT_UPDATE = {
         },
     },
 }
-BETA_UPDATE = {
-    "type": "transcription_session.update",
-    "session": {
-        "input_audio_format": "pcm16",
-        "input_audio_transcription": {"model": "gpt-4o-transcribe", "language": "en"},
-        "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
-    },
-}
+BETA_UPDATE = {"type": "transcription_session.update", "session": clients.BETA_SESSION}
 RATE = 24000
 
 
