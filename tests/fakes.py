@@ -54,6 +54,48 @@ class FakeRecognizer:
         return Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=ms, decode_ms=0.0)
 
 
+class HangingRecognizer(FakeRecognizer):
+    """A decode that hangs (a stuck native call) until :attr:`release` is set, or 60 s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def decode(self, pcm, *, language="auto", use_itn=True):
+        self.release.wait(60)
+        return super().decode(pcm, language=language, use_itn=use_itn)
+
+
+class Dying(BaseException):
+    """Not an Exception: the worker's per-decode handler does not catch it."""
+
+
+class DyingRecognizer(FakeRecognizer):
+    """Every decode kills the worker thread."""
+
+    def decode(self, pcm, *, language="auto", use_itn=True):
+        raise Dying("injected: the worker thread dies")
+
+
+class Answers:
+    """A result callback that collects results; :meth:`wait` blocks until ``n`` arrived."""
+
+    def __init__(self, guard_s: float = 30.0) -> None:
+        self.results: list[DecodeResult] = []
+        self._cond = threading.Condition()
+        self._guard_s = guard_s  # how long to wait for what should arrive at once
+
+    def __call__(self, result: DecodeResult) -> None:
+        with self._cond:
+            self.results.append(result)
+            self._cond.notify_all()
+
+    def wait(self, n: int) -> list[DecodeResult]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.results) >= n, self._guard_s), self.results
+            return list(self.results)
+
+
 class InstantWorker:
     """Answers a session's jobs at once: segment i's final is ``finals[i]``, and its
     partials grow word by word towards it (then run past it, so a partial may also say

@@ -26,7 +26,7 @@ from streamer.model.worker import (
 from streamer.testkit.speech import SAMPLE_RATE
 from tests import clips as clips_module
 from tests.clips import load_clips
-from tests.fakes import FakeRecognizer
+from tests.fakes import Answers, FakeRecognizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -243,22 +243,6 @@ class Recording:
         return self.inner.decode_batch(pcms, languages=languages, use_itns=use_itns)
 
 
-class Collector:
-    def __init__(self) -> None:
-        self.results: list[DecodeResult] = []
-        self.cond = threading.Condition()
-
-    def __call__(self, result: DecodeResult) -> None:
-        with self.cond:
-            self.results.append(result)
-            self.cond.notify_all()
-
-    def wait_for(self, n: int) -> list[DecodeResult]:
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.results) >= n, timeout=30), self.results
-            return list(self.results)
-
-
 def _speech_job(session: str, pcm: np.ndarray, kind: str = "final") -> DecodeJob:
     return DecodeJob(session, 0, kind, pcm, 0, pcm.size, "auto", True)  # type: ignore[arg-type]
 
@@ -267,11 +251,11 @@ def test_queued_jobs_go_in_one_real_call_with_their_batch_1_results(onnx_tiny, l
     recording = Recording(onnx_tiny)
     worker = ModelWorker(lambda: recording, decode_timeout_s=None, max_batch=DEFAULT_MAX_BATCH)
     pcms = _segments(long_speech, (1.0, 1.1, 0.9, 1.2))
-    collect = Collector()
+    collect = Answers()
     for index, pcm in enumerate(pcms[:4]):  # queued before the worker runs: one batch
         worker.submit(_speech_job(f"s{index}", pcm), collect)
     worker.start()
-    results = collect.wait_for(4)
+    results = collect.wait(4)
     worker.stop()
     assert recording.sizes == [4]
     for result in results:
@@ -284,11 +268,11 @@ def test_queued_jobs_go_in_one_real_call_with_their_batch_1_results(onnx_tiny, l
 def test_one_queued_job_runs_alone_through_decode(onnx_tiny, long_speech) -> None:
     recording = Recording(onnx_tiny)
     worker = ModelWorker(lambda: recording, decode_timeout_s=None)
-    collect = Collector()
+    collect = Answers()
     worker.start()
     assert worker.ready.wait(10)
     worker.submit(_speech_job("s", long_speech[:SAMPLE_RATE]), collect)
-    (result,) = collect.wait_for(1)
+    (result,) = collect.wait(1)
     worker.stop()
     assert recording.sizes == [1] and result.batch_size == 1
 
@@ -304,11 +288,11 @@ def test_the_cpu_decodes_at_batch_1_unless_asked(
     for max_batch, sizes in ((None, [1, 1, 1]), (3, [3])):
         recording = Recording(recognizer)
         worker = ModelWorker(lambda r=recording: r, max_batch=max_batch)
-        collect = Collector()
+        collect = Answers()
         for index in range(3):
             worker.submit(_speech_job(f"s{index}", long_speech[:SAMPLE_RATE]), collect)
         worker.start()
-        collect.wait_for(3)
+        collect.wait(3)
         worker.stop()
         assert recording.sizes == sizes
 
@@ -316,14 +300,14 @@ def test_the_cpu_decodes_at_batch_1_unless_asked(
 def test_batch_order_finals_first_then_first_partials_then_refreshes() -> None:
     fake = BatchingFake()
     worker = ModelWorker(lambda: fake, max_batch=3)
-    collect = Collector()
+    collect = Answers()
     worker.submit(job("a", "partial", 1), collect)  # a refresh
     worker.submit(job("b", "partial", 2, first=True), collect)
     worker.submit(job("c", "final", 3), collect)
     worker.submit(job("d", "partial", 4, first=True), collect)
     worker.submit(job("e", "final", 5), collect)
     worker.start()
-    results = collect.wait_for(5)
+    results = collect.wait(5)
     worker.stop()
     assert fake.calls_seen == [[3, 5], [2, 4, 1]]
     assert sorted(r.batch_size for r in results) == [2, 2, 3, 3, 3]
@@ -332,11 +316,11 @@ def test_batch_order_finals_first_then_first_partials_then_refreshes() -> None:
 def test_a_failing_batch_fails_only_its_bad_job() -> None:
     fake = BatchingFake(fail_tag=7)
     worker = ModelWorker(lambda: fake, max_batch=8)
-    collect = Collector()
+    collect = Answers()
     for tag in (6, 7, 8):
         worker.submit(job(f"s{tag}", "final", tag), collect)
     worker.start()
-    results = {int(r.job.pcm[0]): r for r in collect.wait_for(3)}
+    results = {int(r.job.pcm[0]): r for r in collect.wait(3)}
     worker.stop()
     assert fake.calls_seen == [[6, 7, 8], [6], [7], [8]]  # the batch, then one by one
     assert results[7].failure == DecodeFailure.DECODE_FAILED
@@ -348,7 +332,7 @@ def test_a_failing_batch_fails_only_its_bad_job() -> None:
 def test_superseding_and_dropping_while_a_batch_runs() -> None:
     fake = BatchingFake(gated=True)
     worker = ModelWorker(lambda: fake, max_batch=8)
-    collect = Collector()
+    collect = Answers()
     worker.submit(job("a", "partial", 1), collect)
     worker.submit(job("b", "partial", 2), collect)
     worker.start()
@@ -359,7 +343,7 @@ def test_superseding_and_dropping_while_a_batch_runs() -> None:
     assert worker.drop_session("b") == 1  # 5 is forgotten; the running 2 is answered
     for _ in range(3):
         fake.gate.release()
-    results = collect.wait_for(4)
+    results = collect.wait(4)
     worker.stop()
     tags = [int(r.job.pcm[0]) for r in results]
     assert sorted(tags) == [1, 2, 3, 4]  # each answered once, 5 never
@@ -372,13 +356,13 @@ def test_the_watchdog_answers_every_job_of_a_stalled_batch() -> None:
     worker = ModelWorker(lambda: fake, decode_timeout_s=0.2, max_batch=8)
     failed = threading.Event()
     worker.on_failure = lambda reason: failed.set()
-    collect = Collector()
+    collect = Answers()
     worker.submit(job("a", "final", 1), collect)
     worker.submit(job("b", "partial", 2), collect)
     worker.submit(job("c", "final", 3), collect)
     worker.start()
     assert failed.wait(10)
-    results = {int(r.job.pcm[0]): r for r in collect.wait_for(3)}
+    results = {int(r.job.pcm[0]): r for r in collect.wait(3)}
     fake.gate.release()
     worker.stop()
     assert fake.calls_seen == [[1, 3]]  # the finals' batch stalled; the partial waited

@@ -17,7 +17,7 @@ import pytest
 
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
-from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
 from streamer.model import loading
@@ -32,6 +32,7 @@ from streamer.model.worker import ModelWorker
 from streamer.server.metrics import Metrics
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
+from tests.fakes import Answers
 from tests.server_fixtures import recognizer_loader
 
 GUARD_S = 30.0  # how long a test waits for something that should happen at once
@@ -64,24 +65,6 @@ def job(session: str, kind: str = "final", segment: int = 0) -> DecodeJob:
         language="auto",
         itn=True,
     )
-
-
-class Answers:
-    """Collects results; :meth:`wait` blocks until ``n`` have arrived."""
-
-    def __init__(self) -> None:
-        self.results: list[DecodeResult] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, result: DecodeResult) -> None:
-        with self._cond:
-            self.results.append(result)
-            self._cond.notify_all()
-
-    def wait(self, n: int) -> list[DecodeResult]:
-        with self._cond:
-            assert self._cond.wait_for(lambda: len(self.results) >= n, GUARD_S), self.results
-            return list(self.results)
 
 
 def gated_pool(n: int, **worker_options) -> tuple[WorkerPool, list[Gate]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 
 import numpy as np
 import orjson
@@ -21,9 +20,19 @@ from streamer.client.streaming import transcribe
 from streamer.core.protocol import Final, StreamOptions
 from streamer.server.connection import WS_MAX_QUEUE_FRAMES
 from streamer.testkit import speech as synth
-from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
-from tests.server_fixtures import make_server  # noqa: F401  (fixture)
-from tests.test_server import drain, http_get, recv_json, speech
+from tests.fakes import (
+    DyingRecognizer,
+    FakeRecognizer,
+    HangingRecognizer,
+    loudness_classifier,
+    silence,
+    tone,
+)
+from tests.server_fixtures import (
+    make_server,  # noqa: F401  (fixture)
+    messages_until_close,
+)
+from tests.test_server import http_get, recv_json, speech
 
 BOUND_S = 20  # every wait below gives up after this (a failure, never a pass)
 
@@ -34,27 +43,6 @@ def fake(make_server):  # noqa: F811
         return make_server(load, classifier_factory=loudness_classifier, **options)
 
     return factory
-
-
-class HangingRecognizer(FakeRecognizer):
-    """Decodes hang (a stuck native call) until the test ends."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = threading.Event()
-
-    def decode(self, pcm, *, language="auto", use_itn=True):
-        self.release.wait(60)
-        return super().decode(pcm, language=language, use_itn=use_itn)
-
-
-class Dying(BaseException):
-    pass
-
-
-class DyingRecognizer(FakeRecognizer):
-    def decode(self, pcm, *, language="auto", use_itn=True):
-        raise Dying("injected: the worker thread dies")
 
 
 async def wait_until(predicate, what: str) -> None:
@@ -207,7 +195,7 @@ async def test_junk_flood_is_answered_once_and_does_not_keep_the_session_alive(f
         junk = "x" * 60000
         for _ in range(200):  # 12 MB of junk
             await ws.send(junk)
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
     errors = [m for m in messages if m["type"] == "error"]
     assert [e["code"] for e in errors] == ["bad_message", "bad_message", "idle_timeout"]
     assert errors[1]["suppressed"] == 199
@@ -242,7 +230,9 @@ async def test_a_stalled_model_tells_every_session_and_turns_unready(fake, recog
                 await recv_json(ws)
                 await ws.send(speech(2).tobytes())
                 await ws.send('{"type":"stop"}')
-            (ma, code_a), (mb, code_b) = await asyncio.gather(drain(a), drain(b))
+            (ma, code_a), (mb, code_b) = await asyncio.gather(
+                messages_until_close(a), messages_until_close(b)
+            )
         # a dying worker can fail before b's audio is read: b is then told at once
         assert any(m["type"] == "final" for m in ma + mb)
         for messages in (ma, mb):
@@ -271,7 +261,7 @@ async def test_a_session_open_when_the_model_stalls_is_closed_1011(fake):
         async with connect(server.url + "?partials=false") as ws:
             await recv_json(ws)
             await ws.send(speech(1).tobytes())  # a final is queued; the stream stays open
-            messages, code = await drain(ws)
+            messages, code = await messages_until_close(ws)
         assert code == 1011
         assert [m["type"] for m in messages][-3:] == ["final", "error", "end"] or any(
             m.get("code") == "model_stalled" and m.get("fatal") for m in messages
@@ -415,7 +405,7 @@ async def test_audio_streamed_after_server_shutdown_is_dropped_quietly(fake):
         streamer = asyncio.create_task(keep_streaming())
         await asyncio.sleep(0.2)
         stopper = asyncio.create_task(asyncio.to_thread(server.shutdown, BOUND_S))
-        messages, code = await drain(ws)
+        messages, code = await messages_until_close(ws)
         streamer.cancel()
         await stopper
     assert code == 1001 and messages[-1]["type"] == "end"

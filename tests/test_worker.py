@@ -9,7 +9,7 @@ import pytest
 
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.model.worker import ModelWorker
-from tests.fakes import FakeRecognizer
+from tests.fakes import DyingRecognizer, FakeRecognizer, HangingRecognizer
 
 
 class GatedRecognizer(FakeRecognizer):
@@ -154,27 +154,6 @@ def test_stop_answers_queued_jobs_dropped(gated):
     worker.stop()  # drops job 2 while the worker is still busy, then joins
     worker.submit(job("a", "final", 3), collect)  # after stop: answered dropped at once
     assert [int(r.job.pcm[0]) for r in results if r.dropped] == [2, 3]
-
-
-class HangingRecognizer(FakeRecognizer):
-    """A decode that never returns on its own (a stuck native call), until released."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = threading.Event()
-
-    def decode(self, pcm, *, language="auto", use_itn=True):
-        self.release.wait(30)
-        return super().decode(pcm, language=language, use_itn=use_itn)
-
-
-class Dying(BaseException):
-    """Not an Exception: the worker's per-decode handler does not catch it."""
-
-
-class DyingRecognizer(FakeRecognizer):
-    def decode(self, pcm, *, language="auto", use_itn=True):
-        raise Dying("injected")
 
 
 def failing_worker(recognizer, **kwargs):
