@@ -119,6 +119,22 @@ def test_sessions_go_to_the_least_loaded_worker_and_stay_there(two) -> None:
     assert by_session == {("a", 0), ("b", 0), ("c", 0), ("b", 1), ("b", 2)}
 
 
+def test_one_worker_counts_its_sessions_too() -> None:
+    pool, gates = gated_pool(1)
+    try:
+        answers = Answers()
+        pool.submit(job("a"), answers)
+        assert gates[0].entered.acquire(timeout=GUARD_S)  # a's job is running
+        pool.submit(job("b"), answers)
+        assert [load.sessions for load in pool.loads()] == [2]  # what /readyz and metrics show
+        assert pool.drop_session("a") == 0  # its job is running, not queued
+        assert [load.sessions for load in pool.loads()] == [1]
+        assert pool.worker_of("a") is None and pool.worker_of("b").index == 0
+    finally:
+        gates[0].opened.set()
+        pool.stop()
+
+
 def test_partials_of_a_session_supersede_each_other_on_its_worker(two) -> None:
     pool, gates = two
     answers = Answers()

@@ -5,7 +5,7 @@ with its own thread and its own copy of the model, built by a factory from a
 :class:`WorkerSlot` (which device, how many threads). The server and its connections
 use the pool exactly as they used the one worker (``submit``, ``drop_session``,
 ``stats``, ``ready``, ``load_error``, ``failure``, ``on_failure``); with one slot it
-behaves exactly as that worker.
+routes every session to that worker (and still counts them, for ``/readyz`` and metrics).
 
 Routing: a session is pinned to one worker for its life, so that its partials still
 supersede each other and its finals stay in order (both are per-worker rules). The
@@ -287,9 +287,6 @@ class WorkerPool:
 
     def submit(self, job: DecodeJob, callback: ResultCallback) -> None:
         """Queue ``job`` on its session's worker (pinning the session on its first job)."""
-        if len(self.workers) == 1:
-            self.workers[0].submit(job, callback)
-            return
         with self._lock:
             index = self._pinned.get(job.session_id)
             if index is None:
@@ -300,8 +297,6 @@ class WorkerPool:
 
     def drop_session(self, session_id: str) -> int:
         """Forget the session's queued jobs (on its worker) and unpin it."""
-        if len(self.workers) == 1:
-            return self.workers[0].drop_session(session_id)
         with self._lock:
             index = self._pinned.pop(session_id, None)
             if index is not None:
