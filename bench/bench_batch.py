@@ -7,9 +7,11 @@ Two parts, each loading the configurations it names in this process:
   worker forms them); it counts rows whose token ids differ from the same segment
   decoded alone. fp32 should agree everywhere; int8 picks one activation scale per
   tensor, so a batch's other rows (and padding) can change a row.
-* ``features``: the time of the features alone (fbank, LFR, CMVN: computed on the
-  worker thread, from scratch, for every partial and final) per segment length, the
-  part of a decode that a faster accelerator does not shrink.
+* ``features``: the time of the features alone (fbank, LFR, CMVN, computed on the
+  worker thread) per segment length from scratch, the part of a decode that a faster
+  accelerator does not shrink; and over a segment's life (a partial every 0.3 s up to
+  7 s, then its final), from scratch for every job against the worker's incremental
+  :class:`~streamer.model.features.FeatureCache`, interleaved in one run.
 * ``timing``: decode time of one ``decode_batch`` call per batch size and segment length
   (median of interleaved repetitions), so per-segment cost against batch size.
 
@@ -144,6 +146,48 @@ def features(recognizer: Any, signal: np.ndarray, lengths: list[float], repeats:
     return out
 
 
+def segment_features(
+    recognizer: Any, signal: np.ndarray, repeats: int, step_s: float = 0.3, length_s: float = 7.0
+) -> dict:
+    """One segment's partials every ``step_s`` up to ``length_s``, then its final: the
+    features' total and last-partial ms from scratch and through the feature cache."""
+    from streamer.core.jobs import DecodeJob
+    from streamer.model.decoding import as_waveform
+    from streamer.model.features import FeatureCache
+    from streamer.model.frontend import Frontend
+
+    frontend = getattr(recognizer, "_frontend", None)
+    if not isinstance(frontend, Frontend):
+        return {}
+    step = int(step_s * SAMPLE_RATE)
+    ends = list(range(step, int(length_s * SAMPLE_RATE) + 1, step))
+    jobs = [
+        DecodeJob("s", 0, "partial" if n != ends[-1] else "final", signal[:n], 0, n, "auto", True)
+        for n in ends
+    ]
+    totals: dict[str, list[float]] = {"scratch": [], "cache": []}
+    last: dict[str, list[float]] = {"scratch": [], "cache": []}
+    for _ in range(repeats):
+        for way in totals:
+            cache = FeatureCache(frontend)
+            spent = []
+            for job in jobs:
+                waveform = as_waveform(job.pcm)
+                started = time.perf_counter()
+                if way == "cache":
+                    cache.features(job, waveform)
+                else:
+                    frontend(waveform)
+                spent.append((time.perf_counter() - started) * 1000)
+            totals[way].append(sum(spent))
+            last[way].append(spent[-2])  # the last partial, at length_s - step_s
+    return {
+        "jobs": len(jobs),
+        "total_ms": {way: statistics.median(v) for way, v in totals.items()},
+        "last_partial_ms": {way: statistics.median(v) for way, v in last.items()},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -183,6 +227,17 @@ def main(argv: list[str] | None = None) -> int:
             entry["features_ms"] = features(recognizer, signal, lengths, args.repeats)
             for seconds, ms in entry["features_ms"].items():
                 print(f"{config} features of {seconds} s: {ms:.1f} ms", flush=True)
+            life = segment_features(recognizer, signal, args.repeats)
+            entry["segment_features"] = life
+            if life:
+                total, last = life["total_ms"], life["last_partial_ms"]
+                print(
+                    f"{config} one 7 s segment, {life['jobs']} jobs (partials every 0.3 s, "
+                    f"final): features {total['scratch']:.1f} ms from scratch, "
+                    f"{total['cache']:.1f} ms cached; last partial {last['scratch']:.2f} "
+                    f"against {last['cache']:.2f} ms",
+                    flush=True,
+                )
         if "timing" in parts:
             sizes = [int(s) for s in args.sizes.split(",")]
             lengths = [float(s) for s in args.lengths.split(",")]

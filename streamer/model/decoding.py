@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,6 +38,8 @@ from streamer.model.sensevoice import (
 )
 
 if TYPE_CHECKING:
+    from streamer.model.features import FeatureCache
+    from streamer.model.frontend import Frontend
     from streamer.model.recognizer import RecognizerOptions
     from streamer.model.worker import SpeechRecognizer
 
@@ -57,6 +59,9 @@ class Utterance:
     waveform: np.ndarray  # float32 samples at 16 kHz, scaled like funasr's s16le input
     language_row: int  # query row of the model's embedding (LID_ROWS)
     textnorm_row: int  # query row of the model's embedding (TEXTNORM_ROWS)
+    # the waveform's features (frames, 560), computed already (the feature cache's);
+    # None: the backend computes them
+    features: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,10 @@ class CtcRecognizer:
     banned_ids: tuple[int, ...] = ()  # token ids that never win a frame
     _device: str  # "cpu" or "cuda:N" (set by the backend's constructor)
     _piece_table: list[str] | None = None  # the tokenizer's pieces, read at the first decode
+    # the backend's features, as this project computes them; None where the backend
+    # computes its own (then decode_jobs has no feature cache)
+    frontend: Frontend | None = None
+    _feature_cache: FeatureCache | None = None
 
     @property
     def name(self) -> str:
@@ -319,6 +328,39 @@ class CtcRecognizer:
             Utterance(as_waveform(pcm), language_row(language), textnorm_row(use_itn))
             for pcm, language, use_itn in zip(pcms, languages, use_itns, strict=True)
         ]
+        return self._decode_requests(requests, started)
+
+    def decode_jobs(self, jobs: Sequence[DecodeJob]) -> list[Transcript]:
+        """:meth:`decode_batch` of the jobs' audio, with each segment's features computed
+        incrementally: the filterbank of samples an earlier job of the same segment had
+        is reused (:class:`~streamer.model.features.FeatureCache`), bit for bit the same.
+        """
+        started = time.perf_counter()
+        cache = self.feature_cache
+        requests = []
+        for job in jobs:
+            waveform = as_waveform(job.pcm)
+            request = Utterance(waveform, language_row(job.language), textnorm_row(job.itn))
+            if cache is not None and waveform.size >= MIN_DECODE_SAMPLES:
+                request = replace(request, features=cache.features(job, waveform))
+            requests.append(request)
+        return self._decode_requests(requests, started)
+
+    @property
+    def feature_cache(self) -> FeatureCache | None:
+        """The open segments' features (None where the backend computes its own)."""
+        if self._feature_cache is None and self.frontend is not None:
+            from streamer.model.features import FeatureCache
+
+            self._feature_cache = FeatureCache(self.frontend)
+        return self._feature_cache
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop what is cached for ``session_id`` (it has gone). Any thread."""
+        if self._feature_cache is not None:
+            self._feature_cache.forget(session_id)
+
+    def _decode_requests(self, requests: list[Utterance], started: float) -> list[Transcript]:
         runnable = [i for i, r in enumerate(requests) if r.waveform.size >= MIN_DECODE_SAMPLES]
         logits: dict[int, np.ndarray] = {}
         if runnable:
@@ -380,6 +422,30 @@ class CtcRecognizer:
         raise NotImplementedError
 
 
+def decode_jobs(recognizer: SpeechRecognizer, jobs: Sequence[DecodeJob]) -> list[Transcript]:
+    """The transcripts of ``jobs``, in one model call where the recognizer batches.
+
+    A :class:`CtcRecognizer` gets the jobs themselves (its feature cache knows their
+    segments); other recognizers (test doubles) get their audio. Raises what the
+    recognizer raises.
+    """
+    if isinstance(recognizer, CtcRecognizer):
+        return recognizer.decode_jobs(jobs)
+    if len(jobs) == 1:
+        job = jobs[0]
+        return [recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)]
+    decode_batch = getattr(recognizer, "decode_batch", None)
+    if decode_batch is None:
+        raise ConfigError(f"{recognizer.name} decodes one utterance at a time")
+    return list(
+        decode_batch(
+            [job.pcm for job in jobs],
+            languages=[job.language for job in jobs],
+            use_itns=[job.itn for job in jobs],
+        )
+    )
+
+
 def decode_job(
     recognizer: SpeechRecognizer, job: DecodeJob, *, queue_ms: float = 0.0
 ) -> DecodeResult:
@@ -389,7 +455,7 @@ def decode_job(
     """
     started = time.perf_counter()
     try:
-        transcript = recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)
+        (transcript,) = decode_jobs(recognizer, [job])
     except Exception as exc:  # one bad decode must not stop the worker
         logger.exception(
             "decode failed (session %s, segment %d, %s)", job.session_id, job.segment_id, job.kind

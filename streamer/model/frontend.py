@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from streamer.model.sensevoice import (
     SAMPLE_RATE,
     WINDOW,
 )
+
+WINDOW_SAMPLES = SAMPLE_RATE * FRAME_LENGTH_MS // 1000  # 400 samples in one 25 ms window
+SHIFT_SAMPLES = SAMPLE_RATE * FRAME_SHIFT_MS // 1000  # 160 samples between frames
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class Frontend:
                 f"CMVN has {cmvn.shift.size} dimensions but {self.n_mels} mel bins stacked "
                 f"{lfr_m} at a time make {self.n_mels * lfr_m}"
             )
+        self._full_window_options = self._fbank_options(float(FRAME_LENGTH_MS))
 
     @property
     def dim(self) -> int:
@@ -85,7 +90,10 @@ class Frontend:
 
     def __call__(self, waveform: np.ndarray) -> np.ndarray:
         """Features of float32 ``waveform`` in [-1, 1] at 16 kHz: (frames, 560) float32."""
-        fbank = self.fbank(waveform)
+        return self.stack(self.fbank(waveform))
+
+    def stack(self, fbank: np.ndarray) -> np.ndarray:
+        """LFR and CMVN of ``fbank`` (frames, 80): the features, (frames, 560) float32."""
         if fbank.shape[0] == 0:
             return np.zeros((0, self.dim), np.float32)
         stacked = lfr(fbank, self.lfr_m, self.lfr_n)
@@ -95,12 +103,27 @@ class Frontend:
 
     def fbank(self, waveform: np.ndarray) -> np.ndarray:
         """80-bin log-mel filterbank, (frames, 80) float32, as funasr's knf fallback."""
-        knf = self._knf
-        options = knf.FbankOptions()
+        # WavFrontend shortens the window for audio shorter than one window
+        window_ms = min(float(FRAME_LENGTH_MS), waveform.size / SAMPLE_RATE * 1000)
+        computer = self._knf.OnlineFbank(self._fbank_options(window_ms))
+        computer.accept_waveform(float(SAMPLE_RATE), np.asarray(waveform, np.float32) * 32768)
+        computer.input_finished()
+        frames = computer.num_frames_ready
+        if frames == 0:
+            return np.zeros((0, self.n_mels), np.float32)
+        return np.stack([computer.get_frame(i) for i in range(frames)]).astype(np.float32)
+
+    def online_fbank(self) -> OnlineFbank:
+        """A kaldi-native-fbank ``OnlineFbank`` with full 25 ms windows, to feed audio in
+        pieces: its frames are bit for bit :meth:`fbank`'s for audio of one window or more
+        (each frame depends on its own window's samples only)."""
+        return cast(OnlineFbank, self._knf.OnlineFbank(self._full_window_options))
+
+    def _fbank_options(self, window_ms: float) -> Any:
+        options = self._knf.FbankOptions()
         frame = options.frame_opts
         frame.samp_freq = float(SAMPLE_RATE)
-        # WavFrontend shortens the window for audio shorter than one window
-        frame.frame_length_ms = min(float(FRAME_LENGTH_MS), waveform.size / SAMPLE_RATE * 1000)
+        frame.frame_length_ms = window_ms
         frame.frame_shift_ms = float(FRAME_SHIFT_MS)
         frame.dither = 0.0
         frame.snip_edges = True
@@ -117,13 +140,28 @@ class Frontend:
         options.use_log_fbank = True
         options.use_power = True
         options.htk_compat = False
-        computer = knf.OnlineFbank(options)
-        computer.accept_waveform(float(SAMPLE_RATE), np.asarray(waveform, np.float32) * 32768)
-        computer.input_finished()
-        frames = computer.num_frames_ready
-        if frames == 0:
-            return np.zeros((0, self.n_mels), np.float32)
-        return np.stack([computer.get_frame(i) for i in range(frames)]).astype(np.float32)
+        return options
+
+
+class OnlineFbank(Protocol):
+    """What :meth:`Frontend.online_fbank` returns (kaldi_native_fbank.OnlineFbank)."""
+
+    @property
+    def num_frames_ready(self) -> int: ...
+
+    def accept_waveform(self, sampling_rate: float, waveform: np.ndarray) -> None: ...
+
+    def get_frame(self, frame: int) -> np.ndarray: ...
+
+    def pop(self, n: int) -> None: ...
+
+
+def fbank_frames(samples: int) -> int:
+    """How many fbank frames :meth:`Frontend.online_fbank` has made from ``samples``
+    samples (full windows only, as ``snip_edges``)."""
+    if samples < WINDOW_SAMPLES:
+        return 0
+    return 1 + (samples - WINDOW_SAMPLES) // SHIFT_SAMPLES
 
 
 def lfr(fbank: np.ndarray, lfr_m: int, lfr_n: int) -> np.ndarray:

@@ -150,6 +150,7 @@ class OnnxRecognizer(CtcRecognizer):
         metadata = self._session.get_modelmeta().custom_metadata_map
         _check_query_rows(metadata, self.model_dir.graph)
         self._frontend = Frontend(self.model_dir.cmvn or _metadata_cmvn(metadata, self.model_dir))
+        self.frontend = self._frontend
         logger.info(
             "loaded model %s with ONNX Runtime from %s (%s, %s, %d threads) in %.1f s",
             self.name,
@@ -167,7 +168,9 @@ class OnnxRecognizer(CtcRecognizer):
         return "onnx"
 
     def _logits(self, batch: Sequence[Utterance]) -> list[np.ndarray]:
-        features = [self._frontend(u.waveform) for u in batch]
+        features = [
+            u.features if u.features is not None else self._frontend(u.waveform) for u in batch
+        ]
         lengths = [f.shape[0] for f in features]
         padded = np.zeros((len(batch), max(lengths), FEATURE_DIM), np.float32)
         for row, feats in enumerate(features):

@@ -49,12 +49,19 @@ from streamer.model.files import (
     locate_model,
     model_files,
 )
+from streamer.model.frontend import Cmvn, Frontend
 from streamer.model.funasr_quiet import import_funasr, quiet_funasr
 from streamer.model.sensevoice import (
     EMO_UNKNOWN_ID,
+    FRAME_LENGTH_MS,
+    FRAME_SHIFT_MS,
     LANGUAGES,
+    LFR_M,
+    LFR_N,
     MIN_DECODE_SAMPLES,
+    N_MELS,
     SAMPLE_RATE,
+    WINDOW,
     prepend_queries,
 )
 
@@ -164,6 +171,7 @@ class Recognizer(CtcRecognizer):
         kwargs = self._automodel.kwargs
         self._model = self._automodel.model
         self._frontend = kwargs["frontend"]
+        self.frontend = _same_frontend(self._frontend)
         self._funasr_tokenizer = kwargs["tokenizer"]
         self.tokenizer: _FunasrTokenizer = _FunasrTokenizer(self._funasr_tokenizer)
         if kwargs.get("ban_emo_unk", False):
@@ -206,8 +214,11 @@ class Recognizer(CtcRecognizer):
         from funasr.utils.load_utils import extract_fbank
 
         with torch.inference_mode(), self._autocast():
-            waveforms = [torch.from_numpy(u.waveform) for u in batch]
-            feats, lengths = extract_fbank(waveforms, frontend=self._frontend)
+            if self.frontend is not None:  # funasr's features, bit for bit (_same_frontend)
+                feats, lengths = _padded_features(torch, self.frontend, batch)
+            else:
+                waveforms = [torch.from_numpy(u.waveform) for u in batch]
+                feats, lengths = extract_fbank(waveforms, frontend=self._frontend)
             feats = feats.to(device=self._device)
             lengths = lengths.to(device=self._device).reshape(-1)
             # As SenseVoiceSmall.inference(): [language, 1, 2, textnorm] + features, in new
@@ -398,3 +409,45 @@ def _check_fbank_backend() -> None:
             "kaldi-native-fbank (pip install kaldi-native-fbank) or a torchaudio build that "
             "matches your torch."
         )
+
+
+def _same_frontend(frontend: Any) -> Frontend | None:
+    """This project's :class:`Frontend` where it computes exactly what funasr's
+    ``WavFrontend`` ``frontend`` computes (funasr on kaldi-native-fbank, SenseVoice's
+    settings; tests/test_decoding.py compares them), so the feature cache can serve the
+    torch backend; None where it would not (torchaudio's fbank differs by up to 1e-4,
+    another frontend class or other settings): funasr then computes the features."""
+    from funasr.utils import fbank as funasr_fbank
+
+    if getattr(funasr_fbank, "_HAS_TORCHAUDIO", True) or type(frontend).__name__ != "WavFrontend":
+        return None
+    settings = {
+        "fs": SAMPLE_RATE,
+        "window": WINDOW,
+        "n_mels": N_MELS,
+        "frame_length": FRAME_LENGTH_MS,
+        "frame_shift": FRAME_SHIFT_MS,
+        "lfr_m": LFR_M,
+        "lfr_n": LFR_N,
+        "dither": 0.0,
+        "snip_edges": True,
+        "upsacle_samples": True,
+    }
+    if any(getattr(frontend, name, None) != value for name, value in settings.items()):
+        return None
+    cmvn = getattr(frontend, "cmvn", None)
+    if cmvn is None or tuple(cmvn.shape) != (2, N_MELS * LFR_M):
+        return None
+    rows = cmvn.detach().cpu().numpy().astype(np.float32)
+    return Frontend(Cmvn(shift=rows[0].copy(), scale=rows[1].copy()))
+
+
+def _padded_features(torch: Any, frontend: Frontend, batch: Sequence[Utterance]) -> Any:
+    """The batch's features zero-padded to the longest, and their lengths, as tensors
+    (what funasr's ``extract_fbank`` returns)."""
+    features = [u.features if u.features is not None else frontend(u.waveform) for u in batch]
+    lengths = [f.shape[0] for f in features]
+    padded = np.zeros((len(batch), max(lengths), frontend.dim), np.float32)
+    for row, rows in enumerate(features):
+        padded[row, : rows.shape[0]] = rows
+    return torch.from_numpy(padded), torch.tensor(lengths, dtype=torch.int32)

@@ -52,7 +52,7 @@ from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
-from streamer.model.decoding import decode_job
+from streamer.model.decoding import decode_job, decode_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +240,13 @@ class ModelWorker:
     def model_name(self) -> str:
         return self.recognizer.name if self.recognizer is not None else "loading"
 
+    @property
+    def device(self) -> str | None:
+        """Where the loaded model runs ("cpu", "cuda:0"); None until it is loaded (or
+        where the recognizer does not say)."""
+        device = getattr(self.recognizer, "device", None)
+        return None if device is None else str(device)
+
     def stats(self) -> WorkerStats:
         with self._lock:
             return WorkerStats(len(self._finals), len(self._partials), self._running is not None)
@@ -268,13 +275,17 @@ class ModelWorker:
             self._answer(superseded, DecodeResult(job=superseded.job, dropped=True))
 
     def drop_session(self, session_id: str) -> int:
-        """Forget every queued job of ``session_id`` (its callbacks are not called)."""
+        """Forget every queued job of ``session_id`` (its callbacks are not called) and
+        what the recognizer keeps for it."""
         with self._lock:
             before = len(self._finals)
             self._finals = deque(q for q in self._finals if q.job.session_id != session_id)
             dropped = before - len(self._finals)
             if self._partials.pop(session_id, None) is not None:
                 dropped += 1
+        forget = getattr(self.recognizer, "forget_session", None)
+        if forget is not None:
+            forget(session_id)  # its cached features
         if dropped:
             logger.debug("dropped %d queued jobs of departed session %s", dropped, session_id)
         return dropped
@@ -401,13 +412,8 @@ class ModelWorker:
         started = time.perf_counter()
         recognizer = self.recognizer
         assert recognizer is not None and _batches(recognizer)
-        jobs = [item.job for item in batch]
         try:
-            transcripts = recognizer.decode_batch(
-                [job.pcm for job in jobs],
-                languages=[job.language for job in jobs],
-                use_itns=[job.itn for job in jobs],
-            )
+            transcripts = decode_jobs(recognizer, [item.job for item in batch])
         except Exception as exc:  # find the bad job: only that one gets an error
             logger.warning(
                 "a batch of %d failed (%s: %s); decoding its jobs one by one",
