@@ -343,3 +343,44 @@ async def test_two_workers_give_the_finals_of_one(tiny_model_dir: Path, speech_c
     assert two == one
     assert all(finals for finals in one)
     assert all(count and count > 0 for count in per_worker), per_worker  # both decoded
+
+
+def test_auto_is_shown_as_the_device_the_worker_loaded_on() -> None:
+    """--device auto: /readyz and the per-worker metrics name the device the model went
+    to once loaded, and the "auto" series of the loading time goes."""
+    gate = Gate()
+    gate.device = "cpu"  # type: ignore[attr-defined]
+    loaded = threading.Event()
+
+    def load() -> Gate:
+        assert loaded.wait(GUARD_S)
+        return gate
+
+    metrics = Metrics()
+
+    def factory(slot: WorkerSlot, hooks: WorkerHooks) -> ModelWorker:
+        return ModelWorker(load, on_decoded=hooks.on_decoded, on_failure=hooks.on_failure)
+
+    pool = WorkerPool(factory, [WorkerSlot(0, "auto", 1)], on_decoded=metrics.observe_worker_decode)
+    pool.start()
+    try:
+        metrics.observe_workers(pool.loads())
+        assert pool.loads()[0].slot.device == "auto"  # not loaded yet
+        ready = {"worker": "0", "device": "auto"}
+        assert metrics.registry.get_sample_value("streamer_worker_ready", ready) == 0
+        loaded.set()
+        assert pool.ready.wait(GUARD_S)
+        assert pool.loads()[0].slot.device == "cpu"
+        metrics.observe_workers(pool.loads())
+        assert metrics.registry.get_sample_value("streamer_worker_ready", ready) is None
+        ready["device"] = "cpu"
+        assert metrics.registry.get_sample_value("streamer_worker_ready", ready) == 1
+        gate.opened.set()
+        answers = Answers()
+        pool.submit(job("a"), answers)
+        answers.wait(1)
+        decodes = {"worker": "0", "device": "cpu", "kind": "final"}
+        assert metrics.registry.get_sample_value("streamer_worker_decodes_total", decodes) == 1
+    finally:
+        gate.opened.set()
+        pool.stop()

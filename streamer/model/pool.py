@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from streamer.core.jobs import DecodeJob, DecodeResult
@@ -165,7 +165,9 @@ class WorkerPool:
             factory(
                 slot,
                 WorkerHooks(
-                    on_decoded=None if on_decoded is None else partial(on_decoded, slot),
+                    on_decoded=None
+                    if on_decoded is None
+                    else partial(self._decoded, on_decoded, slot.index),
                     on_failure=partial(self._worker_failed, slot),
                 ),
             )
@@ -208,6 +210,21 @@ class WorkerPool:
             return worker
 
         return cls(factory, [WorkerSlot(0, device, 0)], on_decoded=on_decoded)
+
+    def slot(self, index: int) -> WorkerSlot:
+        """Worker ``index``'s slot, its device the one it runs on once loaded (``auto``
+        becomes ``cpu`` or ``cuda:0``)."""
+        slot = self.slots[index]
+        device = self.workers[index].device
+        return slot if device is None or device == slot.device else replace(slot, device=device)
+
+    def _decoded(
+        self,
+        hook: Callable[[WorkerSlot, DecodeResult], None],
+        index: int,
+        result: DecodeResult,
+    ) -> None:
+        hook(self.slot(index), result)
 
     # -- control ---------------------------------------------------------------
 
@@ -268,7 +285,7 @@ class WorkerPool:
             sessions = list(self._sessions)
         return [
             WorkerLoad(
-                slot=slot,
+                slot=self.slot(slot.index),
                 sessions=sessions[slot.index],
                 stats=worker.stats(),
                 ready=worker.ready.is_set() and worker.load_error is None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -120,6 +122,7 @@ class Metrics:
 
         # per worker of the pool (--device cuda:0,cuda:1, --workers N): worker is its
         # index, device its device; rate(busy) is a device's utilisation
+        self._worker_labels: dict[str, tuple[str, str]] = {}  # worker -> labels set last
         self.worker_sessions = Gauge(
             "streamer_worker_sessions",
             "Sessions pinned to the worker",
@@ -161,6 +164,12 @@ class Metrics:
         """Each worker's gauges (the server calls it a few times a second)."""
         for load in loads:
             labels = (load.slot.label, load.slot.device)
+            before = self._worker_labels.setdefault(load.slot.label, labels)
+            if before != labels:  # "auto" became the device the worker loaded on
+                for gauge in (self.worker_sessions, self.worker_queued, self.worker_ready):
+                    with contextlib.suppress(KeyError):  # never set
+                        gauge.remove(*before)
+                self._worker_labels[load.slot.label] = labels
             self.worker_sessions.labels(*labels).set(load.sessions)
             self.worker_queued.labels(*labels).set(
                 load.stats.queued_finals + load.stats.queued_partials
