@@ -16,7 +16,7 @@ from streamer.core.session import SessionOptions
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS
 from streamer.model.pool import DEFAULT_WORKERS_PER_DEVICE
 from streamer.model.recognizer import RecognizerOptions
-from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S, WorkerOptions
+from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL_PROCESS, WorkerOptions
 from streamer.server import server as server_module
 from streamer.server.server import ServerOptions
 
@@ -29,6 +29,7 @@ RENAMED: dict[str, Any] = {
     "decode_timeout_s": DEFAULT_DECODE_TIMEOUT_S,  # ModelWorker's
     "workers": DEFAULT_WORKERS_PER_DEVICE,  # the pool's
     "max_batch": WorkerOptions().max_batch,  # the worker's (None: auto)
+    "model_process": DEFAULT_MODEL_PROCESS,  # the worker's
 }
 # flags that set no option field
 NOT_OPTIONS = {"help", "func", "vad", "log_level", "log_format", "no_uvloop", "cache_dir"}

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ EXIT_MODEL_FAILED = 3  # serve: the model stalled or its worker died; restart th
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from streamer.model import pool
-    from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S
+    from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL_PROCESS
     from streamer.server.server import ServerOptions
 
     server = ServerOptions()  # the flags' defaults are its fields' (and its options')
@@ -188,6 +189,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "restart it [%(default)s]",
     )
     g.add_argument(
+        "--model-process",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=_env("model_process", DEFAULT_MODEL_PROCESS, _bool),
+        help="run each worker's model (features, decoding) in a child process of its own, "
+        "so that it does not share one GIL with the event loop: for hundreds of streams "
+        "on a GPU (bench/RESULTS.md) [STREAMER_MODEL_PROCESS, %(default)s]",
+    )
+    g.add_argument(
         "--workers",
         type=int,
         default=_env("workers", pool.DEFAULT_WORKERS_PER_DEVICE, int),
@@ -300,7 +311,7 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
 
     from streamer.model.loading import load_recognizer, preflight, resolve_devices
     from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot, plan_slots
-    from streamer.model.worker import ModelWorker
+    from streamer.model.worker import ModelWorker, SpeechRecognizer
 
     if args.decode_timeout_s <= 0:
         raise ConfigError("--decode-timeout-s must be positive")
@@ -316,8 +327,16 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
         options = replace(base, device=slot.device, threads=slot.threads)
         # the first worker reports its loading stages to /readyz; the others load alike
         shown = progress if slot.index == 0 else None
+
+        def load() -> SpeechRecognizer:
+            if args.model_process:  # features and decoding under the child's own GIL
+                from streamer.model.process import ProcessRecognizer
+
+                return ProcessRecognizer(partial(load_recognizer, options), shown)
+            return load_recognizer(options, shown)
+
         return ModelWorker(
-            lambda: load_recognizer(options, shown),
+            load,
             decode_timeout_s=args.decode_timeout_s,
             max_batch=args.max_batch,
             on_decoded=hooks.on_decoded,

@@ -425,18 +425,17 @@ class CtcRecognizer:
 def decode_jobs(recognizer: SpeechRecognizer, jobs: Sequence[DecodeJob]) -> list[Transcript]:
     """The transcripts of ``jobs``, in one model call where the recognizer batches.
 
-    A :class:`CtcRecognizer` gets the jobs themselves (its feature cache knows their
-    segments); other recognizers (test doubles) get their audio. Raises what the
+    A :class:`CtcRecognizer` (or a :class:`~streamer.model.process.ProcessRecognizer`)
+    gets the jobs themselves (its feature cache knows their segments); other recognizers
+    (test doubles) get their audio. Raises what the
     recognizer raises.
     """
-    if isinstance(recognizer, CtcRecognizer):
-        return recognizer.decode_jobs(jobs)
-    if len(jobs) == 1:
-        job = jobs[0]
-        return [recognizer.decode(job.pcm, language=job.language, use_itn=job.itn)]
+    by_job = getattr(recognizer, "decode_jobs", None)  # a CtcRecognizer, or its process
+    if by_job is not None:
+        return list(by_job(jobs))
     decode_batch = getattr(recognizer, "decode_batch", None)
-    if decode_batch is None:
-        raise ConfigError(f"{recognizer.name} decodes one utterance at a time")
+    if len(jobs) == 1 or decode_batch is None:
+        return [recognizer.decode(j.pcm, language=j.language, use_itn=j.itn) for j in jobs]
     return list(
         decode_batch(
             [job.pcm for job in jobs],

@@ -57,6 +57,13 @@ class LoadProgress:
                 "loading_s": round(now - self.started, 1),
             }
 
+    def show(self, stage: str) -> None:
+        """Publish ``stage`` as the current one (a stage timed elsewhere: the model
+        process's)."""
+        with self._lock:
+            self._stage = stage
+            self._stage_started = time.monotonic()
+
     @contextlib.contextmanager
     def stage_of(self, name: str, what: str) -> Iterator[None]:
         """Time one stage (``what`` is its log wording), with a heartbeat while it runs."""

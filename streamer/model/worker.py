@@ -28,8 +28,9 @@ Queue discipline:
 
 A batch that raises is decoded again job by job, so only the job that fails gets an error.
 
-Watchdog: a decode (one batch) that runs longer than ``decode_timeout_s``, or a worker thread that
-dies for any reason, makes the worker *failed* for good (:attr:`ModelWorker.failure`
+Watchdog: a decode (one batch) that runs longer than ``decode_timeout_s``, a worker thread
+that dies for any reason, or a model process (:mod:`streamer.model.process`) that dies,
+makes the worker *failed* for good (:attr:`ModelWorker.failure`
 says why): every job waiting or running is answered with ``DecodeFailure.MODEL_STALLED``,
 later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
 server then turns unready and the process exits non-zero for its supervisor to restart
@@ -66,6 +67,9 @@ DEFAULT_MAX_PADDING_RATIO = 1.25
 # on the CPU a batch of 8 x 7 s takes 6.4 x one 7 s decode, and a final arriving meanwhile
 # waits for all of it: bound a batch to one longest segment's audio (7 s)
 CPU_MAX_BATCH_AUDIO_S = 7.0
+# the recognizer in the worker's own thread; True: in a child process
+# (streamer.model.process, serve --model-process)
+DEFAULT_MODEL_PROCESS = False
 
 ResultCallback = Callable[[DecodeResult], None]
 
@@ -235,6 +239,9 @@ class ModelWorker:
             self._answer(item, DecodeResult(job=item.job, dropped=True))
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        close = getattr(self.recognizer, "close", None)  # a model process: let it exit
+        if close is not None:
+            close(timeout_s)
 
     @property
     def model_name(self) -> str:
@@ -357,6 +364,10 @@ class ModelWorker:
                 if not late:
                     for item, result in zip(batch, results, strict=True):
                         self._answer(item, result)
+                gone = getattr(self.recognizer, "failure", None)  # a model process died
+                if gone is not None:
+                    self._fail(str(gone))
+                    return
         except BaseException:  # whatever it was, the server must not go on silently
             logger.exception("the model worker thread died")
             self._fail("the model worker thread died")
@@ -397,6 +408,12 @@ class ModelWorker:
             self._finals.clear()
             self._partials.clear()
             self._lock.notify_all()
+        kill = getattr(self.recognizer, "kill", None)  # a model process: end a stuck call
+        if kill is not None:
+            try:
+                kill()
+            except Exception:
+                logger.exception("ending the model process failed")
         for item in waiting:
             self._answer(item, _stalled(item.job, reason))
         if self.on_failure is not None:
