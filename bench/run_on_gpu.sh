@@ -10,7 +10,9 @@
 # (random:small: real compute, no weights to download) and runs, each phase under its own
 # time limit so that a slow phase cannot eat the next one's (SIGINT: results still written):
 #   1. real-time clients 1 -> 1000 on cuda, fp32, without batching (--max-batch 1);
-#   2. the same with batching (--max-batch $MAX_BATCH, when `streamer serve` has the flag),
+#   2. the same with batching (--max-batch $MAX_BATCH, when `streamer serve` has the flag)
+#      and the model in its own process (--model-process, when it has that flag: at
+#      hundreds of streams the loop and the features would otherwise share one GIL),
 #      and fp16 and bf16 next to fp32 at 1 and 200 clients;
 #   3. on the 16 CPU cores: --workers 1/2/4 with the 16 threads shared out, int8.
 # A sweep stops at the first step whose final-latency p95 passes 2 s. Files back (the
@@ -59,6 +61,11 @@ else
     echo "streamer serve has no --max-batch yet: the batched run is skipped" | tee -a "$WORK/env.txt"
 fi
 
+process=()
+if $PY -m streamer serve --help 2>/dev/null | grep -q -- "--model-process"; then
+    process=(--server-arg=--model-process)
+fi
+
 # bench NAME LIMIT_S ARGS...: one bench.latency run into $WORK/NAME, stopped at LIMIT_S.
 bench() {
     local name=$1 limit=$2
@@ -82,7 +89,7 @@ bench gpu-nobatch "$T_GPU" --device "$DEVICE" --variants fp32 --clients "$CLIENT
 if [ "$HAS_BATCH" = 1 ]; then
     bench gpu-batch "$T_BATCH" --device "$DEVICE" --variants "$PRECISIONS" \
         --clients "$CLIENTS" --compare-clients "$COMPARE" \
-        --server-arg=--max-batch --server-arg="$MAX_BATCH" || status=1
+        --server-arg=--max-batch --server-arg="$MAX_BATCH" "${process[@]}" || status=1
 else
     bench gpu-precisions "$T_BATCH" --device "$DEVICE" --variants "$PRECISIONS" \
         --clients "$COMPARE" || status=1

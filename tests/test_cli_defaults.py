@@ -30,6 +30,7 @@ RENAMED: dict[str, Any] = {
     "workers": DEFAULT_WORKERS_PER_DEVICE,  # the pool's
     "max_batch": WorkerOptions().max_batch,  # the worker's (None: auto)
     "model_process": DEFAULT_MODEL_PROCESS,  # the worker's
+    "max_batch_audio_s": WorkerOptions().max_batch_audio_s,  # the worker's (None: auto)
 }
 # flags that set no option field
 NOT_OPTIONS = {"help", "func", "vad", "log_level", "log_format", "no_uvloop", "cache_dir"}

@@ -42,6 +42,16 @@ def _max_batch(value: str) -> int | None:
     return count
 
 
+def _positive_or_auto(value: str) -> float | None:
+    """``auto`` (None: the worker decides from the device) or a positive number."""
+    if value == "auto":
+        return None
+    number = float(value)  # ValueError: argparse and _env report it
+    if not number > 0:
+        raise ValueError(value)
+    return number
+
+
 def _bool(value: str) -> bool:
     if value.lower() in ("1", "true", "yes", "on"):
         return True

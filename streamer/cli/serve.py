@@ -21,6 +21,7 @@ from streamer.cli.common import (
     _classifier_factory,
     _env,
     _max_batch,
+    _positive_or_auto,
     _recognizer_options,
 )
 from streamer.core.protocol import StreamOptions
@@ -181,6 +182,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "(bench/RESULTS.md) [auto]",
     )
     g.add_argument(
+        "--max-batch-audio-s",
+        type=_positive_or_auto,
+        default=_env("max_batch_audio_s", None, _positive_or_auto),
+        help="padded audio (jobs x longest) one batch may hold, which bounds how long a "
+        "final can wait behind a batch; 'auto': 7 s on the CPU, no bound on CUDA "
+        "[STREAMER_MAX_BATCH_AUDIO_S, auto]",
+    )
+    g.add_argument(
         "--decode-timeout-s",
         type=float,
         default=_env("decode_timeout_s", DEFAULT_DECODE_TIMEOUT_S, float),
@@ -311,7 +320,7 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
 
     from streamer.model.loading import load_recognizer, preflight, resolve_devices
     from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot, plan_slots
-    from streamer.model.worker import ModelWorker, SpeechRecognizer
+    from streamer.model.worker import ModelWorker, SpeechRecognizer, WorkerOptions
 
     if args.decode_timeout_s <= 0:
         raise ConfigError("--decode-timeout-s must be positive")
@@ -337,8 +346,11 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
 
         return ModelWorker(
             load,
-            decode_timeout_s=args.decode_timeout_s,
-            max_batch=args.max_batch,
+            options=WorkerOptions(
+                decode_timeout_s=args.decode_timeout_s,
+                max_batch=args.max_batch,
+                max_batch_audio_s=args.max_batch_audio_s,
+            ),
             on_decoded=hooks.on_decoded,
             on_failure=hooks.on_failure,
         )
