@@ -59,3 +59,39 @@ def test_s16_decoder_carries_odd_byte():
     decoder = S16Decoder()
     parts = [decoder.push(data[i : i + 7]) for i in range(0, len(data), 7)]
     np.testing.assert_array_equal(np.concatenate(parts), pcm)
+
+
+def test_framer_blocks_are_the_frames_as_rows():
+    pcm = np.arange(-3000, 3000, dtype=np.int16)
+    data = pcm.tobytes()
+    by_list, by_block = PcmFramer(320), PcmFramer(320)
+    offset = 0
+    for size in [3200, 1, 639, 3200, 5, 6400, 3]:
+        chunk = data[offset : offset + size]
+        offset += size
+        frames, block = by_list.push_bytes(chunk), by_block.push_bytes_block(chunk)
+        assert block.shape == (len(frames), 320)
+        for frame, row in zip(frames, block, strict=True):
+            np.testing.assert_array_equal(frame, row)
+    np.testing.assert_array_equal(by_list.flush(), by_block.flush())
+
+
+def test_audio_buffer_takes_a_block_row_after_row():
+    buffer = AudioBuffer()
+    buffer.append(np.arange(960, dtype=np.int16).reshape(3, 320))
+    assert buffer.end_sample == 960
+    piece = buffer.slice(300, 700)
+    np.testing.assert_array_equal(piece, np.arange(300, 700))
+    assert piece.dtype == np.int16 and piece.flags.writeable
+    buffer.discard_before(640)  # a slice handed out does not pin the buffer's memory
+    assert buffer.retained_samples == 320
+
+
+def test_frame_energies_are_frame_energy_bit_for_bit():
+    from streamer.core.vad import frame_energies, frame_energy
+
+    rng = np.random.default_rng(0)
+    for scale in (1, 30, 3000, 32767):
+        block = rng.integers(-scale, scale, size=(7, 320), endpoint=True).astype(np.int16)
+        assert frame_energies(block) == [frame_energy(frame) for frame in block]
+    assert frame_energies(np.zeros((0, 320), np.int16)) == []

@@ -19,7 +19,11 @@ class S16Decoder:
         self._odd_byte = b""
 
     def push(self, data: bytes) -> np.ndarray:
-        data = self._odd_byte + data
+        """The whole samples completed by ``data`` (a read-only view when no byte is carried)."""
+        if self._odd_byte:
+            data = self._odd_byte + data
+        elif not len(data) % BYTES_PER_SAMPLE:  # the usual chunk: nothing to carry or copy
+            return np.frombuffer(data, dtype="<i2")
         usable = len(data) - (len(data) % BYTES_PER_SAMPLE)
         self._odd_byte = data[usable:]
         return np.frombuffer(data[:usable], dtype="<i2")
@@ -42,20 +46,31 @@ class PcmFramer:
 
     def push_bytes(self, data: bytes) -> list[np.ndarray]:
         """Add little-endian s16 bytes; returns the frames they completed."""
-        return self.push_samples(self._decoder.push(data))
+        return list(self.push_bytes_block(data))
 
     def push_samples(self, samples: np.ndarray) -> list[np.ndarray]:
         """Add int16 samples; returns the frames they completed."""
-        if samples.size == 0:
-            return []
-        buffer = np.concatenate([self._pending, samples.astype(np.int16, copy=False)])
-        n_frames = buffer.size // self.frame_samples
-        cut = n_frames * self.frame_samples
-        frames = [
-            buffer[i : i + self.frame_samples].copy() for i in range(0, cut, self.frame_samples)
-        ]
-        self._pending = buffer[cut:].copy()
-        return frames
+        return list(self.push_samples_block(samples))
+
+    def push_bytes_block(self, data: bytes) -> np.ndarray:
+        """:meth:`push_bytes`, the frames as the rows of one ``(n, frame_samples)`` array.
+
+        The array may be a read-only view of ``data``: the caller must not write to it.
+        """
+        return self.push_samples_block(self._decoder.push(data))
+
+    def push_samples_block(self, samples: np.ndarray) -> np.ndarray:
+        """:meth:`push_samples`, the frames as the rows of one ``(n, frame_samples)`` array.
+
+        The array may be a view of ``samples``: the caller must not write to either.
+        """
+        samples = samples.astype(np.int16, copy=False)
+        if self._pending.size:
+            samples = np.concatenate([self._pending, samples])
+        cut = samples.size - samples.size % self.frame_samples
+        # a copy of the few leftover samples, so no view keeps the whole chunk alive
+        self._pending = samples[cut:].copy()
+        return samples[:cut].reshape(-1, self.frame_samples)
 
     def flush(self) -> np.ndarray:
         """The incomplete last frame (end of stream); the framer is empty afterwards."""
@@ -85,7 +100,8 @@ class AudioBuffer:
         return len(self._data) // BYTES_PER_SAMPLE
 
     def append(self, samples: np.ndarray) -> None:
-        self._data += samples.astype("<i2", copy=False).tobytes()
+        """Add int16 samples (any shape: a block of frames is added row after row)."""
+        self._data += np.ascontiguousarray(samples, dtype="<i2").data
 
     def slice(self, start_sample: int, end_sample: int) -> np.ndarray:
         """A copy of samples ``[start_sample, end_sample)``; raises if already discarded."""
@@ -96,7 +112,8 @@ class AudioBuffer:
             )
         lo = (start_sample - self._base_sample) * BYTES_PER_SAMPLE
         hi = (end_sample - self._base_sample) * BYTES_PER_SAMPLE
-        return np.frombuffer(bytes(self._data[lo:hi]), dtype="<i2").astype(np.int16)
+        # one copy (the bytearray slice), which the returned array owns
+        return np.frombuffer(self._data[lo:hi], dtype="<i2").astype(np.int16, copy=False)
 
     def discard_before(self, sample: int) -> None:
         drop = min(sample, self.end_sample) - self._base_sample

@@ -38,6 +38,8 @@ Rules:
 
 from __future__ import annotations
 
+import math
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -45,6 +47,7 @@ from typing import Literal
 import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
+from streamer.core.order_stats import SortedWindow, median_of_sorted, percentile_of_sorted
 from streamer.errors import ConfigError
 
 EndReason = Literal["silence", "max_duration", "finalize", "stop"]
@@ -151,8 +154,8 @@ class Segmenter:
         self._energies: list[float] = []  # per frame since _start_frame
         self._finalize_pending = False  # end the open segment at its next end_pad pause
         # energy dips (see the module docstring)
-        self._history: deque[float] = deque(maxlen=max(1, o.frames(o.floor_window_ms)))
-        self._speech_energies: list[float] = []  # of the open segment's speech frames
+        self._history = SortedWindow(max(1, o.frames(o.floor_window_ms)))
+        self._speech_energies: list[float] = []  # of the open segment's speech frames, sorted
         self._dip_threshold: float | None = None  # None: no contrast, dips not trusted
         self._dip_run = 0  # consecutive frames below the threshold
         self._gate: float | None = None  # after a dip: onset ignores quieter frames
@@ -221,7 +224,7 @@ class Segmenter:
         index = self._frame_index
         self._frame_index += 1
         if self._dip_frames:
-            self._history.append(energy)
+            self._history.push(energy)
         if self._open_id is None:
             if self._gate is not None:
                 self._gate_frames -= 1
@@ -302,7 +305,7 @@ class Segmenter:
     def _dip(self, is_speech: bool, energy: float) -> bool:
         """Track the open segment's energy dips; True when one ends the segment now."""
         if is_speech:
-            self._speech_energies.append(energy)
+            insort(self._speech_energies, energy)
         if self._frame_index % _LEVEL_EVERY_FRAMES == 0:
             self._dip_threshold = self._estimate_threshold()
         threshold = self._dip_threshold
@@ -316,11 +319,12 @@ class Segmenter:
         """The geometric middle of noise floor and speech level, or None without contrast."""
         if len(self._speech_energies) < _MIN_LEVEL_FRAMES:
             return None
-        floor = max(float(np.percentile(np.fromiter(self._history, np.float64), 5)), 1.0)
-        level = float(np.median(np.asarray(self._speech_energies, np.float64)))
+        # exactly np.percentile(history, 5) and np.median(speech), from sorted copies
+        floor = max(percentile_of_sorted(self._history.sorted, 5), 1.0)
+        level = median_of_sorted(self._speech_energies)
         if level < floor * self._contrast:
             return None
-        return float(np.sqrt(floor * level))
+        return math.sqrt(floor * level)
 
     def _open(self, start_frame: int, energies_from: int) -> SegmentStart:
         self._open_id = self._next_id

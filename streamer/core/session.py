@@ -44,7 +44,7 @@ from streamer.core.segmenter import (
     SegmentStart,
 )
 from streamer.core.transcript import Transcript
-from streamer.core.vad import FrameClassifier, frame_energy
+from streamer.core.vad import FrameClassifier, frame_energies
 from streamer.core.words import transcript_words
 from streamer.errors import (
     CLOSE_GOING_AWAY,
@@ -157,10 +157,10 @@ class Session:
         self._bytes_in += len(data)
         self.stats.audio_samples_in = self._bytes_in // 2
         if self._resampler is None:
-            frames = self._framer.push_bytes(data)
+            frames = self._framer.push_bytes_block(data)
         else:
             samples = self._decoder.push(data)
-            frames = self._framer.push_samples(self._resampler.push(samples))
+            frames = self._framer.push_samples_block(self._resampler.push(samples))
         self._process_frames(frames)
 
     def receive_text(self, text: str | bytes) -> None:
@@ -305,11 +305,15 @@ class Session:
 
     # -- audio -----------------------------------------------------------------
 
-    def _process_frames(self, frames: list[np.ndarray]) -> None:
+    def _process_frames(self, frames: np.ndarray) -> None:
+        """Feed a block of frames (one per row) through the VAD and the segmenter."""
+        # The whole block is buffered first: what a frame's events submit only reaches
+        # up to that frame, and nothing is discarded before the end of the block.
+        self._buffer.append(frames)
         segmenter = self._segmenter
-        for frame in frames:
-            self._buffer.append(frame)
-            events = segmenter.push(self._classify(frame), frame_energy(frame))
+        classify = self._classify
+        for frame, energy in zip(frames, frame_energies(frames), strict=True):
+            events = segmenter.push(classify(frame), energy)
             if events:
                 self._handle_events(events)
             elif self._open_id is not None:
@@ -426,7 +430,7 @@ class Session:
 
     def _stop(self) -> None:
         if self._resampler is not None:
-            self._process_frames(self._framer.push_samples(self._resampler.flush()))
+            self._process_frames(self._framer.push_samples_block(self._resampler.flush()))
         rest = self._framer.flush()
         if rest.size:
             self._buffer.append(rest)

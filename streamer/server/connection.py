@@ -185,6 +185,16 @@ class Connection:
                 self._last_input = self._loop.time()
             rate = self.session.stream.sample_rate
             self.metrics.audio_seconds_total.inc(len(data) / BYTES_PER_SAMPLE / rate)
+            if (
+                0 < len(data) <= BACKLOG_PIECE_BYTES
+                and not self._backlog
+                and not self._closing
+                and self._session_has_room()
+            ):
+                # the usual case: what _drain_backlog does with a backlog of this one piece
+                self._feed(data)
+                self._update_backlog_room()
+                return
             pieces: list[bytes | str] = [
                 data[offset : offset + BACKLOG_PIECE_BYTES]
                 for offset in range(0, len(data), BACKLOG_PIECE_BYTES)
@@ -201,10 +211,15 @@ class Connection:
             item = self._backlog.popleft()
             self._backlog_bytes -= len(item)
             self._feed(item)
+        self._update_backlog_room()
+
+    def _update_backlog_room(self) -> None:
+        has_room = self._backlog_has_room
         if self._backlog_bytes < self.limits.max_backlog_bytes:
-            self._backlog_has_room.set()
-        else:
-            self._backlog_has_room.clear()
+            if not has_room.is_set():
+                has_room.set()
+        elif has_room.is_set():
+            has_room.clear()
 
     def _result_from_worker(self, result: DecodeResult) -> None:
         # called in the worker thread; the loop may be gone at shutdown
@@ -445,11 +460,11 @@ class Connection:
                 del self._speech_started[message.segment_id]
             if isinstance(message, Final):
                 self._speech_started.pop(message.segment_id, None)
-                metrics.segments_total.labels(message.reason).inc()
+                metrics.segments(message.reason).inc()
             else:
                 metrics.partials_sent_total.inc()
         elif isinstance(message, Error):
-            metrics.errors_total.labels(message.code).inc()
+            metrics.errors(message.code).inc()
 
 
 def _set_tcp_user_timeout(ws: ServerConnection, limits: ConnectionLimits) -> None:

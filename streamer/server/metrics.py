@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -34,6 +35,26 @@ LATENCY_BUCKETS_S = (
 )
 LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+M = TypeVar("M", Counter, Histogram)
+
+
+class _Children(Generic[M]):
+    """``metric.labels(*values)``, looked up once per distinct label values.
+
+    Safe from any thread: two threads missing at once both get the same child, since
+    prometheus_client's ``labels`` returns the existing one.
+    """
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class Metrics:
@@ -154,11 +175,20 @@ class Metrics:
             registry=r,
         )
 
+        # children of the labelled series updated per message or per decode: labels() is
+        # slow (validation and a lock), a dict lookup is not
+        self.segments = _Children(self.segments_total)
+        self.errors = _Children(self.errors_total)
+        self._queue_wait = _Children(self.queue_wait_seconds)
+        self._decode = _Children(self.decode_seconds)
+        self._worker_decodes = _Children(self.worker_decodes_total)
+        self._worker_busy = _Children(self.worker_busy_seconds_total)
+
     def observe_worker_decode(self, slot: WorkerSlot, result: DecodeResult) -> None:
         """The pool's decode hook: the totals above, and the worker's own counters."""
         self.observe_decode(result)
-        self.worker_decodes_total.labels(slot.label, slot.device, result.job.kind).inc()
-        self.worker_busy_seconds_total.labels(slot.label, slot.device).inc(result.decode_ms / 1000)
+        self._worker_decodes(slot.label, slot.device, result.job.kind).inc()
+        self._worker_busy(slot.label, slot.device).inc(result.decode_ms / 1000)
 
     def observe_workers(self, loads: list[WorkerLoad]) -> None:
         """Each worker's gauges (the server calls it a few times a second)."""
@@ -179,11 +209,11 @@ class Metrics:
     def observe_decode(self, result: DecodeResult) -> None:
         """Called from the worker thread for every decode (prometheus_client is thread-safe)."""
         kind = result.job.kind
-        self.queue_wait_seconds.labels(kind).observe(result.queue_ms / 1000)
+        self._queue_wait(kind).observe(result.queue_ms / 1000)
         if result.failure is not None:
             self.decode_failures_total.inc()
         else:
-            self.decode_seconds.labels(kind).observe(result.decode_ms / 1000)
+            self._decode(kind).observe(result.decode_ms / 1000)
             self.decode_batch_size.observe(result.batch_size)
 
     def render(self) -> bytes:
