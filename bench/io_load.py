@@ -59,17 +59,57 @@ class InstantRecognizer:
         return Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=ms, decode_ms=0.0)
 
 
-async def _serve(port: int, workers: int) -> None:
+class FeatureRecognizer(InstantRecognizer):
+    """TEST DOUBLE that does the worker's CPU work of a real decode except the model:
+    each job's features through the real :class:`~streamer.model.features.FeatureCache`
+    (filterbank once per sample, LFR, CMVN), then the instant answer."""
+
+    name = "features-test-double"
+
+    def __init__(self) -> None:
+        from streamer.model.features import FeatureCache
+        from streamer.model.frontend import Cmvn, Frontend
+
+        dim = 560
+        self.cache = FeatureCache(
+            Frontend(Cmvn(np.zeros(dim, np.float32), np.ones(dim, np.float32)))
+        )
+
+    def decode_jobs(self, jobs: Any) -> list[Any]:
+        from streamer.model.decoding import as_waveform
+
+        for job in jobs:
+            waveform = as_waveform(job.pcm)
+            if waveform.size >= 400:
+                self.cache.features(job, waveform)
+        return [self.decode(job.pcm) for job in jobs]
+
+    def forget_session(self, session_id: str) -> None:
+        self.cache.forget(session_id)
+
+
+def _load_double(features: bool, progress: Any = None) -> Any:
+    """The test double, built where it decodes (picklable for --model-process)."""
+    return FeatureRecognizer() if features else InstantRecognizer()
+
+
+async def _serve(port: int, workers: int, features: bool, model_process: bool) -> None:
+    from functools import partial
+
     from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot
+    from streamer.model.process import ProcessRecognizer
     from streamer.model.worker import ModelWorker
     from streamer.server.metrics import Metrics
     from streamer.server.server import ServerOptions, StreamingServer
 
     metrics = Metrics()
+    load = partial(_load_double, features)
 
     def factory(slot: WorkerSlot, hooks: WorkerHooks) -> ModelWorker:
         return ModelWorker(
-            InstantRecognizer, on_decoded=hooks.on_decoded, on_failure=hooks.on_failure
+            (lambda: ProcessRecognizer(load)) if model_process else load,
+            on_decoded=hooks.on_decoded,
+            on_failure=hooks.on_failure,
         )
 
     pool = WorkerPool(
@@ -104,11 +144,25 @@ def _thread_cpu_s(pid: int) -> dict[str, float]:
         return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
 
     loop_user, loop_system = ticks(f"/proc/{pid}/task/{pid}/stat")
+    children = [  # of every thread: the worker thread starts the model process
+        child for task in Path(f"/proc/{pid}/task").iterdir() for child in _children(task)
+    ]
     return {
         "loop": loop_user + loop_system,
         "loop_system": loop_system,
         "process": sum(ticks(f"/proc/{pid}/stat")),
+        # --model-process: the model processes (and multiprocessing's resource tracker)
+        "children": sum(
+            sum(ticks(f"/proc/{c}/stat")) for c in children if Path(f"/proc/{c}").exists()
+        ),
     }
+
+
+def _children(task: Path) -> list[str]:
+    try:
+        return (task / "children").read_text().split()
+    except OSError:  # the thread has ended
+        return []
 
 
 # -- the load generators --------------------------------------------------------------
@@ -194,6 +248,7 @@ def run_step(
         "stream_s": stream_s,
         "loop_cpu_s": loop_s,
         "other_threads_cpu_s": process_s - loop_s,
+        "children_cpu_s": after["children"] - before["children"],
         "loop_cpu_pct": 100 * loop_s / wall_s,
         "loop_ms_per_stream_s": 1000 * loop_s / stream_s,
         "loop_system_ms_per_stream_s": 1000 * loop_system_s / stream_s,
@@ -272,6 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--generators", type=int, default=2, help="load-generator processes")
     p.add_argument("--workers", type=int, default=1, help="worker threads (test doubles)")
     p.add_argument("--no-partials", action="store_true", help="clients ask for no partials")
+    p.add_argument(
+        "--features",
+        action="store_true",
+        help="the test double computes each job's features (the real feature cache)",
+    )
+    p.add_argument(
+        "--model-process",
+        action="store_true",
+        help="the test double runs in a model process (serve --model-process)",
+    )
     p.add_argument("--micro", action="store_true", help="also time the sans-I/O pieces")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "io_load")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child server's port
@@ -279,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         from streamer.loop import run
 
-        run(_serve(args.serve, args.workers), use_uvloop=True)
+        run(_serve(args.serve, args.workers, args.features, args.model_process), use_uvloop=True)
         return 0
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -293,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             str(port),
             "--workers",
             str(args.workers),
+            *(["--features"] if args.features else []),
+            *(["--model-process"] if args.model_process else []),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -310,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
             print(  # noqa: T201
                 f"{streams:5d} streams: loop {step['loop_cpu_pct']:5.1f} % of a core, "
                 f"{step['loop_ms_per_stream_s']:.2f} ms/stream-s "
-                f"({step['loop_system_ms_per_stream_s']:.2f} in the kernel), lag p99 "
+                f"({step['loop_system_ms_per_stream_s']:.2f} in the kernel), other threads "
+                f"{step['other_threads_cpu_s']:.1f} cpu-s, model processes "
+                f"{step['children_cpu_s']:.1f} cpu-s, lag p99 "
                 f"{step['loop_lag_p99_ms']:.0f} ms, send late p95 "
                 f"{step['send_late_p95_ms']:.0f} ms, "
                 f"generators {step['generator_cpu_s']:.0f} cpu-s, errors {step['error_count']}",
