@@ -7,6 +7,8 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -216,3 +218,52 @@ async def test_a_server_with_its_model_in_a_process_gives_the_same_finals(
     there = await _finals(tiny_model_dir, cache_dir, clip, in_process=False)
     assert len(here) >= 2
     assert there == here
+
+
+PARENT = """
+import sys, time, numpy as np
+from functools import partial
+from streamer.model.process import ProcessRecognizer
+from tests.test_model_process import _load_slow_fake
+import threading
+
+if __name__ == "__main__":
+    remote = ProcessRecognizer(partial(_load_slow_fake, 120.0))
+    print(remote.pid, flush=True)
+    # a decode that will not end: the child is inside it, not reading its pipe
+    threading.Thread(target=remote.decode, args=(np.zeros(1600, np.int16),), daemon=True).start()
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_killed_outright_takes_its_model_process_with_it(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        time.sleep(0.5)  # the decode has started
+        os.kill(child, 0)  # alive
+    finally:
+        parent.kill()
+        parent.wait(GUARD_S)
+    deadline = time.monotonic() + GUARD_S
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited (its parent, gone, cannot reap it yet)

@@ -16,7 +16,8 @@ set when the child dies (the worker then fails for good, as when a decode stalls
 The child's log records are handled by the server's logging, and its loading stages
 are shown by ``/readyz``. The child is started with ``spawn`` (forking a process that
 holds threads and CUDA is unsafe) and ends when the server closes it, kills it (a
-stalled decode), or goes away (its pipe closes).
+stalled decode), or goes away (its pipe closes; on Linux the kernel also kills it when
+the server dies, even mid-decode).
 
 Messages (tuples, pickled by :mod:`multiprocessing`): server to child ``("decode", id,
 jobs)``, ``("forget", session_id)``, ``("stop",)``; child to server ``("stage", name)``,
@@ -27,10 +28,13 @@ jobs)``, ``("forget", session_id)``, ``("stop",)``; child to server ``("stage", 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import logging.handlers
 import multiprocessing
 import multiprocessing.connection
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +52,7 @@ logger = logging.getLogger(__name__)
 # how often a wait for the child checks that it is still alive
 POLL_S = 1.0
 STOP_TIMEOUT_S = 5.0  # for the child to finish its decode and exit before it is killed
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 RecognizerLoader = Callable[[LoadProgress], Any]  # picklable; builds the child's recognizer
 
@@ -298,6 +303,7 @@ def _child_main(
 ) -> None:
     """The child process: load, then decode what the server sends until it says stop
     or goes away."""
+    _die_with_parent()
     lock = threading.Lock()
 
     def send(message: tuple[Any, ...]) -> None:
@@ -359,3 +365,16 @@ def _child_main(
             send(reply)
         except (OSError, ValueError):
             return
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when the thread that started it ends (the
+    server's worker thread, or the whole server killed with SIGKILL), even while a decode
+    is stuck in a native call and cannot read the pipe's end."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        logger.debug("no PR_SET_PDEATHSIG: the model process ends when its pipe closes")

@@ -53,15 +53,12 @@ from streamer.model.frontend import Cmvn, Frontend
 from streamer.model.funasr_quiet import import_funasr, quiet_funasr
 from streamer.model.sensevoice import (
     EMO_UNKNOWN_ID,
-    FRAME_LENGTH_MS,
-    FRAME_SHIFT_MS,
+    FRONTEND_CONF,
     LANGUAGES,
     LFR_M,
-    LFR_N,
     MIN_DECODE_SAMPLES,
     N_MELS,
     SAMPLE_RATE,
-    WINDOW,
     prepend_queries,
 )
 
@@ -421,18 +418,7 @@ def _same_frontend(frontend: Any) -> Frontend | None:
 
     if getattr(funasr_fbank, "_HAS_TORCHAUDIO", True) or type(frontend).__name__ != "WavFrontend":
         return None
-    settings = {
-        "fs": SAMPLE_RATE,
-        "window": WINDOW,
-        "n_mels": N_MELS,
-        "frame_length": FRAME_LENGTH_MS,
-        "frame_shift": FRAME_SHIFT_MS,
-        "lfr_m": LFR_M,
-        "lfr_n": LFR_N,
-        "dither": 0.0,
-        "snip_edges": True,
-        "upsacle_samples": True,
-    }
+    settings = {**FRONTEND_CONF, "dither": 0.0, "snip_edges": True, "upsacle_samples": True}
     if any(getattr(frontend, name, None) != value for name, value in settings.items()):
         return None
     cmvn = getattr(frontend, "cmvn", None)
