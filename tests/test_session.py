@@ -550,3 +550,35 @@ def test_no_partial_starts_on_a_quiet_frame_of_a_long_segment():
     assert all(phase in (1, 2, 3) for phase in phases), str(phases)
     finals = [m for m in s.messages_to_send() if isinstance(m, Final)]
     assert [f.reason for f in finals] == ["silence"]  # 40 ms dips end nothing
+
+
+def test_a_segment_that_follows_another_at_once_gets_its_first_partial_at_onset():
+    """Issue 14: a segment cut at a short pause of continuous speech starts where the
+    previous one ended (its pre-roll clipped there), so it holds less than one partial
+    interval of audio at its onset; its first partial must not wait for the interval
+    (onset TTFT 139 ms against 250-350 ms for such segments, bench/RESULTS.md)."""
+    s = make_session()
+    s.start()
+    pcm = np.concatenate([silence(300), tone(4500), silence(120), tone(1500), silence(1000)])
+    data = pcm.tobytes()
+    first_partials: dict[int, int] = {}  # segment -> position of its first partial
+    starts: dict[int, int] = {}
+    for i in range(0, len(data), 640):
+        s.receive_audio(data[i : i + 640])
+        for message in s.messages_to_send():
+            if isinstance(message, SpeechStart):
+                starts[message.segment_id] = int(message.start_ms * 16)
+        for job in s.jobs_to_submit():
+            if job.kind == "partial" and not job.speculative:
+                first_partials.setdefault(job.segment_id, job.end_sample)
+            raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>{job.kind} {job.end_sample}"
+            t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)
+            s.decode_finished(DecodeResult(job=job, transcript=t, decode_ms=1))
+    assert sorted(starts) == [0, 1]
+    second_speech = 16 * (300 + 4500 + 120)
+    assert starts[1] < second_speech  # it starts in the pause: no pre-roll before it
+    assert second_speech - starts[1] < 16 * 300  # less than one interval of pre-roll
+    # its first partial comes at the onset (100 ms of speech and a frame), not one
+    # interval after its start
+    assert first_partials[1] <= second_speech + 16 * 140
+    assert first_partials[1] - starts[1] < 16 * 300

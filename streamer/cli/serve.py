@@ -125,7 +125,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--partial-interval-ms",
         type=int,
         default=_env("partial_interval_ms", SessionOptions().partial_interval_ms, int),
-        help="re-decode the open utterance after this much new audio [%(default)s]",
+        help="re-decode the open utterance after this much new audio (its first partial is "
+        "decoded at its onset) [%(default)s]",
     )
     g.add_argument(
         "--idle-timeout-s",

@@ -63,7 +63,8 @@ class SessionOptions:
 
     model_name: str = "unknown"  # reported in the ready message
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)  # VAD timing
-    partial_interval_ms: int = 300  # re-decode the open segment after this much new audio
+    # re-decode the open segment after this much new audio (its first partial: at onset)
+    partial_interval_ms: int = 300
     speculative_finals: bool = True  # decode a pause's final before its endpoint is reached
     max_text_message_bytes: int = 65536  # larger control messages are rejected
 
@@ -336,17 +337,21 @@ class Session:
                 self._emit(
                     SpeechStart(segment_id=event.segment_id, start_ms=_ms(event.start_sample))
                 )
-                self._maybe_partial()
+                # the first partial is due at the onset, however little audio the segment
+                # holds: after silence its pre-roll makes it long enough anyway, and a
+                # segment that follows another at once (its pre-roll clipped at the
+                # previous end) must not wait for the interval to fill (issue 14)
+                self._maybe_partial(onset=True)
             elif isinstance(event, SegmentEnd):
                 self._open_id = None
                 self._end_segment(event)
 
-    def _maybe_partial(self) -> None:
+    def _maybe_partial(self, *, onset: bool = False) -> None:
         if not self.stream.partials or self._open_id is None:
             return
         position = self._segmenter.position_sample
         interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
-        if position - self._partial_mark < interval:
+        if not onset and position - self._partial_mark < interval:
             return
         if self._segmenter.pause_possible:
             return  # a long segment may end here: keep the worker free for its final
@@ -489,8 +494,9 @@ class Session:
         if self.stream.partials and self._open_id is not None and self.state is State.STREAMING:
             interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
             position = self._segmenter.position_sample
+            onset_missed = self._partial_submitted_end == self._open_start  # none yet
             if (
-                position - self._partial_submitted_end >= interval
+                (onset_missed or position - self._partial_submitted_end >= interval)
                 and self._segmenter.last_speech_sample > self._partial_submitted_end
                 and not self._segmenter.pause_possible
             ):
