@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -160,6 +161,34 @@ def test_a_child_that_dies_fails_the_worker_and_every_job_is_answered() -> None:
         assert later.wait(1)[0].failure is DecodeFailure.MODEL_STALLED
     finally:
         worker.stop()
+
+
+def test_a_child_that_dies_while_idle_fails_the_worker_without_a_decode() -> None:
+    """/readyz must not say ready for a worker whose model process is gone."""
+    failed = threading.Event()
+    worker = ModelWorker(lambda: ProcessRecognizer(_load_fake), on_failure=lambda _: failed.set())
+    worker.start()
+    try:
+        assert worker.ready.wait(GUARD_S) and worker.load_error is None
+        remote = worker.recognizer
+        assert isinstance(remote, ProcessRecognizer) and remote.pid is not None
+        os.kill(remote.pid, signal.SIGKILL)
+        assert failed.wait(GUARD_S)  # within about IDLE_CHECK_S, no job needed
+        assert worker.failure is not None and "signal 9" in worker.failure
+    finally:
+        worker.stop()
+
+
+def test_stopping_a_worker_closes_its_child_cleanly() -> None:
+    failures: list[str] = []
+    worker = ModelWorker(lambda: ProcessRecognizer(_load_fake), on_failure=failures.append)
+    worker.start()
+    assert worker.ready.wait(GUARD_S)
+    remote = worker.recognizer
+    assert isinstance(remote, ProcessRecognizer)
+    worker.stop()
+    assert remote._process.exitcode == 0  # asked to stop, not killed
+    assert failures == [] and worker.failure is None
 
 
 def test_a_stalled_child_is_killed_by_the_watchdog() -> None:

@@ -70,6 +70,7 @@ CPU_MAX_BATCH_AUDIO_S = 7.0
 # the recognizer in the worker's own thread; True: in a child process
 # (streamer.model.process, serve --model-process)
 DEFAULT_MODEL_PROCESS = False
+IDLE_CHECK_S = 1.0  # an idle worker looks this often whether its model process has died
 
 ResultCallback = Callable[[DecodeResult], None]
 
@@ -239,9 +240,9 @@ class ModelWorker:
             self._answer(item, DecodeResult(job=item.job, dropped=True))
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        close = getattr(self.recognizer, "close", None)  # a model process: let it exit
-        if close is not None:
-            close(timeout_s)
+        kill = getattr(self.recognizer, "kill", None)  # a model process, still decoding
+        if kill is not None and self._thread.is_alive():
+            kill()
 
     @property
     def model_name(self) -> str:
@@ -306,7 +307,10 @@ class ModelWorker:
                 and not self._finals
                 and not self._partials
             ):
-                self._lock.wait()
+                # idle, but look now and then whether a model process has died
+                if getattr(self.recognizer, "failure", None) is not None:
+                    return None
+                self._lock.wait(IDLE_CHECK_S)
             if self._stopping or self.failure is not None:
                 return None
             partials = list(self._partials.values())
@@ -364,10 +368,15 @@ class ModelWorker:
                 if not late:
                     for item, result in zip(batch, results, strict=True):
                         self._answer(item, result)
-                gone = getattr(self.recognizer, "failure", None)  # a model process died
-                if gone is not None:
-                    self._fail(str(gone))
-                    return
+                if getattr(self.recognizer, "failure", None) is not None:
+                    break
+            gone = getattr(self.recognizer, "failure", None)  # a model process died
+            if gone is not None and not self._stopping:
+                self._fail(str(gone))
+            close = getattr(self.recognizer, "close", None)
+            if close is not None and self._stopping:
+                # a model process: asked to exit from this thread, whose end would kill it
+                close()
         except BaseException:  # whatever it was, the server must not go on silently
             logger.exception("the model worker thread died")
             self._fail("the model worker thread died")
