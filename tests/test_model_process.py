@@ -296,3 +296,20 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"  # a zombie has exited (its parent, gone, cannot reap it yet)
+
+
+def _load_chatty(progress: LoadProgress) -> FakeRecognizer:
+    logging.getLogger("tests.quiet").info("not wanted")
+    logging.getLogger("tests.quiet").warning("wanted")
+    return FakeRecognizer()
+
+
+def test_the_servers_logger_levels_apply_to_the_childs_records(caplog) -> None:
+    caplog.set_level(logging.INFO)
+    logging.getLogger("tests.quiet").setLevel(logging.WARNING)
+    try:
+        remote = ProcessRecognizer(_load_chatty)
+        remote.close()
+    finally:
+        logging.getLogger("tests.quiet").setLevel(logging.NOTSET)
+    assert [r.getMessage() for r in caplog.records if r.name == "tests.quiet"] == ["wanted"]

@@ -227,7 +227,9 @@ class ProcessRecognizer:
                 pending.done.set()
         elif kind == "log":
             record = logging.makeLogRecord(message[1])
-            logging.getLogger(record.name).handle(record)
+            target = logging.getLogger(record.name)
+            if target.isEnabledFor(record.levelno):  # the server's levels, per logger
+                target.handle(record)
         elif kind == "stage":
             if self._progress is not None:
                 self._progress.show(message[1])
