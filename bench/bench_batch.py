@@ -131,7 +131,7 @@ def features(recognizer: Any, signal: np.ndarray, lengths: list[float], repeats:
     from streamer.model.decoding import as_waveform
     from streamer.model.frontend import Frontend
 
-    frontend = getattr(recognizer, "_frontend", None)
+    frontend = getattr(recognizer, "frontend", None)
     if not isinstance(frontend, Frontend):
         return {}
     out = {}
@@ -156,7 +156,7 @@ def segment_features(
     from streamer.model.features import FeatureCache
     from streamer.model.frontend import Frontend
 
-    frontend = getattr(recognizer, "_frontend", None)
+    frontend = getattr(recognizer, "frontend", None)
     if not isinstance(frontend, Frontend):
         return {}
     step = int(step_s * SAMPLE_RATE)

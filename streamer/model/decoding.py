@@ -119,6 +119,18 @@ def _log_softmax(rows: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+def padded_features(frontend: Frontend, batch: Sequence[Utterance]) -> tuple[np.ndarray, list[int]]:
+    """The batch's features, zero-padded to the longest, (N, T, 560) float32, and each
+    one's frames: an utterance's own (the feature cache's) or ``frontend``'s of its
+    waveform (what funasr's ``extract_fbank`` returns, as arrays)."""
+    features = [u.features if u.features is not None else frontend(u.waveform) for u in batch]
+    lengths = [f.shape[0] for f in features]
+    padded = np.zeros((len(batch), max(lengths), frontend.dim), np.float32)
+    for row, rows in enumerate(features):
+        padded[row, : rows.shape[0]] = rows
+    return padded, lengths
+
+
 # --- tokenizers -----------------------------------------------------------------------------
 
 

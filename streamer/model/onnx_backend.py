@@ -37,6 +37,7 @@ from streamer.model.decoding import (
     SentencePieceTokenizer,
     Tokenizer,
     Utterance,
+    padded_features,
     read_tokens_json,
     read_tokens_txt,
 )
@@ -100,6 +101,8 @@ class OnnxRecognizer(CtcRecognizer):
     impossible options ConfigError.
     """
 
+    frontend: Frontend  # always ours: the graph takes features
+
     def __init__(
         self,
         options: RecognizerOptions,
@@ -149,8 +152,7 @@ class OnnxRecognizer(CtcRecognizer):
         self._layout, self._integer_types = _check_graph(self._session, self.model_dir)
         metadata = self._session.get_modelmeta().custom_metadata_map
         _check_query_rows(metadata, self.model_dir.graph)
-        self._frontend = Frontend(self.model_dir.cmvn or _metadata_cmvn(metadata, self.model_dir))
-        self.frontend = self._frontend
+        self.frontend = Frontend(self.model_dir.cmvn or _metadata_cmvn(metadata, self.model_dir))
         logger.info(
             "loaded model %s with ONNX Runtime from %s (%s, %s, %d threads) in %.1f s",
             self.name,
@@ -168,13 +170,7 @@ class OnnxRecognizer(CtcRecognizer):
         return "onnx"
 
     def _logits(self, batch: Sequence[Utterance]) -> list[np.ndarray]:
-        features = [
-            u.features if u.features is not None else self._frontend(u.waveform) for u in batch
-        ]
-        lengths = [f.shape[0] for f in features]
-        padded = np.zeros((len(batch), max(lengths), FEATURE_DIM), np.float32)
-        for row, feats in enumerate(features):
-            padded[row, : feats.shape[0]] = feats
+        padded, lengths = padded_features(self.frontend, batch)
         layout, types = self._layout, self._integer_types
         inputs = {
             layout.features: padded,

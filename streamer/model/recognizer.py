@@ -41,6 +41,7 @@ from streamer.model.decoding import (
     as_waveform,
     empty_transcript,
     language_row,
+    padded_features,
 )
 from streamer.model.files import (
     RANDOM_PREFIX,
@@ -167,8 +168,8 @@ class Recognizer(CtcRecognizer):
         self._automodel = self._load(source)
         kwargs = self._automodel.kwargs
         self._model = self._automodel.model
-        self._frontend = kwargs["frontend"]
-        self.frontend = _same_frontend(self._frontend)
+        self._funasr_frontend = kwargs["frontend"]
+        self.frontend = _same_frontend(self._funasr_frontend)
         self._funasr_tokenizer = kwargs["tokenizer"]
         self.tokenizer: _FunasrTokenizer = _FunasrTokenizer(self._funasr_tokenizer)
         if kwargs.get("ban_emo_unk", False):
@@ -212,10 +213,12 @@ class Recognizer(CtcRecognizer):
 
         with torch.inference_mode(), self._autocast():
             if self.frontend is not None:  # funasr's features, bit for bit (_same_frontend)
-                feats, lengths = _padded_features(torch, self.frontend, batch)
+                padded, frames = padded_features(self.frontend, batch)
+                feats = torch.from_numpy(padded)
+                lengths = torch.tensor(frames, dtype=torch.int32)
             else:
                 waveforms = [torch.from_numpy(u.waveform) for u in batch]
-                feats, lengths = extract_fbank(waveforms, frontend=self._frontend)
+                feats, lengths = extract_fbank(waveforms, frontend=self._funasr_frontend)
             feats = feats.to(device=self._device)
             lengths = lengths.to(device=self._device).reshape(-1)
             # As SenseVoiceSmall.inference(): [language, 1, 2, textnorm] + features, in new
@@ -426,14 +429,3 @@ def _same_frontend(frontend: Any) -> Frontend | None:
         return None
     rows = cmvn.detach().cpu().numpy().astype(np.float32)
     return Frontend(Cmvn(shift=rows[0].copy(), scale=rows[1].copy()))
-
-
-def _padded_features(torch: Any, frontend: Frontend, batch: Sequence[Utterance]) -> Any:
-    """The batch's features zero-padded to the longest, and their lengths, as tensors
-    (what funasr's ``extract_fbank`` returns)."""
-    features = [u.features if u.features is not None else frontend(u.waveform) for u in batch]
-    lengths = [f.shape[0] for f in features]
-    padded = np.zeros((len(batch), max(lengths), frontend.dim), np.float32)
-    for row, rows in enumerate(features):
-        padded[row, : rows.shape[0]] = rows
-    return torch.from_numpy(padded), torch.tensor(lengths, dtype=torch.int32)
