@@ -301,18 +301,13 @@ class ModelWorker:
     def _next(self) -> list[_Queued] | None:
         """Wait for work; take the next batch off the queue (see :func:`select_batch`)."""
         with self._lock:
-            while (
-                not self._stopping
-                and self.failure is None
-                and not self._finals
-                and not self._partials
-            ):
-                # idle, but look now and then whether a model process has died
-                if getattr(self.recognizer, "failure", None) is not None:
+            while True:
+                if self._stopping or self.failure is not None or _process_gone(self.recognizer):
                     return None
+                if self._finals or self._partials:
+                    break
+                # idle, but look now and then whether a model process has died
                 self._lock.wait(IDLE_CHECK_S)
-            if self._stopping or self.failure is not None:
-                return None
             partials = list(self._partials.values())
             # the queue discipline: finals oldest first, first partials, then refreshes
             queued = list(self._finals)
@@ -368,11 +363,9 @@ class ModelWorker:
                 if not late:
                     for item, result in zip(batch, results, strict=True):
                         self._answer(item, result)
-                if getattr(self.recognizer, "failure", None) is not None:
-                    break
-            gone = getattr(self.recognizer, "failure", None)  # a model process died
+            gone = _process_gone(self.recognizer)
             if gone is not None and not self._stopping:
-                self._fail(str(gone))
+                self._fail(gone)
             close = getattr(self.recognizer, "close", None)
             if close is not None and self._stopping:
                 # a model process: asked to exit from this thread, whose end would kill it
@@ -500,6 +493,13 @@ def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> i
     exact = bool(getattr(recognizer, "batch_exact", False))
     on_cpu = str(getattr(recognizer, "device", "cpu")) == "cpu"
     return DEFAULT_MAX_BATCH if exact and not on_cpu else 1
+
+
+def _process_gone(recognizer: SpeechRecognizer | None) -> str | None:
+    """Why a model process (:class:`~streamer.model.process.ProcessRecognizer`) is gone;
+    None while it runs, and for a recognizer in this process."""
+    failure = getattr(recognizer, "failure", None)
+    return None if failure is None else str(failure)
 
 
 def _stalled(job: DecodeJob, reason: str) -> DecodeResult:
