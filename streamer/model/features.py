@@ -133,9 +133,11 @@ class FeatureCache:
             )
             self.stats.restarts += 1
             entry = None
-        fresh = entry is None or entry.segment != segment
         if entry is None or entry.segment != segment:
             entry = _OpenSegment(segment, self.frontend.online_fbank(), self.frontend.n_mels)
+            fresh = True
+        else:
+            fresh = False
         reused = min(entry.fed_samples, waveform.size)
         self.stats.reused_samples += reused
         self.stats.computed_samples += waveform.size - reused
