@@ -185,16 +185,6 @@ class Connection:
                 self._last_input = self._loop.time()
             rate = self.session.stream.sample_rate
             self.metrics.audio_seconds_total.inc(len(data) / BYTES_PER_SAMPLE / rate)
-            if (
-                0 < len(data) <= BACKLOG_PIECE_BYTES
-                and not self._backlog
-                and not self._closing
-                and self._session_has_room()
-            ):
-                # the usual case: what _drain_backlog does with a backlog of this one piece
-                self._feed(data)
-                self._update_backlog_room()
-                return
             pieces: list[bytes | str] = [
                 data[offset : offset + BACKLOG_PIECE_BYTES]
                 for offset in range(0, len(data), BACKLOG_PIECE_BYTES)
@@ -211,9 +201,6 @@ class Connection:
             item = self._backlog.popleft()
             self._backlog_bytes -= len(item)
             self._feed(item)
-        self._update_backlog_room()
-
-    def _update_backlog_room(self) -> None:
         has_room = self._backlog_has_room
         if self._backlog_bytes < self.limits.max_backlog_bytes:
             if not has_room.is_set():
