@@ -14,7 +14,10 @@ core saturates, independently of how fast any model is.
 * the load comes from ``--generators`` processes, each running its share of the real-
   time clients with the bench's own load generator (``bench.latency.load``); each
   reports how late it sent its chunks, so an overloaded generator is seen, not hidden;
-* ``--micro`` also times the sans-I/O pieces alone, per stream-second, in this process.
+* ``--micro`` also times the sans-I/O pieces alone, per stream-second, in this process;
+* ``--features`` makes the test double do the worker's CPU work of a real decode except
+  the model (each job's features through the real feature cache), ``--model-process``
+  runs it in a model process (``serve --model-process``), whose CPU is reported apart.
 
 Writes ``io_load.json`` and prints a table (``--out``).
 """
@@ -69,18 +72,18 @@ class FeatureRecognizer(InstantRecognizer):
     def __init__(self) -> None:
         from streamer.model.features import FeatureCache
         from streamer.model.frontend import Cmvn, Frontend
+        from streamer.model.sensevoice import FEATURE_DIM
 
-        dim = 560
-        self.cache = FeatureCache(
-            Frontend(Cmvn(np.zeros(dim, np.float32), np.ones(dim, np.float32)))
-        )
+        cmvn = Cmvn(np.zeros(FEATURE_DIM, np.float32), np.ones(FEATURE_DIM, np.float32))
+        self.cache = FeatureCache(Frontend(cmvn))
 
     def decode_jobs(self, jobs: Any) -> list[Any]:
         from streamer.model.decoding import as_waveform
+        from streamer.model.sensevoice import MIN_DECODE_SAMPLES
 
         for job in jobs:
             waveform = as_waveform(job.pcm)
-            if waveform.size >= 400:
+            if waveform.size >= MIN_DECODE_SAMPLES:  # as CtcRecognizer.decode_jobs
                 self.cache.features(job, waveform)
         return [self.decode(job.pcm) for job in jobs]
 
