@@ -94,9 +94,9 @@ class ProcessRecognizer:
         self._reader = threading.Thread(target=self._read, name="model-process-reader", daemon=True)
         self._reader.start()
         while not self._loaded.wait(POLL_S):
-            if not self._process.is_alive() and not self._reader.is_alive():
+            if not self._process.is_alive():  # its last words may still be in the pipe
+                self._loaded.wait(POLL_S)
                 break
-        self._loaded.wait(POLL_S)
         if self._load_error is not None:
             self.close()
             raise self._load_error
