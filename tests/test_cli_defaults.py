@@ -31,6 +31,7 @@ RENAMED: dict[str, Any] = {
     "max_batch": WorkerOptions().max_batch,  # the worker's (None: auto)
     "model_process": DEFAULT_MODEL_PROCESS,  # the worker's
     "max_batch_audio_s": WorkerOptions().max_batch_audio_s,  # the worker's (None: auto)
+    "model_restarts": WorkerOptions().max_restarts,  # the worker's
 }
 # flags that set no option field
 NOT_OPTIONS = {"help", "func", "vad", "log_level", "log_format", "no_uvloop", "cache_dir"}

@@ -4,6 +4,7 @@ that fails to load, dies or stalls never leaves the server waiting or an orphan 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -11,21 +12,24 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from streamer.client.connection import ClientOptions
+from streamer.client.connection import ClientOptions, Received
 from streamer.client.streaming import transcribe
 from streamer.core.jobs import DecodeFailure, DecodeJob
+from streamer.core.protocol import Final
 from streamer.errors import ConfigError, DecodeError, ModelError
 from streamer.model.loading import LoadProgress, load_recognizer
-from streamer.model.pool import WorkerPool
+from streamer.model.pool import WorkerPool, WorkerSlot
 from streamer.model.process import ProcessRecognizer
 from streamer.model.recognizer import RecognizerOptions
-from streamer.model.worker import ModelWorker
+from streamer.model.worker import ModelWorker, WorkerOptions
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
 from tests.fakes import Answers, FakeRecognizer
@@ -58,6 +62,34 @@ def _fail_config(progress: LoadProgress) -> FakeRecognizer:
 
 def _crash(progress: LoadProgress) -> FakeRecognizer:
     os._exit(9)
+
+
+POISON_SAMPLES = 4321  # a final of this length breaks the model processes below
+
+
+class _Poisoned(FakeRecognizer):
+    """Dies (``crash``) or hangs (otherwise) on audio of POISON_SAMPLES samples."""
+
+    def __init__(self, crash: bool) -> None:
+        super().__init__()
+        self.crash = crash
+
+    def decode(self, pcm, *, language="auto", use_itn=True):
+        if pcm.size == POISON_SAMPLES:
+            if self.crash:
+                os._exit(7)
+            time.sleep(120)
+        return super().decode(pcm, language=language, use_itn=use_itn)
+
+
+def _load_poisoned(crash: bool, progress: LoadProgress) -> FakeRecognizer:
+    return _Poisoned(crash)
+
+
+def _load_slowly(delay_s: float, progress: LoadProgress) -> FakeRecognizer:
+    with progress.stage_of("load", "loading slowly"):
+        time.sleep(delay_s)
+    return FakeRecognizer()
 
 
 def job(pcm: np.ndarray, session: str = "s", kind: str = "partial") -> DecodeJob:
@@ -136,10 +168,15 @@ def test_a_child_that_cannot_load_raises_the_error_it_met(loader, error, text) -
     assert time.monotonic() - started < GUARD_S
 
 
+NO_RESTARTS = WorkerOptions(max_restarts=0)
+
+
 def test_a_child_that_dies_fails_the_worker_and_every_job_is_answered() -> None:
     failures: list[str] = []
     worker = ModelWorker(
-        lambda: ProcessRecognizer(partial(_load_slow_fake, 5.0)), on_failure=failures.append
+        lambda: ProcessRecognizer(partial(_load_slow_fake, 5.0)),
+        options=NO_RESTARTS,
+        on_failure=failures.append,
     )
     worker.start()
     try:
@@ -166,7 +203,11 @@ def test_a_child_that_dies_fails_the_worker_and_every_job_is_answered() -> None:
 def test_a_child_that_dies_while_idle_fails_the_worker_without_a_decode() -> None:
     """/readyz must not say ready for a worker whose model process is gone."""
     failed = threading.Event()
-    worker = ModelWorker(lambda: ProcessRecognizer(_load_fake), on_failure=lambda _: failed.set())
+    worker = ModelWorker(
+        lambda: ProcessRecognizer(_load_fake),
+        options=NO_RESTARTS,
+        on_failure=lambda _: failed.set(),
+    )
     worker.start()
     try:
         assert worker.ready.wait(GUARD_S) and worker.load_error is None
@@ -195,7 +236,7 @@ def test_a_stalled_child_is_killed_by_the_watchdog() -> None:
     failures: list[str] = []
     worker = ModelWorker(
         lambda: ProcessRecognizer(partial(_load_slow_fake, 120.0)),
-        decode_timeout_s=0.5,
+        options=WorkerOptions(decode_timeout_s=0.5, max_restarts=0),
         on_failure=failures.append,
     )
     worker.start()
@@ -215,7 +256,198 @@ def test_a_stalled_child_is_killed_by_the_watchdog() -> None:
         worker.stop()
 
 
-async def _finals(tiny_model_dir: Path, cache_dir: Path, clip: np.ndarray, in_process: bool):
+def _wait_for(predicate, what: str) -> None:
+    deadline = time.monotonic() + GUARD_S
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _restarting_worker(loader, **options) -> tuple[ModelWorker, list[str]]:
+    failures: list[str] = []
+    worker = ModelWorker(
+        lambda: ProcessRecognizer(loader),
+        options=WorkerOptions(**options),
+        on_failure=failures.append,
+    )
+    worker.start()
+    assert worker.ready.wait(GUARD_S) and worker.load_error is None
+    return worker, failures
+
+
+def _pid(worker: ModelWorker) -> int:
+    remote = worker.recognizer
+    assert isinstance(remote, ProcessRecognizer) and remote.pid is not None
+    return remote.pid
+
+
+def test_the_child_leaves_ctrl_c_and_sigterm_to_the_server() -> None:
+    """A terminal's Ctrl-C (and systemd's stop) signals the whole process group: the
+    child must go on decoding what the shutting-down server still owes its sessions."""
+    remote = ProcessRecognizer(partial(_load_slow_fake, 1.0))
+    try:
+        assert remote.pid is not None
+        decoding = threading.Thread(target=lambda: results.append(remote.decode(pcm)))
+        results: list = []
+        pcm = np.zeros(1600, np.int16)
+        decoding.start()
+        time.sleep(0.3)
+        os.kill(remote.pid, signal.SIGINT)
+        os.kill(remote.pid, signal.SIGTERM)
+        decoding.join(GUARD_S)
+        assert [t.text for t in results] == ["audio 100 ms"] and remote.failure is None
+    finally:
+        remote.close()
+    assert remote._process.exitcode == 0
+
+
+def test_a_child_that_dies_while_idle_is_started_again() -> None:
+    worker, failures = _restarting_worker(_load_fake)
+    try:
+        first = _pid(worker)
+        os.kill(first, signal.SIGKILL)
+        _wait_for(lambda: worker.restarts == 1, "the model process was not started again")
+        assert _pid(worker) != first and worker.restarting is None
+        answers = Answers(guard_s=GUARD_S)
+        worker.submit(job(np.zeros(1600, np.int16), kind="final"), answers)
+        assert answers.wait(1)[0].transcript.text == "audio 100 ms"
+        assert failures == [] and worker.failure is None
+    finally:
+        worker.stop()
+
+
+def test_the_final_a_child_died_on_is_decoded_again_and_queued_jobs_wait() -> None:
+    worker, failures = _restarting_worker(partial(_load_slow_fake, 1.0))
+    try:
+        answers = Answers(guard_s=GUARD_S)
+        worker.submit(job(np.zeros(1600, np.int16), session="a", kind="final"), answers)
+        worker.submit(job(np.zeros(3200, np.int16), session="b", kind="final"), answers)
+        worker.submit(job(np.zeros(4800, np.int16), session="c"), answers)  # a partial
+        time.sleep(0.4)  # a's final is being decoded
+        assert worker.stats().busy
+        os.kill(_pid(worker), signal.SIGKILL)
+        results = answers.wait(3)
+        assert [(r.job.session_id, r.transcript.text) for r in results] == [
+            ("a", "audio 100 ms"),  # decoded again by the new process
+            ("b", "audio 200 ms"),
+            ("c", "audio 300 ms"),
+        ]
+        assert worker.restarts == 1 and failures == []
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize("crash", [True, False], ids=["dies", "stalls"])
+def test_a_final_that_breaks_the_model_twice_fails_alone_and_the_rest_is_decoded(
+    crash: bool,
+) -> None:
+    worker, failures = _restarting_worker(partial(_load_poisoned, crash), decode_timeout_s=1.0)
+    try:
+        answers = Answers(guard_s=GUARD_S)
+        worker.submit(job(np.zeros(POISON_SAMPLES, np.int16), session="p", kind="final"), answers)
+        worker.submit(job(np.zeros(1600, np.int16), session="q", kind="final"), answers)
+        worker.submit(job(np.zeros(3200, np.int16), session="r", kind="final"), answers)
+        results = {r.job.session_id: r for r in answers.wait(3)}
+        assert results["p"].failure is DecodeFailure.DECODE_FAILED
+        assert "failed twice" in results["p"].detail
+        assert results["q"].transcript.text == "audio 100 ms"
+        assert results["r"].transcript.text == "audio 200 ms"
+        assert worker.restarts == 2 and failures == [] and worker.failure is None
+    finally:
+        worker.stop()
+
+
+def test_past_its_restart_budget_the_worker_fails_for_good() -> None:
+    worker, failures = _restarting_worker(_load_fake, max_restarts=1)
+    try:
+        os.kill(_pid(worker), signal.SIGKILL)
+        _wait_for(lambda: worker.restarts == 1, "the model process was not started again")
+        os.kill(_pid(worker), signal.SIGKILL)
+        _wait_for(lambda: worker.failure is not None, "the worker did not fail")
+        assert len(failures) == 1 and "signal 9" in failures[0] and worker.restarts == 1
+        later = Answers()
+        worker.submit(job(np.zeros(1600, np.int16), kind="final"), later)
+        assert later.wait(1)[0].failure is DecodeFailure.MODEL_STALLED
+    finally:
+        worker.stop()
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+async def test_a_server_is_unready_while_its_model_process_starts_again() -> None:
+    pool = WorkerPool.adopt(ModelWorker(lambda: ProcessRecognizer(partial(_load_slowly, 1.5))))
+    pool.start()
+    server = StreamingServer(ServerOptions(host="127.0.0.1", port=0), pool)
+    await server.start()
+    try:
+        await server.wait_ready()
+        base = f"http://127.0.0.1:{server.port}"
+        os.kill(_pid(pool.workers[0]), signal.SIGKILL)
+        seen = []
+        deadline = time.monotonic() + GUARD_S
+        while time.monotonic() < deadline and (not seen or seen[-1][0] != 200):
+            await asyncio.sleep(0.1)
+            status, body = await asyncio.to_thread(_get, f"{base}/readyz")
+            seen.append((status, body["status"]))
+        # unready from the first look after the kill until the new process is up
+        assert seen[0] == (503, "restarting") and seen[-1] == (200, "ready"), seen
+        assert {answer for answer in seen[:-1]} == {(503, "restarting")}, seen
+        assert body["workers"][0]["restarts"] == 1
+        metrics = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+        )
+        assert 'streamer_worker_restarts_total{device="cpu",worker="0"} 1.0' in metrics
+        assert server.failure is None
+    finally:
+        await server.shutdown()
+        await asyncio.to_thread(pool.stop)
+
+
+def test_a_pool_sends_new_sessions_past_a_worker_that_restarts() -> None:
+    def build(slot, hooks):
+        return ModelWorker(
+            lambda: ProcessRecognizer(partial(_load_slowly, 2.0)),
+            on_decoded=hooks.on_decoded,
+            on_failure=hooks.on_failure,
+        )
+
+    pool = WorkerPool(build, [WorkerSlot(0, "cpu", 1), WorkerSlot(1, "cpu", 1)])
+    pool.start()
+    try:
+        assert pool.ready.wait(GUARD_S) and pool.load_error is None
+        answers = Answers(guard_s=GUARD_S)
+        pool.submit(job(np.zeros(1600, np.int16), session="old", kind="final"), answers)
+        assert answers.wait(1)[0].transcript is not None
+        old = pool.worker_of("old")
+        assert old is not None
+        os.kill(_pid(pool.workers[old.index]), signal.SIGKILL)
+        _wait_for(lambda: pool.loads()[old.index].restarting is not None, "not restarting")
+        assert pool.restarting is None  # the other worker takes new sessions
+        pool.submit(job(np.zeros(3200, np.int16), session="new", kind="final"), answers)
+        pool.submit(job(np.zeros(4800, np.int16), session="old", kind="final"), answers)
+        new = pool.worker_of("new")
+        assert new is not None and new.index != old.index
+        results = {r.job.session_id + str(r.job.pcm.size): r for r in answers.wait(3)}
+        assert results["new3200"].transcript.text == "audio 200 ms"
+        assert results["old4800"].transcript.text == "audio 300 ms"  # waited for its worker
+        assert pool.loads()[old.index].restarts == 1 and pool.failure is None
+    finally:
+        pool.stop()
+
+
+async def _finals(
+    tiny_model_dir: Path,
+    cache_dir: Path,
+    clip: np.ndarray,
+    in_process: bool,
+    kill_at_first_final: bool = False,
+):
     options = tiny_options(tiny_model_dir, cache_dir)
 
     def load():
@@ -230,7 +462,15 @@ async def _finals(tiny_model_dir: Path, cache_dir: Path, clip: np.ndarray, in_pr
     try:
         await server.wait_ready()
         url = f"ws://127.0.0.1:{server.port}/v1/asr"
-        result = await transcribe(ClientOptions(url=url), clip, 16000)
+        killed: list[int] = []
+
+        def on_message(received: Received) -> None:
+            if kill_at_first_final and isinstance(received.message, Final) and not killed:
+                killed.append(_pid(pool.workers[0]))  # the next segment is queued or decoding
+                os.kill(killed[0], signal.SIGKILL)
+
+        result = await transcribe(ClientOptions(url=url), clip, 16000, on_message=on_message)
+        assert pool.workers[0].restarts == len(killed) and server.failure is None
     finally:
         await server.shutdown()
         await asyncio.to_thread(pool.stop)
@@ -247,6 +487,11 @@ async def test_a_server_with_its_model_in_a_process_gives_the_same_finals(
     there = await _finals(tiny_model_dir, cache_dir, clip, in_process=False)
     assert len(here) >= 2
     assert there == here
+    # the model process killed mid-stream: started again, and no final is lost or changed
+    restarted = await _finals(
+        tiny_model_dir, cache_dir, clip, in_process=False, kill_at_first_final=True
+    )
+    assert restarted == here
 
 
 PARENT = """

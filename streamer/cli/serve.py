@@ -36,7 +36,11 @@ EXIT_MODEL_FAILED = 3  # serve: the model stalled or its worker died; restart th
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from streamer.model import pool
-    from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL_PROCESS
+    from streamer.model.worker import (
+        DEFAULT_DECODE_TIMEOUT_S,
+        DEFAULT_MAX_RESTARTS,
+        DEFAULT_MODEL_PROCESS,
+    )
     from streamer.server.server import ServerOptions
 
     server = ServerOptions()  # the flags' defaults are its fields' (and its options')
@@ -194,9 +198,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--decode-timeout-s",
         type=float,
         default=_env("decode_timeout_s", DEFAULT_DECODE_TIMEOUT_S, float),
-        help="a decode running longer means the model is stalled: the server turns "
-        "unready, tells every session and exits with status 3 for its supervisor to "
-        "restart it [%(default)s]",
+        help="a decode running longer means the model is stalled: with --model-process its "
+        "process is killed and started again (--model-restarts); otherwise, or past that, "
+        "the server turns unready, tells every session and exits with status 3 for its "
+        "supervisor to restart it [%(default)s]",
     )
     g.add_argument(
         "--model-process",
@@ -207,6 +212,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="run each worker's model (features, decoding) in a child process of its own, "
         "so that it does not share one GIL with the event loop: for hundreds of streams "
         "on a GPU (bench/RESULTS.md) [STREAMER_MODEL_PROCESS, %(default)s]",
+    )
+    g.add_argument(
+        "--model-restarts",
+        type=int,
+        default=_env("model_restarts", DEFAULT_MAX_RESTARTS, int),
+        help="with --model-process, how often in 10 minutes a model process that died or "
+        "stalled is started again while its sessions wait (the finals it was decoding "
+        "are decoded again); 0: fail for good at once [STREAMER_MODEL_RESTARTS, %(default)s]",
     )
     g.add_argument(
         "--workers",
@@ -325,6 +338,8 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
 
     if args.decode_timeout_s <= 0:
         raise ConfigError("--decode-timeout-s must be positive")
+    if args.model_restarts < 0:
+        raise ConfigError("--model-restarts must be 0 (fail at once) or more")
     devices = resolve_devices(args.device)
     base = _recognizer_options(argparse.Namespace(**{**vars(args), "device": devices[0]}))
     for device in devices:  # impossible devices, missing files: fail in seconds
@@ -351,6 +366,7 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
                 decode_timeout_s=args.decode_timeout_s,
                 max_batch=args.max_batch,
                 max_batch_audio_s=args.max_batch_audio_s,
+                max_restarts=args.model_restarts,
             ),
             on_decoded=hooks.on_decoded,
             on_failure=hooks.on_failure,

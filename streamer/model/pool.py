@@ -16,6 +16,10 @@ forwards to that worker and unpins the session.
 
 Readiness and failure: :attr:`WorkerPool.ready` is set once every worker has loaded,
 or as soon as one fails to load (:attr:`WorkerPool.load_error` says which). A worker
+whose model process is being started again (``--model-process``; see
+:class:`~streamer.model.worker.ModelWorker`'s restarts) keeps its sessions, whose jobs
+wait for it, but gets no new ones while another worker can take them;
+:attr:`WorkerPool.restarting` says why while none can. A worker
 that fails for good (its watchdog saw a stalled decode, or its thread died) fails the
 whole pool: :attr:`WorkerPool.on_failure` is called once, the server turns unready and
 the process exits for its supervisor to restart, as with one worker. Serving on with
@@ -78,6 +82,8 @@ class WorkerLoad:
     stats: WorkerStats
     ready: bool  # loaded without error
     failure: str | None  # why it failed for good, or None
+    restarting: str | None = None  # why its model is being started again, or None
+    restarts: int = 0  # how often its model was started again
 
 
 def parse_devices(spec: str) -> tuple[str, ...]:
@@ -265,18 +271,32 @@ class WorkerPool:
         return self._failure
 
     @property
+    def restarting(self) -> str | None:
+        """Why no worker can take a new session now (each is starting its model again);
+        None while one can."""
+        reasons = [w.restarting for w in self.workers]
+        if any(reason is None for reason in reasons):
+            return None
+        if len(reasons) == 1:
+            return reasons[0]
+        pairs = zip(self.slots, reasons, strict=True)
+        return "; ".join(f"worker {slot.index}: {reason}" for slot, reason in pairs)
+
+    @property
     def model_name(self) -> str:
         """The model's name (every worker loads the same one); "loading" until ready."""
         names = {w.model_name for w in self.workers}
         return self.workers[0].model_name if len(names) == 1 else "loading"
 
     def stats(self) -> WorkerStats:
-        """The workers' queues summed; busy while any worker decodes."""
+        """The workers' queues summed; busy while any worker decodes; restarting while
+        every worker is (:attr:`restarting`)."""
         each = [w.stats() for w in self.workers]
         return WorkerStats(
             sum(s.queued_finals for s in each),
             sum(s.queued_partials for s in each),
             any(s.busy for s in each),
+            self.restarting,
         )
 
     def loads(self) -> list[WorkerLoad]:
@@ -290,6 +310,8 @@ class WorkerPool:
                 stats=worker.stats(),
                 ready=worker.ready.is_set() and worker.load_error is None,
                 failure=worker.failure,
+                restarting=worker.restarting,
+                restarts=worker.restarts,
             )
             for slot, worker in zip(self.slots, self.workers, strict=True)
         ]
@@ -325,10 +347,10 @@ class WorkerPool:
     def _least_loaded(self) -> int:
         """Call with the lock held; each worker's stats take that worker's own lock."""
 
-        def load(index: int) -> tuple[int, int]:
+        def load(index: int) -> tuple[bool, int, int]:
             s = self.workers[index].stats()
             queued = s.queued_finals + s.queued_partials + int(s.busy)
-            return (self._sessions[index] + queued, index)
+            return (s.restarting is not None, self._sessions[index] + queued, index)
 
         return min(range(len(self.workers)), key=load)
 

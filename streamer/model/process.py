@@ -12,7 +12,8 @@ pipe and its transcripts come back.
 :class:`ProcessRecognizer` is that recognizer seen from the server: a
 :class:`~streamer.model.worker.SpeechRecognizer` with ``decode_jobs`` (so the child's
 feature cache still knows each job's segment), ``forget_session``, and :attr:`failure`,
-set when the child dies (the worker then fails for good, as when a decode stalls).
+set when the child dies (the worker then starts another, or fails for good: see
+:class:`~streamer.model.worker.ModelWorker`'s restarts).
 The child's log records are handled by the server's logging, and its loading stages
 are shown by ``/readyz``. The child is started with ``spawn`` (forking a process that
 holds threads and CUDA is unsafe) and ends when the server closes it, kills it (a
@@ -67,6 +68,10 @@ class ProcessRecognizer:
     Decode from one thread at a time (the worker's); :meth:`forget_session`,
     :meth:`close` and :meth:`kill` from any thread.
     """
+
+    # the worker may kill it and build another (a fresh process ends a stuck call and
+    # frees its device): see ModelWorker's restarts
+    restartable = True
 
     def __init__(self, load: RecognizerLoader, progress: LoadProgress | None = None) -> None:
         context = multiprocessing.get_context("spawn")
@@ -306,6 +311,11 @@ def _child_main(
     """The child process: load, then decode what the server sends until it says stop
     or goes away."""
     _die_with_parent()
+    # Ctrl-C in a terminal, and systemd's stop (KillMode=control-group), signal the whole
+    # group: the server shuts down gracefully and closes this process after the decodes
+    # still owed to its sessions, so the signals are the server's to handle, not ours
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lock = threading.Lock()
 
     def send(message: tuple[Any, ...]) -> None:

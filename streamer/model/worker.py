@@ -35,6 +35,15 @@ says why): every job waiting or running is answered with ``DecodeFailure.MODEL_S
 later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
 server then turns unready and the process exits non-zero for its supervisor to restart
 it; a stuck native call cannot be interrupted from Python).
+
+Restarts: a recognizer in a process of its own (``restartable``: killing it ends a stuck
+call and frees its device) is instead killed and loaded again, in the worker's thread, at
+most ``max_restarts`` times in ``RESTART_WINDOW_S``. Meanwhile :attr:`ModelWorker.restarting`
+says why, jobs wait in the queue (the queue discipline still applies), and the finals the
+model was decoding are decoded again, alone, once the new model is up; a final that was
+being decoded at a second failure gets ``DecodeFailure.DECODE_FAILED`` (it may be the cause),
+the partials are answered ``dropped`` (the next one replaces them). Past the budget, or if
+loading again fails, the worker fails for good as above.
 """
 
 from __future__ import annotations
@@ -71,6 +80,10 @@ CPU_MAX_BATCH_AUDIO_S = 7.0
 # (streamer.model.process, serve --model-process)
 DEFAULT_MODEL_PROCESS = False
 IDLE_CHECK_S = 1.0  # an idle worker looks this often whether its model process has died
+# a model process that dies or stalls is started again at most this often in
+# RESTART_WINDOW_S before the worker fails for good (a crash loop is not served on)
+DEFAULT_MAX_RESTARTS = 3
+RESTART_WINDOW_S = 600.0
 
 ResultCallback = Callable[[DecodeResult], None]
 
@@ -114,6 +127,8 @@ class WorkerOptions:
     # padded audio per batch; None: CPU_MAX_BATCH_AUDIO_S on the CPU (a batch then holds
     # up the next final no longer than one longest segment alone), no bound elsewhere
     max_batch_audio_s: float | None = None
+    # restarts of a model process per RESTART_WINDOW_S; 0: a failure is for good
+    max_restarts: int = DEFAULT_MAX_RESTARTS
 
     def __post_init__(self) -> None:
         if self.decode_timeout_s is not None and self.decode_timeout_s <= 0:
@@ -122,6 +137,8 @@ class WorkerOptions:
             raise ConfigError(f"max_batch must be at least 1, not {self.max_batch}")
         if self.max_batch_audio_s is not None and self.max_batch_audio_s <= 0:
             raise ConfigError("max_batch_audio_s must be positive")
+        if self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be 0 or more, not {self.max_restarts}")
         if self.max_padding_ratio < 1:
             raise ConfigError(f"max_padding_ratio must be 1 or more, not {self.max_padding_ratio}")
 
@@ -131,6 +148,7 @@ class _Queued:
     job: DecodeJob
     callback: ResultCallback
     submitted: float  # time.perf_counter() at submission
+    retried: bool = False  # decoded again after the model failed while decoding it
 
 
 @dataclass
@@ -138,6 +156,7 @@ class WorkerStats:
     queued_finals: int
     queued_partials: int
     busy: bool
+    restarting: str | None = None  # why the model is being loaded again, or None
 
 
 def select_batch(
@@ -218,6 +237,10 @@ class ModelWorker:
         self._running: list[_Queued] | None = None
         self._running_since = 0.0
         self.failure: str | None = None  # why the worker failed for good (None: healthy)
+        # why its model process is being started again (None: it is not); guarded by _lock
+        self._restarting: str | None = None
+        self.restarts = 0  # model processes started again so far
+        self._restart_times: deque[float] = deque()  # time.monotonic() of each restart
         self.on_failure = on_failure  # called once, from a thread, when the worker fails
         self._watchdog = threading.Thread(target=self._watch, name="model-watchdog", daemon=True)
 
@@ -249,6 +272,18 @@ class ModelWorker:
         return self.recognizer.name if self.recognizer is not None else "loading"
 
     @property
+    def restarting(self) -> str | None:
+        """Why the model is being started again (its process died or stalled), from the
+        moment the process is gone until the new one is up; None otherwise (and once
+        the worker has failed for good)."""
+        if self.failure is not None or self._stopping:
+            return None
+        if self._restarting is not None:
+            return self._restarting
+        gone = _process_gone(self.recognizer)  # died; the worker thread is about to see it
+        return gone if gone is not None and self._may_restart() else None
+
+    @property
     def device(self) -> str | None:
         """Where the loaded model runs ("cpu", "cuda:0"); None until it is loaded (or
         where the recognizer does not say)."""
@@ -257,7 +292,9 @@ class ModelWorker:
 
     def stats(self) -> WorkerStats:
         with self._lock:
-            return WorkerStats(len(self._finals), len(self._partials), self._running is not None)
+            return WorkerStats(
+                len(self._finals), len(self._partials), self._running is not None, self.restarting
+            )
 
     # -- queue -----------------------------------------------------------------
 
@@ -313,13 +350,17 @@ class ModelWorker:
             queued = list(self._finals)
             queued += [q for q in partials if q.job.first]
             queued += [q for q in partials if not q.job.first]
-            chosen = select_batch(
-                [q.job for q in queued],
-                max_batch=self.max_batch,
-                max_padding_ratio=self.options.max_padding_ratio,
-                max_batch_samples=self._max_batch_samples,
-            )
-            batch = [queued[i] for i in chosen]
+            if queued[0].retried:  # alone: it may be what broke the model
+                batch = [queued[0]]
+            else:  # queued[0] is fresh[0]
+                fresh = [q for q in queued if not q.retried]
+                chosen = select_batch(
+                    [q.job for q in fresh],
+                    max_batch=self.max_batch,
+                    max_padding_ratio=self.options.max_padding_ratio,
+                    max_batch_samples=self._max_batch_samples,
+                )
+                batch = [fresh[i] for i in chosen]
             for item in batch:
                 if item.job.kind == "final":
                     self._finals.remove(item)
@@ -355,17 +396,30 @@ class ModelWorker:
             self.max_batch,
         )
         try:
-            while (batch := self._next()) is not None:
+            while True:
+                batch = self._next()
+                if batch is None:
+                    gone = _process_gone(self.recognizer)
+                    if self._stopping or self.failure is not None or gone is None:
+                        break
+                    if not self._restart(self._restarting or gone):
+                        break
+                    continue
                 results = self._decode(batch)
                 with self._lock:
                     late = self._running is not batch  # the watchdog answered it already
                     self._running = None
+                    answers = list(zip(batch, results, strict=True))
+                    gone = _process_gone(self.recognizer)
+                    if not late and gone is not None and self._may_restart():
+                        # died while decoding: what it did not decode waits for the next
+                        self._restarting = gone
+                        done = [(q, r) for q, r in answers if r.failure is None]
+                        failed = [q for q, r in answers if r.failure is not None]
+                        answers = done + self._requeue(failed, gone)
                 if not late:
-                    for item, result in zip(batch, results, strict=True):
+                    for item, result in answers:
                         self._answer(item, result)
-            gone = _process_gone(self.recognizer)
-            if gone is not None and not self._stopping:
-                self._fail(gone)
             close = getattr(self.recognizer, "close", None)
             if close is not None and self._stopping:
                 # a model process: asked to exit from this thread, whose end would kill it
@@ -375,7 +429,23 @@ class ModelWorker:
             self._fail("the model worker thread died")
 
     def _watch(self) -> None:
-        """The watchdog thread: fails the worker when one decode runs too long."""
+        """The watchdog thread: when one decode runs too long, restarts the model process
+        (:meth:`_recover`) or fails the worker."""
+        while (running := self._stalled_batch()) is not None:
+            logger.error(
+                "a decode has run for over %g s (sessions %s): the model is stalled",
+                self.decode_timeout_s,
+                ", ".join(sorted({q.job.session_id for q in running})),
+            )
+            reason = f"a decode ran longer than {self.decode_timeout_s:g} s"
+            if not self._may_restart():
+                self._fail(reason)
+                return
+            self._recover(running, reason)
+
+    def _stalled_batch(self) -> list[_Queued] | None:
+        """Wait until the running batch is overdue and return it; None once the worker
+        stops or has failed."""
         assert self.decode_timeout_s is not None
         with self._lock:
             while not self._stopping and self.failure is None:
@@ -388,14 +458,110 @@ class ModelWorker:
                     self._lock.wait(overdue_s)
                     continue
                 if self._running is running:
-                    break
-        if self.failure is None and not self._stopping:
-            logger.error(
-                "a decode has run for over %g s (sessions %s): the model is stalled",
-                self.decode_timeout_s,
-                ", ".join(sorted({q.job.session_id for q in running})),
-            )
-            self._fail(f"a decode ran longer than {self.decode_timeout_s:g} s")
+                    return running
+        return None
+
+    # -- restarts --------------------------------------------------------------
+
+    def _may_restart(self) -> bool:
+        """Whether a failed model may be started again: it runs in a process of its own
+        (``restartable``) and the restart budget is not spent."""
+        if self.options.max_restarts == 0 or not getattr(self.recognizer, "restartable", False):
+            return False
+        horizon = time.monotonic() - RESTART_WINDOW_S
+        return sum(1 for t in self._restart_times if t > horizon) < self.options.max_restarts
+
+    def _recover(self, running: list[_Queued], reason: str) -> None:
+        """The watchdog's restart: answer or requeue the stalled batch, then kill the model
+        process (which ends the stuck call; the worker thread then loads it again)."""
+        with self._lock:
+            if self._running is not running:  # it finished after all
+                return
+            self._running = None  # the worker thread's late results are not answered
+            self._restarting = reason
+            answers = self._requeue(running, reason)
+            self._lock.notify_all()
+        kill = getattr(self.recognizer, "kill", None)
+        if kill is not None:
+            try:
+                kill()
+            except Exception:
+                logger.exception("ending the model process failed")
+        for item, result in answers:
+            self._answer(item, result)
+
+    def _requeue(self, items: list[_Queued], reason: str) -> list[tuple[_Queued, DecodeResult]]:
+        """Call with the lock held, for jobs the failed model did not decode: finals go back
+        to the front of the queue, to be decoded alone by the next model, unless they were
+        already retried once (then they fail: they may be the cause); partials are dropped
+        (the session asks again). Returns the answers to give, outside the lock."""
+        answers = []
+        for item in reversed(items):
+            job = item.job
+            if job.kind != "final":
+                answers.append((item, DecodeResult(job=job, dropped=True)))
+            elif item.retried:
+                logger.error(
+                    "the model failed again while decoding segment %d of session %s: "
+                    "it is answered with an error",
+                    job.segment_id,
+                    job.session_id,
+                )
+                detail = f"the model failed twice while decoding it ({reason})"
+                failure = DecodeResult(job=job, failure=DecodeFailure.DECODE_FAILED, detail=detail)
+                answers.append((item, failure))
+            else:
+                item.retried = True
+                self._finals.appendleft(item)
+        return answers[::-1]
+
+    def _restart(self, reason: str) -> bool:
+        """In the worker thread, after its model process failed (``reason``): load the
+        model again. False when the worker failed for good instead (no budget left, or
+        the load failed)."""
+        if not self._may_restart():
+            self._fail(reason)
+            return False
+        now = time.monotonic()
+        with self._lock:
+            self._restarting = reason
+            while self._restart_times and self._restart_times[0] <= now - RESTART_WINDOW_S:
+                self._restart_times.popleft()
+            self._restart_times.append(now)
+            waiting = len(self._finals) + len(self._partials)
+        logger.warning(
+            "the model failed (%s): starting it again (%d of at most %d restarts in %g s; "
+            "%d jobs wait)",
+            reason,
+            len(self._restart_times),
+            self.options.max_restarts,
+            RESTART_WINDOW_S,
+            waiting,
+        )
+        kill = getattr(self.recognizer, "kill", None)  # dead already, or stuck: end it
+        if kill is not None:
+            try:
+                kill()
+            except Exception:
+                logger.exception("ending the model process failed")
+        started = time.perf_counter()
+        try:
+            recognizer = self._load()
+        except BaseException as exc:
+            logger.exception("loading the model again failed")
+            self._fail(f"{reason}; loading the model again failed: {exc}")
+            return False
+        with self._lock:
+            self.recognizer = recognizer
+            self._restarting = None
+            self.restarts += 1
+            self._lock.notify_all()
+        logger.warning(
+            "the model is running again after %.1f s (%s)",
+            time.perf_counter() - started,
+            recognizer.name,
+        )
+        return True
 
     def _fail(self, reason: str) -> None:
         """Fail for good: answer every job waiting or running, then tell the server."""
@@ -403,6 +569,7 @@ class ModelWorker:
             if self.failure is not None:
                 return
             self.failure = reason
+            self._restarting = None
             waiting = list(self._finals) + list(self._partials.values())
             if self._running is not None:
                 waiting[:0] = self._running

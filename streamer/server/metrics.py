@@ -168,6 +168,13 @@ class Metrics:
             ["worker", "device", "kind"],
             registry=r,
         )
+        self.worker_restarts_total = Counter(
+            "streamer_worker_restarts",
+            "Times the worker's model process was started again after it died or stalled",
+            ["worker", "device"],
+            registry=r,
+        )
+        self._restarts_seen: dict[str, int] = {}  # worker -> restarts counted so far
         self.worker_busy_seconds_total = Counter(
             "streamer_worker_busy_seconds",
             "Model time spent by the worker",
@@ -196,15 +203,26 @@ class Metrics:
             labels = (load.slot.label, load.slot.device)
             before = self._worker_labels.setdefault(load.slot.label, labels)
             if before != labels:  # "auto" became the device the worker loaded on
-                for gauge in (self.worker_sessions, self.worker_queued, self.worker_ready):
+                for series in (
+                    self.worker_sessions,
+                    self.worker_queued,
+                    self.worker_ready,
+                    self.worker_restarts_total,
+                ):
                     with contextlib.suppress(KeyError):  # never set
-                        gauge.remove(*before)
+                        series.remove(*before)
                 self._worker_labels[load.slot.label] = labels
             self.worker_sessions.labels(*labels).set(load.sessions)
             self.worker_queued.labels(*labels).set(
                 load.stats.queued_finals + load.stats.queued_partials
             )
-            self.worker_ready.labels(*labels).set(int(load.ready and load.failure is None))
+            serving = load.ready and load.failure is None and load.restarting is None
+            self.worker_ready.labels(*labels).set(int(serving))
+            restarts = self.worker_restarts_total.labels(*labels)  # exported at 0 from the start
+            new = load.restarts - self._restarts_seen.get(load.slot.label, 0)
+            if new > 0:
+                restarts.inc(new)
+                self._restarts_seen[load.slot.label] = load.restarts
 
     def observe_decode(self, result: DecodeResult) -> None:
         """Called from the worker thread for every decode (prometheus_client is thread-safe)."""

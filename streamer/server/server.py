@@ -40,7 +40,7 @@ from streamer.errors import (
     ProtocolError,
     close_code_for,
 )
-from streamer.model.pool import WorkerPool
+from streamer.model.pool import WorkerLoad, WorkerPool
 from streamer.model.worker import ModelWorker
 from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import (
@@ -226,7 +226,10 @@ class StreamingServer:
     @property
     def ready(self) -> bool:
         return (
-            self.worker.ready.is_set() and self.worker.load_error is None and self._failure is None
+            self.worker.ready.is_set()
+            and self.worker.load_error is None
+            and self._failure is None
+            and self.worker.restarting is None
         )
 
     @property
@@ -487,6 +490,8 @@ class StreamingServer:
                 body = {"status": "model_stalled", "reason": self._failure}
             elif self._shutting_down:
                 body = {"status": "shutting_down"}
+            elif (restarting := self.worker.restarting) is not None:
+                body = {"status": "restarting", "reason": restarting}
             elif self.worker.ready.is_set():
                 body = {"status": "failed", "message": "the model failed to load"}
             elif self._loading is not None:
@@ -503,6 +508,7 @@ class StreamingServer:
                 return self._refuse(
                     http.HTTPStatus.UNAUTHORIZED, "unauthorized", V1_ENDPOINT.auth_hint, V1_ENDPOINT
                 )
+            self.metrics.observe_workers(self.worker.loads())  # current, not a probe old
             return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
         endpoint = self._endpoints.get(path)
         if endpoint is not None:
@@ -547,7 +553,8 @@ class StreamingServer:
             {
                 "worker": load.slot.index,
                 "device": load.slot.device,
-                "state": "failed" if load.failure else "ready" if load.ready else "loading",
+                "state": _state(load),
+                "restarts": load.restarts,
                 "sessions": load.sessions,
                 "queued": load.stats.queued_finals + load.stats.queued_partials,
             }
@@ -616,6 +623,8 @@ class StreamingServer:
             )
         if self._failure is not None:
             return "model_stalled", "the model stopped answering; the server is restarting"
+        if self.worker.restarting is not None:
+            return "not_ready", "the model is starting again after a failure; retry shortly"
         if not self.ready:
             return "not_ready", "the model is still loading; retry shortly"
         if len(self._connections) >= self.options.max_sessions:
@@ -726,3 +735,12 @@ class StreamingServer:
                 stats.partials_skipped,
                 "client gone" if session.state is not State.ENDED else f"code {session.close_code}",
             )
+
+
+def _state(load: WorkerLoad) -> str:
+    """A worker's state in ``/readyz`` and ``/healthz``."""
+    if load.failure:
+        return "failed"
+    if load.restarting:
+        return "restarting"
+    return "ready" if load.ready else "loading"
