@@ -481,12 +481,7 @@ class ModelWorker:
             self._restarting = reason
             answers = self._requeue(running, reason)
             self._lock.notify_all()
-        kill = getattr(self.recognizer, "kill", None)
-        if kill is not None:
-            try:
-                kill()
-            except Exception:
-                logger.exception("ending the model process failed")
+        self._kill_model()
         for item, result in answers:
             self._answer(item, result)
 
@@ -538,12 +533,7 @@ class ModelWorker:
             RESTART_WINDOW_S,
             waiting,
         )
-        kill = getattr(self.recognizer, "kill", None)  # dead already, or stuck: end it
-        if kill is not None:
-            try:
-                kill()
-            except Exception:
-                logger.exception("ending the model process failed")
+        self._kill_model()  # dead already, or stuck
         started = time.perf_counter()
         try:
             recognizer = self._load()
@@ -577,12 +567,7 @@ class ModelWorker:
             self._finals.clear()
             self._partials.clear()
             self._lock.notify_all()
-        kill = getattr(self.recognizer, "kill", None)  # a model process: end a stuck call
-        if kill is not None:
-            try:
-                kill()
-            except Exception:
-                logger.exception("ending the model process failed")
+        self._kill_model()  # a model process: end a stuck call
         for item in waiting:
             self._answer(item, _stalled(item.job, reason))
         if self.on_failure is not None:
@@ -590,6 +575,15 @@ class ModelWorker:
                 self.on_failure(reason)
             except Exception:
                 logger.exception("failure hook failed")
+
+    def _kill_model(self) -> None:
+        """End a model process at once (a stuck call cannot be interrupted otherwise)."""
+        kill = getattr(self.recognizer, "kill", None)
+        if kill is not None:
+            try:
+                kill()
+            except Exception:
+                logger.exception("ending the model process failed")
 
     def _decode(self, batch: list[_Queued]) -> list[DecodeResult]:
         """Decode ``batch`` in one call; if that raises, job by job (one result each)."""
