@@ -2,11 +2,14 @@
 
 Starts ``streamer serve --model-process``, streams the same speech from ``--clients``
 real-time clients twice on it: once undisturbed, once with the model process killed
-(SIGKILL) ``--kill-after-s`` into the stream. Reports how long the server was unready
-(``/readyz`` polled every 50 ms), whether every client's finals are the undisturbed run's
-(none lost, none changed, no session closed), and the finals' latency in both runs.
+(``--fault kill``: SIGKILL) or frozen (``--fault stop``: SIGSTOP, a stall the watchdog
+must see after ``--decode-timeout-s``) ``--kill-after-s`` into the stream. Reports how
+long the server was unready (``/readyz`` polled every 50 ms), whether every client's
+finals are the undisturbed run's (none lost, none changed, no session closed), and the
+finals' latency in both runs.
 
     python -m bench.model_restart --model random:small --quantize int8 --clients 4
+    python -m bench.model_restart --fault stop --decode-timeout-s 2
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
             async def kill_later() -> float:
                 await asyncio.sleep(args.kill_after_s)
-                os.kill(victim.pid, signal.SIGKILL)
+                os.kill(victim.pid, signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
                 return time.monotonic()
 
             killer = asyncio.create_task(kill_later())
@@ -137,9 +140,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "quantize": args.quantize,
         "clients": args.clients,
         "stream_s": round(pcm.size / SAMPLE_RATE, 1),
-        "killed_after_s": args.kill_after_s,
+        "fault": args.fault,
+        "decode_timeout_s": args.decode_timeout_s,
+        "fault_after_s": args.kill_after_s,
         "new_model_process": replacement.pid != victim.pid,
-        "unready_after_kill_s": None
+        "unready_after_fault_s": None
         if watch.unready_at is None
         else round(watch.unready_at - killed_at, 2),
         "unready_s": None
@@ -159,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantize", default="int8")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--clips", type=int, default=6, help="bench sentences per stream")
-    parser.add_argument("--kill-after-s", type=float, default=6.0)
+    parser.add_argument("--fault", choices=("kill", "stop"), default="kill")
+    parser.add_argument("--kill-after-s", type=float, default=6.0, help="when the fault comes")
     parser.add_argument("--decode-timeout-s", type=float, default=30.0)
     parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
     parser.add_argument("--out", type=Path, default=Path("bench/out/model-restart"))

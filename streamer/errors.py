@@ -6,6 +6,7 @@
     ├── ConfigError                 bad server/recognizer options (CLI exits 2)
     ├── ModelError                  model weights missing, unloadable or inconsistent
     ├── DecodeError                 one decode failed; that segment's final carries it
+    │   └── ModelProcessGone            the model process it was sent to died or was killed
     ├── ClientError                 raised by :mod:`streamer.client`
     │   ├── ConnectionRefusedByServer   handshake refused (auth, capacity, origin)
     │   ├── ServerUnreachable           nothing answered at the URL
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigError",
     "ModelError",
     "DecodeError",
+    "ModelProcessGone",
     "ClientError",
     "ConnectionRefusedByServer",
     "ServerClosed",
@@ -65,6 +67,11 @@ class ModelError(StreamerError):
 
 class DecodeError(StreamerError):
     """Decoding one utterance failed; the session goes on."""
+
+
+class ModelProcessGone(DecodeError):
+    """The model process (``serve --model-process``) died or was killed: the worker
+    starts another or fails; the message says why, and there is no traceback to show."""
 
 
 class ClientError(StreamerError):

@@ -26,7 +26,7 @@ import numpy as np
 
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
-from streamer.errors import ConfigError, DecodeError, ModelError
+from streamer.errors import ConfigError, DecodeError, ModelError, ModelProcessGone
 from streamer.model.sensevoice import (
     BLANK_ID,
     LANGUAGES,
@@ -468,9 +468,11 @@ def decode_job(
     try:
         (transcript,) = decode_jobs(recognizer, [job])
     except Exception as exc:  # one bad decode must not stop the worker
-        logger.exception(
-            "decode failed (session %s, segment %d, %s)", job.session_id, job.segment_id, job.kind
-        )
+        where = f"session {job.session_id}, segment {job.segment_id}, {job.kind}"
+        if isinstance(exc, ModelProcessGone):  # the worker logs what it does about it
+            logger.warning("decode failed (%s): %s", where, exc)
+        else:
+            logger.exception("decode failed (%s)", where)
         return DecodeResult(
             job=job,
             failure=DecodeFailure.DECODE_FAILED,

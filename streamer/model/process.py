@@ -45,7 +45,7 @@ import numpy as np
 
 from streamer.core.jobs import DecodeJob
 from streamer.core.transcript import Transcript
-from streamer.errors import ConfigError, DecodeError, ModelError
+from streamer.errors import ConfigError, DecodeError, ModelError, ModelProcessGone
 from streamer.model.loading import LoadProgress
 
 logger = logging.getLogger(__name__)
@@ -151,11 +151,12 @@ class ProcessRecognizer:
 
     def decode_jobs(self, jobs: Sequence[DecodeJob]) -> list[Transcript]:
         """The child's :func:`~streamer.model.decoding.decode_jobs` of ``jobs``. Raises
-        DecodeError when it raised there, or when the child is gone (:attr:`failure`)."""
+        DecodeError when it raised there, ModelProcessGone when the child is gone
+        (:attr:`failure`)."""
         pending = _Pending()
         with self._pending_lock:
             if self.failure is not None:
-                raise DecodeError(f"the model process is gone: {self.failure}")
+                raise ModelProcessGone(self.failure)
             request, self._next_id = self._next_id, self._next_id + 1
             self._pending[request] = pending
         try:
@@ -166,6 +167,8 @@ class ProcessRecognizer:
         finally:
             with self._pending_lock:
                 self._pending.pop(request, None)
+        if pending.gone:
+            raise ModelProcessGone(pending.error)
         if pending.error is not None:
             raise DecodeError(pending.error)
         assert pending.transcripts is not None
@@ -257,7 +260,7 @@ class ProcessRecognizer:
                 self.failure = f"the model process is gone: {why}"
             waiting = list(self._pending.values())
         for pending in waiting:
-            pending.error = self.failure
+            pending.error, pending.gone = self.failure, True
             pending.done.set()
         self._loaded.set()
 
@@ -275,6 +278,7 @@ class _Pending:
         self.done = threading.Event()
         self.transcripts: list[Transcript] | None = None
         self.error: str | None = None
+        self.gone = False  # the error is that the child is gone
 
 
 # --- the child ---------------------------------------------------------------------------
