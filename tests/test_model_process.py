@@ -25,6 +25,7 @@ from streamer.client.streaming import transcribe
 from streamer.core.jobs import DecodeFailure, DecodeJob
 from streamer.core.protocol import Final
 from streamer.errors import ConfigError, DecodeError, ModelError
+from streamer.model import worker as worker_module
 from streamer.model.loading import LoadProgress, load_recognizer
 from streamer.model.pool import WorkerPool, WorkerSlot
 from streamer.model.process import ProcessRecognizer
@@ -368,6 +369,31 @@ def test_past_its_restart_budget_the_worker_fails_for_good() -> None:
         later = Answers()
         worker.submit(job(np.zeros(1600, np.int16), kind="final"), later)
         assert later.wait(1)[0].failure is DecodeFailure.MODEL_STALLED
+    finally:
+        worker.stop()
+
+
+def _load_then_hang(marker: str, progress: LoadProgress) -> FakeRecognizer:
+    """Loads the first time; every later load (a restart) hangs."""
+    if os.path.exists(marker):
+        time.sleep(20)
+    Path(marker).touch()
+    return FakeRecognizer()
+
+
+def test_a_restart_that_hangs_fails_the_worker(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(worker_module, "RESTART_TIMEOUT_S", 1.0)
+    loader = partial(_load_then_hang, str(tmp_path / "loaded"))
+    worker, failures = _restarting_worker(loader, decode_timeout_s=5.0)
+    try:
+        os.kill(_pid(worker), signal.SIGKILL)
+        _wait_for(lambda: worker.restarting is not None, "not restarting")
+        answers = Answers(guard_s=GUARD_S)
+        worker.submit(job(np.zeros(1600, np.int16), kind="final"), answers)  # waits
+        _wait_for(lambda: worker.failure is not None, "the hanging restart was not given up")
+        assert failures == ["starting the model again took over 1 s"]
+        assert answers.wait(1)[0].failure is DecodeFailure.MODEL_STALLED
+        assert worker.restarting is None and worker.restarts == 0
     finally:
         worker.stop()
 

@@ -84,6 +84,9 @@ IDLE_CHECK_S = 1.0  # an idle worker looks this often whether its model process 
 # RESTART_WINDOW_S before the worker fails for good (a crash loop is not served on)
 DEFAULT_MAX_RESTARTS = 3
 RESTART_WINDOW_S = 600.0
+# a restart that has not loaded the model after this long fails the worker (the watchdog's,
+# so only with decode_timeout_s); the model is cached by then, so this is a hang
+RESTART_TIMEOUT_S = 300.0
 
 ResultCallback = Callable[[DecodeResult], None]
 
@@ -241,6 +244,7 @@ class ModelWorker:
         self._restarting: str | None = None
         self.restarts = 0  # model processes started again so far
         self._restart_times: deque[float] = deque()  # time.monotonic() of each restart
+        self._restart_started: float | None = None  # time.monotonic() of the one loading
         self.on_failure = on_failure  # called once, from a thread, when the worker fails
         self._watchdog = threading.Thread(target=self._watch, name="model-watchdog", daemon=True)
 
@@ -430,8 +434,14 @@ class ModelWorker:
 
     def _watch(self) -> None:
         """The watchdog thread: when one decode runs too long, restarts the model process
-        (:meth:`_recover`) or fails the worker."""
+        (:meth:`_recover`) or fails the worker; fails it when a restart takes too long."""
         while (running := self._stalled_batch()) is not None:
+            if not running:  # the restart itself hangs
+                logger.error(
+                    "starting the model again has taken over %g s: giving up", RESTART_TIMEOUT_S
+                )
+                self._fail(f"starting the model again took over {RESTART_TIMEOUT_S:g} s")
+                return
             logger.error(
                 "a decode has run for over %g s (sessions %s): the model is stalled",
                 self.decode_timeout_s,
@@ -444,11 +454,17 @@ class ModelWorker:
             self._recover(running, reason)
 
     def _stalled_batch(self) -> list[_Queued] | None:
-        """Wait until the running batch is overdue and return it; None once the worker
-        stops or has failed."""
+        """Wait until the running batch is overdue and return it, or ``[]`` once a restart
+        has taken longer than RESTART_TIMEOUT_S; None once the worker stops or has failed."""
         assert self.decode_timeout_s is not None
         with self._lock:
             while not self._stopping and self.failure is None:
+                if self._restart_started is not None:
+                    left_s = self._restart_started + RESTART_TIMEOUT_S - time.monotonic()
+                    if left_s <= 0:
+                        return []
+                    self._lock.wait(left_s)
+                    continue
                 if self._running is None:
                     self._lock.wait()
                     continue
@@ -523,6 +539,8 @@ class ModelWorker:
             while self._restart_times and self._restart_times[0] <= now - RESTART_WINDOW_S:
                 self._restart_times.popleft()
             self._restart_times.append(now)
+            self._restart_started = now
+            self._lock.notify_all()  # the watchdog times the restart
             waiting = len(self._finals) + len(self._partials)
         logger.warning(
             "the model failed (%s): starting it again (%d of at most %d restarts in %g s; "
@@ -542,10 +560,17 @@ class ModelWorker:
             self._fail(f"{reason}; loading the model again failed: {exc}")
             return False
         with self._lock:
-            self.recognizer = recognizer
-            self._restarting = None
-            self.restarts += 1
+            late = self.failure is not None  # the watchdog gave up on this restart
+            if not late:
+                self.recognizer = recognizer
+                self._restarting = self._restart_started = None
+                self.restarts += 1
             self._lock.notify_all()
+        if late:
+            close = getattr(recognizer, "close", None)
+            if close is not None:
+                close()
+            return False
         logger.warning(
             "the model is running again after %.1f s (%s)",
             time.perf_counter() - started,
@@ -559,7 +584,7 @@ class ModelWorker:
             if self.failure is not None:
                 return
             self.failure = reason
-            self._restarting = None
+            self._restarting = self._restart_started = None
             waiting = list(self._finals) + list(self._partials.values())
             if self._running is not None:
                 waiting[:0] = self._running
