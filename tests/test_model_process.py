@@ -4,6 +4,7 @@ that fails to load, dies or stalls never leaves the server waiting or an orphan 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 
@@ -406,13 +408,23 @@ def _get(url: str) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-async def test_a_server_is_unready_while_its_model_process_starts_again() -> None:
-    pool = WorkerPool.adopt(ModelWorker(lambda: ProcessRecognizer(partial(_load_slowly, 1.5))))
+@contextlib.asynccontextmanager
+async def _serving(load) -> AsyncIterator[tuple[StreamingServer, WorkerPool]]:
+    """A ready loopback server whose one worker's recognizer ``load`` builds."""
+    pool = WorkerPool.adopt(ModelWorker(load))
     pool.start()
     server = StreamingServer(ServerOptions(host="127.0.0.1", port=0), pool)
     await server.start()
     try:
         await server.wait_ready()
+        yield server, pool
+    finally:
+        await server.shutdown()
+        await asyncio.to_thread(pool.stop)
+
+
+async def test_a_server_is_unready_while_its_model_process_starts_again() -> None:
+    async with _serving(lambda: ProcessRecognizer(partial(_load_slowly, 1.5))) as (server, pool):
         base = f"http://127.0.0.1:{server.port}"
         os.kill(_pid(pool.workers[0]), signal.SIGKILL)
         seen = []
@@ -430,9 +442,6 @@ async def test_a_server_is_unready_while_its_model_process_starts_again() -> Non
         )
         assert 'streamer_worker_restarts_total{device="cpu",worker="0"} 1.0' in metrics
         assert server.failure is None
-    finally:
-        await server.shutdown()
-        await asyncio.to_thread(pool.stop)
 
 
 def test_a_pool_sends_new_sessions_past_a_worker_that_restarts() -> None:
@@ -481,12 +490,7 @@ async def _finals(
             return load_recognizer(options)
         return ProcessRecognizer(partial(load_recognizer, options))
 
-    pool = WorkerPool.adopt(ModelWorker(load))
-    pool.start()
-    server = StreamingServer(ServerOptions(host="127.0.0.1", port=0), pool)
-    await server.start()
-    try:
-        await server.wait_ready()
+    async with _serving(load) as (server, pool):
         url = f"ws://127.0.0.1:{server.port}/v1/asr"
         killed: list[int] = []
 
@@ -497,9 +501,6 @@ async def _finals(
 
         result = await transcribe(ClientOptions(url=url), clip, 16000, on_message=on_message)
         assert pool.workers[0].restarts == len(killed) and server.failure is None
-    finally:
-        await server.shutdown()
-        await asyncio.to_thread(pool.stop)
     return [(f.start_ms, f.end_ms, f.text) for f in result.finals]
 
 
