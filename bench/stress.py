@@ -39,7 +39,17 @@ logger = logging.getLogger("bench.stress")
 
 READY_TIMEOUT_S = 900.0  # building random:small the first time takes minutes
 ATTACK_TIMEOUT_S = 1800.0  # no attack runs longer than this
-ATTACKS = ("unpaced", "finalize", "http", "flood", "blocked", "sigterm", "hung", "restart")
+ATTACKS = (
+    "unpaced",
+    "finalize",
+    "http",
+    "flood",
+    "tiny",
+    "blocked",
+    "sigterm",
+    "hung",
+    "restart",
+)
 HANG_ENV = "STRESS_HANG_AFTER_DECODES"  # the injected recognizer hangs after N decodes
 
 
@@ -312,6 +322,75 @@ async def attack_flood(server: Server, args: argparse.Namespace) -> Row:
     )
 
 
+def tiny_frames_client(url: str, seconds: float) -> int:
+    """``python -m bench.stress tiny-frames URL SECONDS``: 1-byte binary frames as fast as
+    one process can send them (in its own process, so that it does not slow the canary)."""
+
+    async def flood() -> int:
+        sent = 0
+        async with connect(url, ping_interval=None, max_queue=None) as ws:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                for _ in range(100):
+                    await ws.send(b"\x00")
+                sent += 100
+            await ws.send(orjson.dumps({"type": "stop"}).decode())
+            async for _ in ws:  # until the server's end and close
+                pass
+        return sent
+
+    sys.stdout.write(f"{asyncio.run(flood())}\n")
+    return 0
+
+
+async def attack_tiny_frames(server: Server, pcm: np.ndarray, reference: list[str]) -> Row:
+    """A client sending 1-byte frames as fast as it can, beside a real-time client."""
+    seconds = pcm.size / 16000
+    flooder = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.stress", "tiny-frames", server.url, str(seconds),
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    probes: list[float] = []
+
+    async def probe() -> None:
+        while flooder.returncode is None:
+            started = time.monotonic()
+            status, _, _ = await asyncio.to_thread(http_get, f"{server.http}/readyz", 10.0)
+            probes.append(time.monotonic() - started if status == 200 else 99.0)
+            await asyncio.sleep(0.5)
+
+    prober = asyncio.create_task(probe())
+    with PeakRss(server) as rss:
+        finals, end, errors = await finals_of(server.url, pcm, ping=True, speed=1.0)
+        out, _ = await asyncio.wait_for(flooder.communicate(), seconds + 60)
+    await prober
+    texts = [f.text for f in finals if f.text]
+    paced = metric_value(server, "streamer_input_paced_seconds_total")
+    readyz_max = max(probes, default=99.0)
+    ok = texts == reference and end and not errors and readyz_max < 1.0 and paced > 0
+    return Row(
+        f"a client sending 1-byte frames as fast as it can for {seconds:.0f} s, beside a "
+        "real-time client",
+        "the real-time client gets every final and its end; /readyz answers within 1 s; the "
+        "flooder is paced (--max-input-messages-per-s)",
+        f"{int(out or 0)} frames sent; finals {len(texts)}/{len(reference)}, end {end}, errors "
+        f"{errors or 'none'}; /readyz max {readyz_max * 1000:.0f} ms over {len(probes)} probes; "
+        f"paced {paced:.1f} s",
+        ok,
+        (max(0, len(reference) - len(texts)), len(reference)),
+        rss.peak_mb,
+    )
+
+
+def metric_value(server: Server, name: str) -> float:
+    """A sample of the server's /metrics (0.0 when absent)."""
+    _, body, _ = http_get(f"{server.http}/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 async def attack_blocked_writer_then_sigterm(server: Server, args: argparse.Namespace) -> Row:
     """A client that never reads while making the server write, then SIGTERM."""
     sock = socket.socket()
@@ -569,6 +648,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
     await step("finalize", lambda: attack_finalize_spam(server, short_pcm, short_reference))
     await step("http", lambda: attack_http(server))
     await step("flood", lambda: attack_flood(server, args))
+    await step("tiny", lambda: attack_tiny_frames(server, short_pcm, short_reference))
     await step("blocked", lambda: attack_blocked_writer_then_sigterm(server, args))
     await step("sigterm", lambda: attack_sigterm_with_blocked_client(server, args))
     server.stop()
@@ -618,6 +698,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve-injected"]:
         return serve_injected()
+    if argv[:1] == ["tiny-frames"]:
+        return tiny_frames_client(argv[1], float(argv[2]))
     p = argparse.ArgumentParser(
         prog="python -m bench.stress",
         description=__doc__,

@@ -178,6 +178,20 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="close (1008) a client that reads nothing for this long [%(default)s]",
     )
     g.add_argument(
+        "--max-input-messages-per-s",
+        type=float,
+        default=_env("max_input_messages_per_s", server.max_input_messages_per_s, float),
+        help="read one client's WebSocket messages no faster than this (after a 1 s burst; "
+        "TCP then pushes back on that client alone) [%(default)s]",
+    )
+    g.add_argument(
+        "--max-input-bytes-per-s",
+        type=float,
+        default=_env("max_input_bytes_per_s", server.max_input_bytes_per_s, float),
+        help="read one client's bytes no faster than this (the default is 50x real time "
+        "for 16 kHz int16) [%(default)s]",
+    )
+    g.add_argument(
         "--max-batch",
         type=_max_batch,
         default=_env("max_batch", None, _max_batch),
@@ -314,6 +328,8 @@ def _server_options(args: argparse.Namespace) -> Any:
         shutdown_grace_s=args.shutdown_grace_s,
         drain_s=args.drain_s,
         write_timeout_s=args.write_timeout_s,
+        max_input_messages_per_s=args.max_input_messages_per_s,
+        max_input_bytes_per_s=args.max_input_bytes_per_s,
         public_metrics=args.public_metrics,
         vad_aggressiveness=args.vad_aggressiveness,
         default_stream=default_stream,

@@ -25,6 +25,11 @@ liveness never depends on reading it:
   with 1008 and its slot freed (a client that does not read);
 * closing never waits on a peer: every close is bounded by ``close_timeout_s``, after
   which the transport is aborted.
+
+Pacing: a client is read no faster than ``pacing`` allows (frames and bytes per second,
+:mod:`streamer.core.pacing`); past its burst the reader waits before its next read, a
+pause counted like back-pressure's, so one client flooding tiny frames cannot take the
+event loop from the others.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import logging
 import socket
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import cast
 
@@ -43,6 +49,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamer.core.audio import BYTES_PER_SAMPLE, SAMPLE_RATE
 from streamer.core.jobs import DecodeResult
+from streamer.core.pacing import InputPacer, PacingLimits
 from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechStart
 from streamer.core.session import State
 from streamer.core.wire import OutFrame, WireAdapter
@@ -88,6 +95,7 @@ class ConnectionLimits:
     write_timeout_s: float = 15.0  # one send may wait this long for the client to read
     ping_interval_s: float | None = 20.0  # keepalive pings; None sends none
     ping_timeout_s: float | None = 20.0  # reading time a pong may take; None never times out
+    pacing: PacingLimits = PacingLimits()  # frames and bytes read per second at most
 
 
 class Connection:
@@ -130,6 +138,8 @@ class Connection:
         self._speech_started: dict[int, float] = {}  # segment_id -> perf_counter()
         self._skipped_seen = 0
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._pacer = InputPacer(limits.pacing, self._loop.time())
+        self._paced_logged = False
 
     # -- glue between the session and the world --------------------------------
 
@@ -347,21 +357,43 @@ class Connection:
         try:
             while not self._closing:
                 if not self._backlog_has_room.is_set():
-                    self._paused_since = self._loop.time()
-                    try:
-                        await self._backlog_has_room.wait()
-                    finally:
-                        now = self._loop.time()
-                        self._paused_total_s += now - self._paused_since
-                        self._paused_since = None
-                        self._last_input = now  # the pause was ours, not the client's
+                    await self._pause(self._backlog_has_room.wait())
                     continue
-                self._receive(await self.ws.recv())
+                message = await self.ws.recv()
+                self._receive(message)
+                wait_s = self._pacer.charge(self._loop.time(), len(message))
+                if wait_s > 0:
+                    self._paced(wait_s)
+                    await self._pause(asyncio.sleep(wait_s))
             # keep reading until the peer acknowledges the close
             while True:
                 await self.ws.recv()
         except ConnectionClosed:
             pass
+
+    async def _pause(self, until: Awaitable[object]) -> None:
+        """Stop reading until ``until`` is done; the time is ours, not the client's (for
+        the keepalive and the idle timeout)."""
+        self._paused_since = self._loop.time()
+        try:
+            await until
+        finally:
+            now = self._loop.time()
+            self._paused_total_s += now - self._paused_since
+            self._paused_since = None
+            self._last_input = now
+
+    def _paced(self, wait_s: float) -> None:
+        if not self._paced_logged:
+            self._paced_logged = True
+            pacing = self.limits.pacing
+            self.log.info(
+                "session %s sends faster than %g messages or %g bytes a second: read paced",
+                self.session.session_id,
+                pacing.max_messages_per_s,
+                pacing.max_bytes_per_s,
+            )
+        self.metrics.input_paced_seconds_total.inc(wait_s)
 
     async def _write(self) -> None:
         while True:

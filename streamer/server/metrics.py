@@ -137,6 +137,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.input_paced_seconds_total = Counter(
+            "streamer_input_paced_seconds",
+            "Time readers waited because a client sent frames or bytes faster than the "
+            "pacing limits (--max-input-messages-per-s, --max-input-bytes-per-s)",
+            registry=r,
+        )
         self.model_ready = Gauge(
             "streamer_model_ready", "1 once the model is warmed up", registry=r
         )

@@ -29,6 +29,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from streamer.core import protocol
+from streamer.core.pacing import DEFAULT_MAX_BYTES_PER_S, DEFAULT_MAX_MESSAGES_PER_S, PacingLimits
 from streamer.core.protocol import Error, StreamOptions
 from streamer.core.session import Session, SessionOptions, State
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS, FrameClassifier, webrtc_classifier
@@ -104,6 +105,9 @@ class ServerOptions:
     close_timeout_s: float = 5.0  # wait this long for the client's close acknowledgement
     max_outbox_bytes: int = 1 << 20  # per session, frames waiting to be sent (else 1008)
     write_timeout_s: float = 15.0  # a client that reads nothing for this long is closed (1008)
+    # one client is read no faster than this (beyond a 1 s burst): streamer.core.pacing
+    max_input_messages_per_s: float = DEFAULT_MAX_MESSAGES_PER_S
+    max_input_bytes_per_s: float = DEFAULT_MAX_BYTES_PER_S
     public_metrics: bool = False  # serve /metrics without the token when one is set
     vad_aggressiveness: int = DEFAULT_AGGRESSIVENESS  # webrtcvad mode 0..3
     default_stream: StreamOptions = field(default_factory=StreamOptions)  # client defaults
@@ -133,6 +137,11 @@ class ServerOptions:
             )
         if self.max_outbox_bytes < 1 or self.write_timeout_s <= 0:
             raise ConfigError("max_outbox_bytes and write_timeout_s must be positive")
+        _ = self.pacing  # validates the rates (raises ConfigError)
+
+    @property
+    def pacing(self) -> PacingLimits:
+        return PacingLimits(self.max_input_messages_per_s, self.max_input_bytes_per_s)
 
     @property
     def session_memory_bound_bytes(self) -> int:
@@ -195,6 +204,7 @@ class StreamingServer:
             write_timeout_s=options.write_timeout_s,
             ping_interval_s=options.ping_interval_s,
             ping_timeout_s=options.ping_timeout_s,
+            pacing=options.pacing,
         )
         self.metrics.sessions_capacity.set(options.max_sessions)
         self._failure: str | None = None  # why the model failed; the process must restart
