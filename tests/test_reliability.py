@@ -7,6 +7,7 @@ dying, slow); the real tagged model where transcripts are compared.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import numpy as np
@@ -350,6 +351,25 @@ async def test_malformed_requests_get_400_and_nothing_is_echoed(fake):
     ]:
         status, _, body = await asyncio.to_thread(raw_http, port, request)
         assert status == expected and marker.encode() not in body, (request, body)
+
+
+async def test_a_handshake_of_another_websocket_version_is_told_ours(fake):
+    server = fake()
+    upgrade = (
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+    )
+    for version, key in (("8", None), ("13", "Sec-WebSocket-Key: not-base64!")):
+        headers = [*upgrade, f"Sec-WebSocket-Version: {version}"]
+        if key is not None:
+            headers[2] = key
+        status, answer, body = await asyncio.to_thread(
+            raw_http, server.port, get("/v1/asr", *headers)
+        )
+        assert status == 400, (version, body)
+        assert answer["sec-websocket-version"] == "13"
+        assert json.loads(body)["error"] == "bad_handshake"
 
 
 async def test_only_get_and_head_are_served(fake):

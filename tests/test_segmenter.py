@@ -269,8 +269,9 @@ def segments(events):
 
 
 @pytest.mark.parametrize("every_frames", [1, 2, 3, 5, 10, 25])
-def test_finalize_spam_changes_no_segment(every_frames):
-    # speech with short gaps (inside words) and long ones (between utterances)
+def test_finalize_spam_changes_no_segment_whose_pauses_are_short_or_final(every_frames):
+    # speech with short gaps (inside words, < end_pad_ms) and long ones (between
+    # utterances, > endpoint_ms)
     flags = ([False] * 20 + [True] * 12 + [False] * 3 + [True] * 30 + [False] * 40) * 3
     _, plain = run(flags, flush="stop")
     seg = Segmenter()
@@ -284,6 +285,22 @@ def test_finalize_spam_changes_no_segment(every_frames):
         segments(plain)
     )
     assert all(e.reason == "finalize" for e in spammed if isinstance(e, SegmentEnd))
+
+
+def test_finalize_spam_ends_an_utterance_at_a_pause_the_endpoint_would_bridge():
+    # a 300 ms pause inside an utterance: over end_pad_ms (200), under endpoint_ms (500)
+    flags = [False] * 20 + [True] * 30 + [False] * 15 + [True] * 30 + [False] * 40
+    _, plain = run(flags, flush="stop")
+    seg = Segmenter()
+    spammed = []
+    for flag in flags:
+        spammed += seg.push(flag, 1000.0 if flag else 1.0)
+        spammed += seg.finalize()
+    spammed += seg.flush("stop")
+    assert len(segments(plain)) == 1
+    (first, second) = [e for e in spammed if isinstance(e, SegmentEnd)]
+    assert first.end_sample == (50 + 10) * FRAME  # 200 ms after the last speech frame
+    assert first.reason == second.reason == "finalize"
 
 
 def test_finalize_without_open_segment_keeps_the_onset_window():

@@ -27,9 +27,11 @@ Rules:
 * **Finalize**: the client says the utterance is over. The open segment ends as soon as
   the audio shows ``end_pad_ms`` of non-speech after its last speech (at once when it
   already does), at the sample where the silence endpoint would have ended it: a
-  ``finalize`` sent while the speaker is still talking never splits a word, and spamming
-  it changes no segment. With no segment open it does nothing (speech that has begun but
-  is not confirmed yet stays in the onset window).
+  ``finalize`` sent while the speaker is still talking never splits a word; it ends the
+  segment at the next ``end_pad_ms`` pause, even one the endpoint would have bridged
+  (so a finalize after every chunk acts as an ``end_pad_ms`` endpoint). With no segment
+  open it does nothing (speech that has begun but is not confirmed yet stays in the
+  onset window).
 * **Hard cap**: a segment reaching ``max_utterance_ms`` is cut at the quietest point of
   its last ``cut_search_ms`` (near "now", so the next segment does not start in the
   past); the next segment starts at exactly that sample, so consecutive segments tile

@@ -81,6 +81,8 @@ def safe_response(response: Response) -> Response:
     for name in ("Upgrade", "Sec-WebSocket-Version", "Retry-After"):
         if name in response.headers:
             safe.headers[name] = response.headers[name]
+    if "Sec-WebSocket-Version" not in safe.headers:  # RFC 6455 4.4: the version we speak
+        safe.headers["Sec-WebSocket-Version"] = "13"
     return safe
 
 
