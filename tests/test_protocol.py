@@ -23,9 +23,20 @@ def test_parse_stream_options_from_query_strings():
             "partials": "0",
             "endpoint_ms": "800",
             "token": "secret",
-        }
+        },
+        strings=True,
     )
     assert options == StreamOptions("en", False, 48000, False, 800)
+
+
+@pytest.mark.parametrize(
+    "params", [{"endpoint_ms": "300"}, {"itn": "false"}, {"sample_rate": "16000"}, {"words": 1}]
+)
+def test_a_config_messages_values_must_have_their_json_types(params):
+    with pytest.raises(InvalidOption, match="must be"):
+        protocol.parse_stream_options(params)
+    # 16000.0 is a JSON number like 16000 (JavaScript has one number type)
+    assert protocol.parse_stream_options({"sample_rate": 16000.0}).sample_rate == 16000
 
 
 def test_parse_stream_options_from_json_types_over_base():
@@ -49,6 +60,8 @@ def test_parse_stream_options_from_json_types_over_base():
 def test_bad_options(params, error):
     with pytest.raises(error):
         protocol.parse_stream_options(params)
+    with pytest.raises(error):
+        protocol.parse_stream_options(params, strings=True)
 
 
 def test_client_messages_round_trip():

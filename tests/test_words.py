@@ -278,7 +278,8 @@ def test_malformed_words_are_refused(words: object) -> None:
 
 def test_words_stream_option() -> None:
     assert StreamOptions().words is False
-    assert parse_stream_options({"words": "true"}).words is True
+    assert parse_stream_options({"words": "true"}, strings=True).words is True
+    assert parse_stream_options({"words": True}).words is True
     assert parse_stream_options({"words": False}).words is False
     with pytest.raises(InvalidOption, match="words"):
         parse_stream_options({"words": "sometimes"})

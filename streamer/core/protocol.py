@@ -50,9 +50,11 @@ class StreamOptions:
 OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(StreamOptions)) | {"token"}
 
 
-def _parse_bool(name: str, value: Any) -> bool:
+def _parse_bool(name: str, value: Any, strings: bool) -> bool:
     if isinstance(value, bool):
         return value
+    if not strings:
+        raise InvalidOption(f"option {name!r} must be true or false, got {value!r}")
     if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
         return True
     if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
@@ -60,14 +62,14 @@ def _parse_bool(name: str, value: Any) -> bool:
     raise InvalidOption(f"option {name!r} must be true or false, got {value!r}")
 
 
-def _parse_int(name: str, value: Any) -> int:
+def _parse_int(name: str, value: Any, strings: bool) -> int:
     if isinstance(value, bool):
         raise InvalidOption(f"option {name!r} must be an integer, got {value!r}")
     if isinstance(value, int):
         return value
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer():  # 16000.0: JSON has one number type
         return int(value)
-    if isinstance(value, str):
+    if isinstance(value, str) and strings:
         try:
             return int(value.strip())
         except ValueError:
@@ -76,9 +78,11 @@ def _parse_int(name: str, value: Any) -> int:
 
 
 def parse_stream_options(
-    params: Mapping[str, Any], base: StreamOptions | None = None
+    params: Mapping[str, Any], base: StreamOptions | None = None, *, strings: bool = False
 ) -> StreamOptions:
-    """Validate ``params`` (query parameters or a config message) over ``base``.
+    """Validate ``params`` (a config message's values, or with ``strings`` the URL's
+    query parameters, which are all text) over ``base``. A config message's values must
+    have their JSON types: ``"300"`` or ``"false"`` there is an :class:`InvalidOption`.
 
     Unknown names raise :class:`InvalidOption`; a sample rate outside
     :data:`SUPPORTED_SAMPLE_RATES` raises :class:`UnsupportedSampleRate`. ``token`` and
@@ -99,9 +103,9 @@ def parse_stream_options(
                 )
             changes[name] = value
         elif name in ("itn", "partials", "words"):
-            changes[name] = _parse_bool(name, value)
+            changes[name] = _parse_bool(name, value, strings)
         elif name == "sample_rate":
-            rate = _parse_int(name, value)
+            rate = _parse_int(name, value, strings)
             if rate not in SUPPORTED_SAMPLE_RATES:
                 rates = ", ".join(map(str, SUPPORTED_SAMPLE_RATES))
                 raise UnsupportedSampleRate(
@@ -109,7 +113,7 @@ def parse_stream_options(
                 )
             changes[name] = rate
         elif name == "endpoint_ms":
-            ms = _parse_int(name, value)
+            ms = _parse_int(name, value, strings)
             if not MIN_ENDPOINT_MS <= ms <= MAX_ENDPOINT_MS:
                 raise InvalidOption(
                     f"option 'endpoint_ms' must be within {MIN_ENDPOINT_MS}..{MAX_ENDPOINT_MS},"

@@ -140,7 +140,7 @@ class Endpoint:
 
     def stream_options(self, query: Mapping[str, str], defaults: StreamOptions) -> StreamOptions:
         """The session's stream options from the handshake's query (raises ProtocolError)."""
-        return parse_stream_options(dict(query), defaults)
+        return parse_stream_options(dict(query), defaults, strings=True)
 
     def negotiation(
         self, request: Request, query: Mapping[str, str], defaults: StreamOptions
