@@ -5,7 +5,14 @@ from __future__ import annotations
 import contextlib
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from streamer.core.jobs import DecodeResult
@@ -62,6 +69,8 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        # process_open_fds / process_max_fds, resident memory, CPU seconds (Linux)
+        ProcessCollector(registry=r)
         # protocol: the endpoint's name ("v1", "deepgram", "openai", ...)
         self.sessions_active = Gauge(
             "streamer_sessions_active", "Open sessions", ["protocol"], registry=r
