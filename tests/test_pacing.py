@@ -82,7 +82,8 @@ async def test_a_server_reads_a_flood_of_tiny_frames_at_its_rate_and_loses_none(
         messages = [json.loads(message) async for message in ws]
     elapsed = time.monotonic() - started
     (end,) = [m for m in messages if m["type"] == "end"]
-    assert end["audio_ms"] == pytest.approx(frames / 2 / 16, abs=0.1)  # every byte reached the session
+    # every byte reached the session
+    assert end["audio_ms"] == pytest.approx(frames / 2 / 16, abs=0.1)
     # 1 s of burst (200 frames), then 200 a second: 600 frames take at least 2 s
     assert elapsed >= (frames - rate) / rate * 0.95
     with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=10) as response:

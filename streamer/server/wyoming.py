@@ -27,6 +27,7 @@ from streamer.core.compat.wyoming import (
     encode_event,
 )
 from streamer.core.jobs import DecodeResult
+from streamer.core.pacing import InputPacer
 from streamer.core.protocol import Error, Final, Partial, ServerMessage
 from streamer.core.session import State
 from streamer.core.wire import OutFrame
@@ -77,6 +78,9 @@ class WyomingConnection:
         self._backlog_has_room = asyncio.Event()
         self._backlog_has_room.set()
         self._closing = False
+        # --max-input-bytes-per-s per read (a read holds many events; the byte rate
+        # bounds them); the idle timeout does not run while we wait
+        self._pacer = InputPacer(limits.pacing, self._loop.time())
         self._gone = False
         self._audio_ms_seen = 0.0
         self._speech_started: dict[int, float] = {}
@@ -196,6 +200,10 @@ class WyomingConnection:
             if not data:
                 return  # end of file: the client closed, or half-closed after audio-stop
             self._receive(data)
+            wait_s = self._pacer.charge(self._loop.time(), len(data))
+            if wait_s > 0:
+                self.metrics.input_paced_seconds_total.inc(wait_s)
+                await asyncio.sleep(wait_s)
 
     async def _write(self) -> None:
         while True:
