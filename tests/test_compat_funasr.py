@@ -319,6 +319,17 @@ def test_bad_first_frame(frame, code):
     assert (error["error"]["code"], error["is_final"], adapter.close_code) == (code, True, 1008)
 
 
+@pytest.mark.parametrize("frame", ['{"audio_fs": 11025', '{"wav_format": "mp3"'])
+def test_an_error_about_the_first_frame_echoes_its_wav_name(frame):
+    adapter, _ = make()
+    adapter.receive_text(frame + ', "wav_name": "mic"}')
+    (error,) = out(adapter)
+    assert error["wav_name"] == "mic" and error["error"]["code"] in (
+        "unsupported_sample_rate",
+        "invalid_option",
+    )
+
+
 def test_garbage_mid_stream_keeps_the_speech_heard_then_ends_with_the_error():
     adapter, worker = make(finals=["heard", "cut"])
     adapter.receive_text(json.dumps(FIRST))

@@ -308,3 +308,52 @@ async def test_wyoming_client_in_home_assistants_sequence(server, speech, v1_fin
     assert types[0] == "transcript-start" and "transcript-chunk" in types
     streamed = "".join(e.data["text"] for e in seen if e.type == "transcript-chunk")
     assert streamed == transcript.text
+
+
+async def _home_assistant_run(port: int, speech: np.ndarray, rate: int = 16000) -> list:
+    """Home Assistant's sequence, unpaced; every event read until the server closes."""
+    from wyoming.asr import Transcribe
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+
+    seen = []
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Transcribe(language="en").event())
+        await client.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+        for piece in pieces(speech[: 16000 * 2], 3200):  # 2 s in 100 ms chunks, at once
+            await client.write_event(
+                AudioChunk(rate=rate, width=2, channels=1, audio=piece).event()
+            )
+        await client.write_event(AudioStop().event())
+        async with asyncio.timeout(30):
+            while (event := await client.read_event()) is not None:
+                seen.append(event)
+    return seen
+
+
+async def test_wyoming_errors_reach_the_library_intact_and_describe_works_when_full(
+    tagged_model_dir: Path, speech
+):
+    """The error event is followed by a clean close, never an RST that the wyoming
+    library sees as ConnectionResetError; describe is answered while the server is full."""
+    from websockets.asyncio.client import connect
+    from wyoming.client import AsyncTcpClient
+    from wyoming.info import Describe, Info
+
+    options = ServerOptions(wyoming_port=0, max_sessions=1)
+    thread = ServerThread(recognizer_loader(tagged_model_dir), options).start()
+    try:
+        port = wyoming_port(thread)
+        # an error inside a session: a sample rate the server does not take
+        (error,) = await _home_assistant_run(port, speech, rate=11025)
+        assert error.type == "error" and error.data["code"] == "unsupported_sample_rate"
+        async with connect(thread.url):  # the one session: the server is full now
+            await asyncio.sleep(0.2)
+            (error,) = await _home_assistant_run(port, speech)
+            assert error.type == "error" and error.data["code"] == "server_full"
+            async with AsyncTcpClient("127.0.0.1", port) as client:
+                await client.write_event(Describe().event())
+                info = Info.from_event(await asyncio.wait_for(client.read_event(), 10))
+            assert info.asr and info.asr[0].installed
+    finally:
+        thread.shutdown()

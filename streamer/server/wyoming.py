@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from streamer import __version__
 from streamer.core.compat.wyoming import (
     EventLimits,
+    EventParser,
     WyomingAdapter,
     WyomingEvent,
     WyomingInfo,
@@ -31,6 +32,7 @@ from streamer.core.pacing import InputPacer
 from streamer.core.protocol import Error, Final, Partial, ServerMessage
 from streamer.core.session import State
 from streamer.core.wire import OutFrame
+from streamer.errors import ProtocolError
 from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
 from streamer.server.connection import ConnectionLimits
@@ -43,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 READ_BYTES = 64 * 1024  # one read from the socket
 WRITE_TIMEOUT_S = 10.0  # a client that reads nothing for this long is dropped
+# a refused connection is still answered describe/ping, and read until it closes, this long
+REFUSAL_LINGER_S = 5.0
 BACKLOG_PIECE_BYTES = 32000  # read-ahead is fed to the adapter in pieces of this size
 
 
@@ -174,10 +178,14 @@ class WyomingConnection:
                 await writer
         finally:
             limit.cancel()
+            client_gone = self._gone  # before: a late result has nowhere to go now
             self._gone = True
             for task in (writer, reader):
                 task.cancel()
+            await asyncio.wait({writer, reader})  # the reader's read is over: ours next
             self.worker.drop_session(sid)
+            if not client_gone:
+                await linger_close(self.reader, self.writer, self.limits.close_timeout_s)
             if not self.writer.is_closing():
                 self.writer.transport.abort()
 
@@ -209,11 +217,7 @@ class WyomingConnection:
         while True:
             frame = await self._outbox.get()
             if frame is None:
-                self.writer.close()
-                with contextlib.suppress(ConnectionError, TimeoutError):
-                    async with asyncio.timeout(self.limits.close_timeout_s):
-                        await self.writer.wait_closed()
-                return
+                return  # run() closes: a FIN after the last event, not an RST
             if frame.message is not None:
                 self._account(frame.message)
             try:
@@ -267,23 +271,56 @@ class WyomingListener:
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _refuse(self, writer: asyncio.StreamWriter, code: str, message: str) -> None:
-        self.server.metrics.rejected_total.labels(code, WyomingAdapter.name).inc()
-        logger.info("refused a Wyoming connection: %s (%s)", code, message)
-        writer.write(encode_event(WyomingEvent("error", {"text": message, "code": code})))
-        with contextlib.suppress(ConnectionError, TimeoutError):
-            async with asyncio.timeout(WRITE_TIMEOUT_S):
-                await writer.drain()
-        writer.close()
+    async def _refuse(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        info: WyomingInfo,
+        code: str,
+        message: str,
+    ) -> None:
+        """No session for this connection, but ``describe`` and ``ping`` still get their
+        answers (Home Assistant asks ``describe`` on a connection of its own, also while
+        the server is full). The first other event, or REFUSAL_LINGER_S of nothing, gets
+        the error; then the connection is half-closed and read until the client closes,
+        so the close is a FIN and the error is not destroyed by an RST."""
+        parser = EventParser(self.limits)
+        refused = False
+
+        def refuse() -> None:
+            nonlocal refused
+            refused = True
+            self.server.metrics.rejected_total.labels(code, WyomingAdapter.name).inc()
+            logger.info("refused a Wyoming connection: %s (%s)", code, message)
+            writer.write(encode_event(WyomingEvent("error", {"text": message, "code": code})))
+
+        with contextlib.suppress(ConnectionError, TimeoutError, ProtocolError):
+            async with asyncio.timeout(REFUSAL_LINGER_S):
+                while not refused:
+                    data = await reader.read(READ_BYTES)
+                    if not data:
+                        break
+                    for event in parser.feed(data):
+                        if event.type == "describe":
+                            writer.write(encode_event(info.event()))
+                        elif event.type == "ping":
+                            pong = WyomingEvent("pong", {"text": event.data.get("text")})
+                            writer.write(encode_event(pong))
+                        elif not refused:
+                            refuse()
+                    await writer.drain()
+        if not refused and not reader.at_eof():
+            refuse()
+        await linger_close(reader, writer, REFUSAL_LINGER_S)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         server = self.server
+        info = WyomingInfo(model_name=server.worker.model_name, version=__version__)
         refusal = server.refusal()
         if refusal is not None:
-            await self._refuse(writer, *refusal)
+            await self._refuse(reader, writer, info, *refusal)
             return
         session = server.new_session(server.options.default_stream)
-        info = WyomingInfo(model_name=server.worker.model_name, version=__version__)
         adapter = WyomingAdapter(session, info, self.limits)
         adapter.start()
         connection = WyomingConnection(
@@ -313,3 +350,20 @@ class WyomingListener:
                 session.audio_ms / 1000,
                 "client gone" if session.state is not State.ENDED else "ended",
             )
+
+
+async def linger_close(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout_s: float
+) -> None:
+    """Close after what was written: half-close (FIN), discard what the client still
+    sends until it closes or ``timeout_s`` passes, then close. Closing with unread input
+    would make the kernel answer with an RST, which can destroy the last events on their
+    way (the client then sees ``ConnectionResetError`` instead of the error event)."""
+    with contextlib.suppress(ConnectionError, TimeoutError, OSError, RuntimeError):
+        async with asyncio.timeout(timeout_s):
+            await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+            while await reader.read(READ_BYTES):
+                pass
+    writer.close()

@@ -97,6 +97,12 @@ def _lenient_bool(value: Any) -> bool | None:
     return None
 
 
+def wav_name_of(obj: Mapping[str, Any]) -> str:
+    """The stream's name as the client gave it (cut to MAX_WAV_NAME_CHARS)."""
+    wav_name = obj.get("wav_name")
+    return DEFAULT_WAV_NAME if wav_name is None else str(wav_name)[:MAX_WAV_NAME_CHARS]
+
+
 def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
     """The first JSON frame as a :class:`FunAsrConfig`; raises ProtocolError if unusable.
 
@@ -107,8 +113,7 @@ def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
     mode = mode.strip().lower() if isinstance(mode, str) else "2pass"
     if mode not in MODES:
         mode = "2pass"
-    wav_name = obj.get("wav_name")
-    wav_name = DEFAULT_WAV_NAME if wav_name is None else str(wav_name)[:MAX_WAV_NAME_CHARS]
+    wav_name = wav_name_of(obj)
     wav_format = obj.get("wav_format")
     if wav_format is not None and str(wav_format).strip().lower() not in PCM_FORMATS:
         raise InvalidOption(
@@ -274,6 +279,7 @@ class FunAsrAdapter(WireAdapter):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         self.config: FunAsrConfig | None = None  # set by the first JSON frame
+        self._wav_name = DEFAULT_WAV_NAME  # the first JSON frame's, even one refused
         self._frames: list[OutFrame] = []
         self._first_audio = True
         self._awaiting_last = False  # end of input seen; the last message is not sent yet
@@ -308,6 +314,7 @@ class FunAsrAdapter(WireAdapter):
             if not isinstance(obj, dict):
                 raise MalformedMessage("text frames must be JSON objects")
             if self.config is None:
+                self._wav_name = wav_name_of(obj)  # echoed in an error about the frame too
                 self._configure(parse_config(obj))
             if obj.get("is_speaking") is False or obj.get("is_finished") is True:
                 self._end_of_input(ack=obj.get("is_end") is True)
@@ -399,7 +406,7 @@ class FunAsrAdapter(WireAdapter):
         return self.config.mode if self.config is not None else "2pass"
 
     def _result(self, mode: str, text: str) -> dict[str, Any]:
-        wav_name = self.config.wav_name if self.config is not None else DEFAULT_WAV_NAME
+        wav_name = self.config.wav_name if self.config is not None else self._wav_name
         return {"mode": mode, "text": text, "wav_name": wav_name, "is_final": False}
 
     def _piece(self, text: str) -> str:
