@@ -106,6 +106,7 @@ function showConnection(state, detail) {
   } else if (state === "reconnecting" && detail) {
     toast(`Connection lost: ${detail}`);
   }
+  if (state === "reconnecting" || state === "live") checkServer(); // the badge follows outages
 }
 
 async function checkServer() {
