@@ -82,8 +82,21 @@ class WorkerLoad:
     stats: WorkerStats
     ready: bool  # loaded without error
     failure: str | None  # why it failed for good, or None
-    restarting: str | None = None  # why its model is being started again, or None
     restarts: int = 0  # how often its model was started again
+
+    @property
+    def restarting(self) -> str | None:
+        """Why its model is being started again, or None."""
+        return self.stats.restarting
+
+    @property
+    def state(self) -> str:
+        """``loading``, ``ready``, ``restarting`` or ``failed`` (``/readyz``, metrics)."""
+        if self.failure:
+            return "failed"
+        if self.restarting:
+            return "restarting"
+        return "ready" if self.ready else "loading"
 
 
 def parse_devices(spec: str) -> tuple[str, ...]:
@@ -310,7 +323,6 @@ class WorkerPool:
                 stats=worker.stats(),
                 ready=worker.ready.is_set() and worker.load_error is None,
                 failure=worker.failure,
-                restarting=worker.restarting,
                 restarts=worker.restarts,
             )
             for slot, worker in zip(self.slots, self.workers, strict=True)

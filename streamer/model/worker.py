@@ -267,9 +267,8 @@ class ModelWorker:
             self._answer(item, DecodeResult(job=item.job, dropped=True))
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        kill = getattr(self.recognizer, "kill", None)  # a model process, still decoding
-        if kill is not None and self._thread.is_alive():
-            kill()
+        if self._thread.is_alive():  # a model process, still decoding
+            self._kill_model()
 
     @property
     def model_name(self) -> str:

@@ -231,8 +231,7 @@ class Metrics:
             self.worker_queued.labels(*labels).set(
                 load.stats.queued_finals + load.stats.queued_partials
             )
-            serving = load.ready and load.failure is None and load.restarting is None
-            self.worker_ready.labels(*labels).set(int(serving))
+            self.worker_ready.labels(*labels).set(int(load.state == "ready"))
             restarts = self.worker_restarts_total.labels(*labels)  # exported at 0 from the start
             new = load.restarts - self._restarts_seen.get(load.slot.label, 0)
             if new > 0:

@@ -41,7 +41,7 @@ from streamer.errors import (
     ProtocolError,
     close_code_for,
 )
-from streamer.model.pool import WorkerLoad, WorkerPool
+from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
 from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import (
@@ -563,7 +563,7 @@ class StreamingServer:
             {
                 "worker": load.slot.index,
                 "device": load.slot.device,
-                "state": _state(load),
+                "state": load.state,
                 "restarts": load.restarts,
                 "sessions": load.sessions,
                 "queued": load.stats.queued_finals + load.stats.queued_partials,
@@ -745,12 +745,3 @@ class StreamingServer:
                 stats.partials_skipped,
                 "client gone" if session.state is not State.ENDED else f"code {session.close_code}",
             )
-
-
-def _state(load: WorkerLoad) -> str:
-    """A worker's state in ``/readyz`` and ``/healthz``."""
-    if load.failure:
-        return "failed"
-    if load.restarting:
-        return "restarting"
-    return "ready" if load.ready else "loading"

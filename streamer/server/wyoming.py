@@ -26,6 +26,7 @@ from streamer.core.compat.wyoming import (
     WyomingEvent,
     WyomingInfo,
     encode_event,
+    sessionless_answer,
 )
 from streamer.core.jobs import DecodeResult
 from streamer.core.pacing import InputPacer
@@ -301,11 +302,8 @@ class WyomingListener:
                     if not data:
                         break
                     for event in parser.feed(data):
-                        if event.type == "describe":
-                            writer.write(encode_event(info.event()))
-                        elif event.type == "ping":
-                            pong = WyomingEvent("pong", {"text": event.data.get("text")})
-                            writer.write(encode_event(pong))
+                        if (answer := sessionless_answer(event, info)) is not None:
+                            writer.write(encode_event(answer))
                         elif not refused:
                             refuse()
                     await writer.drain()

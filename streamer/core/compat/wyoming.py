@@ -241,6 +241,16 @@ class PcmConverter:
         return np.clip(np.rint(mono), -32768, 32767).astype("<i2").tobytes()
 
 
+def sessionless_answer(event: WyomingEvent, info: WyomingInfo) -> WyomingEvent | None:
+    """The answer to an event that needs no session (``describe``: ``info``, ``ping``:
+    ``pong``); None for the others. Also given on a refused connection."""
+    if event.type == "describe":
+        return info.event()
+    if event.type == "ping":
+        return WyomingEvent("pong", {"text": event.data.get("text")})
+    return None
+
+
 class WyomingAdapter(WireAdapter):
     """One Wyoming connection over a :class:`Session` (see the module docstring).
 
@@ -289,10 +299,8 @@ class WyomingAdapter(WireAdapter):
     def _handle(self, event: WyomingEvent) -> None:
         kind = event.type
         streaming = self.session.state in (State.CONFIGURING, State.STREAMING)
-        if kind == "describe":
-            self._send(self.info.event())
-        elif kind == "ping":
-            self._send(WyomingEvent("pong", {"text": event.data.get("text")}))
+        if (answer := sessionless_answer(event, self.info)) is not None:
+            self._send(answer)
         elif kind == "transcribe":
             if self.session.state is State.CONFIGURING:
                 self._language = core_language(event.data.get("language"))
