@@ -496,10 +496,15 @@ async def _finals(
 
         def on_message(received: Received) -> None:
             if kill_at_first_final and isinstance(received.message, Final) and not killed:
-                killed.append(_pid(pool.workers[0]))  # the next segment is queued or decoding
+                killed.append(_pid(pool.workers[0]))  # the next segment is still to come
                 os.kill(killed[0], signal.SIGKILL)
 
-        result = await transcribe(ClientOptions(url=url), clip, 16000, on_message=on_message)
+        # paced when killing: unpaced, every segment could be decoded before the first
+        # final reaches the client, and the kill would then hit an idle model
+        speed = 2.0 if kill_at_first_final else None
+        result = await transcribe(
+            ClientOptions(url=url), clip, 16000, speed=speed, on_message=on_message
+        )
         assert pool.workers[0].restarts == len(killed) and server.failure is None
     return [(f.start_ms, f.end_ms, f.text) for f in result.finals]
 
