@@ -18,7 +18,7 @@ def test_a_client_within_its_rates_and_burst_is_never_held() -> None:
     pacer = InputPacer(PacingLimits(max_messages_per_s=100, max_bytes_per_s=10_000), 0.0)
     # 100 messages of 100 bytes a second: exactly the rates, for 10 s
     waits = [pacer.charge(i / 100, 100) for i in range(1000)]
-    assert max(waits) == 0.0 and pacer.throttled_s == 0.0
+    assert max(waits) == 0.0 and pacer.throttled_s == 0.0 and pacer.waits == 0
     # a burst of one second's worth at once is allowed too
     burst = InputPacer(PacingLimits(max_messages_per_s=100, max_bytes_per_s=1e9), 0.0)
     assert [burst.charge(0.0, 1) for _ in range(100)] == [0.0] * 100
@@ -32,6 +32,7 @@ def test_past_its_burst_a_flood_is_read_at_the_message_rate() -> None:
     # 1000 messages: 1 s of burst, then 100 a second
     assert now == pytest.approx(9.0)
     assert pacer.throttled_s == pytest.approx(9.0)
+    assert pacer.waits == 900  # every read past the burst
 
 
 def test_big_frames_are_held_to_the_byte_rate() -> None:

@@ -23,13 +23,29 @@ VADS = ("webrtc", "silero")  # --vad choices
 
 def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
     """The default of a flag: ``STREAMER_<NAME>`` when set, else ``default``."""
-    value = os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"))
+    variable = ENV_PREFIX + name.upper().replace("-", "_")
+    value = os.environ.get(variable)
     if value is None or value == "":
         return default
     try:
         return kind(value)
     except ValueError:
-        raise SystemExit(f"error: {ENV_PREFIX}{name.upper()}={value!r} is not valid") from None
+        raise SystemExit(f"error: {variable}={value!r} is not valid") from None
+
+
+def _flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    default: Any,
+    kind: Callable[[str], Any] = str,
+    **kwargs: Any,
+) -> None:
+    """Add ``flag`` (``--max-sessions``): its default is ``STREAMER_MAX_SESSIONS`` when
+    that is set, else ``default``. ``kind`` parses the variable and, unless ``kwargs``
+    name an ``action`` (``store_true``), the flag's value too."""
+    if kind is not str and "action" not in kwargs:
+        kwargs["type"] = kind
+    parser.add_argument(flag, default=_env(flag.lstrip("-"), default, kind), **kwargs)
 
 
 def _max_batch(value: str) -> int | None:
@@ -101,77 +117,89 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
     recognizer = RecognizerOptions()  # the flags' defaults are its fields'
     g = parser.add_argument_group("model")
-    g.add_argument(
+    _flag(
+        g,
         "--model",
-        default=_env("model", recognizer.model),
+        recognizer.model,
         help="hub id, local model directory, or random:tiny / random:small / "
         "random:tagged (meaningless text; for tests and timing) "
         "[STREAMER_MODEL, default %(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--backend",
+        recognizer.backend,
         choices=("auto", "torch", "onnx"),
-        default=_env("backend", recognizer.backend),
         help="what runs the model: torch (funasr) or onnx (ONNX Runtime; a torch model "
         "is exported once and cached); auto = onnx on the CPU, torch on CUDA "
         "[STREAMER_BACKEND, %(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--hub",
+        recognizer.hub,
         choices=("ms", "hf"),
-        default=_env("hub", recognizer.hub),
         help="model hub for ids: ModelScope or Hugging Face [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--device",
-        default=_env("device", recognizer.device),
+        recognizer.device,
         help="auto, cpu, cuda or cuda:N; serve also takes a list (cuda:0,cuda:1) or "
         "cuda:all: one worker and model copy per device [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--dtype",
+        recognizer.dtype,
         choices=("fp32", "fp16", "bf16"),
-        default=_env("dtype", recognizer.dtype),
         help="weights precision; fp16/bf16 need CUDA [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--quantize",
+        recognizer.quantize or "none",
         choices=("none", "int8"),
-        default=_env("quantize", recognizer.quantize or "none"),
         help="int8 weights (CPU only; torch: dynamic Linear, onnx: model.int8.onnx) [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--threads",
-        type=int,
-        default=_env("threads", recognizer.threads, int),
+        recognizer.threads,
+        int,
         help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores; with several "
         "workers this is the total, shared out evenly between them [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--no-warmup",
+        not recognizer.warmup,
+        _bool,
         action="store_true",
-        default=_env("no_warmup", not recognizer.warmup, _bool),
         help="skip warm-up decodes at start-up",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--cache-dir",
-        type=Path,
-        default=_env("cache_dir", None, Path),
+        None,
+        Path,
         help="where random models and ONNX exports are cached "
         "[STREAMER_CACHE_DIR, ~/.cache/sensevoice-streamer]",
     )
 
 
 def _add_logging_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    _flag(
+        parser,
         "--log-level",
-        default=_env("log_level", "info"),
+        "info",
         choices=("debug", "info", "warning", "error"),
         help="[STREAMER_LOG_LEVEL, %(default)s]",
     )
-    parser.add_argument(
+    _flag(
+        parser,
         "--log-format",
-        default=_env("log_format", "text"),
+        "text",
         choices=("text", "json"),
         help="[STREAMER_LOG_FORMAT, %(default)s]",
     )

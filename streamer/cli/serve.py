@@ -19,7 +19,7 @@ from streamer.cli.common import (
     _add_model_arguments,
     _bool,
     _classifier_factory,
-    _env,
+    _flag,
     _max_batch,
     _positive_or_auto,
     _recognizer_options,
@@ -52,244 +52,264 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "STREAMER_* environment equivalent (--max-sessions -> "
         "STREAMER_MAX_SESSIONS).",
     )
-    p.add_argument(
-        "--host", default=_env("host", server.host), help="interface; 0.0.0.0 for all [%(default)s]"
-    )
-    p.add_argument("--port", type=int, default=_env("port", server.port, int), help="[%(default)s]")
+    _flag(p, "--host", server.host, help="interface; 0.0.0.0 for all [%(default)s]")
+    _flag(p, "--port", server.port, int, help="[%(default)s]")
     _add_model_arguments(p)
     g = p.add_argument_group("streaming")
-    g.add_argument(
+    _flag(
+        g,
         "--max-sessions",
-        type=int,
-        default=_env("max_sessions", server.max_sessions, int),
+        server.max_sessions,
+        int,
         help="concurrent sessions; more get HTTP 503 [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--vad",
+        "webrtc",
         choices=VADS,
-        default=_env("vad", "webrtc"),
         help="voice-activity detector: webrtc (webrtcvad), or silero (Silero VAD on ONNX "
         "Runtime: finds utterances in noise where webrtcvad hears only speech, about "
         "0.5 %% of a core per stream) [STREAMER_VAD, %(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--vad-aggressiveness",
-        type=int,
+        server.vad_aggressiveness,
+        int,
         choices=(0, 1, 2, 3),
-        default=_env("vad_aggressiveness", server.vad_aggressiveness, int),
         help="webrtcvad mode; 2-3 resist background noise [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--endpoint-ms",
-        type=int,
-        default=_env("endpoint_ms", server.default_stream.endpoint_ms, int),
+        server.default_stream.endpoint_ms,
+        int,
         help="default trailing silence that ends an utterance [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--max-utterance-ms",
-        type=int,
-        default=_env("max_utterance_ms", SegmenterOptions().max_utterance_ms, int),
+        SegmenterOptions().max_utterance_ms,
+        int,
         help="hard cap on an utterance [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--long-segment-ms",
-        type=int,
-        default=_env("long_segment_ms", SegmenterOptions().long_segment_ms, int),
+        SegmenterOptions().long_segment_ms,
+        int,
         help="from this length on, a short pause (about 230 ms) ends an utterance; "
         "--max-utterance-ms turns it off [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--pause-dip-ms",
-        type=int,
-        default=_env("pause_dip_ms", SegmenterOptions().pause_dip_ms, int),
+        SegmenterOptions().pause_dip_ms,
+        int,
         help="a long utterance also ends at this much quiet (an energy dip the VAD's "
         "hangover hides); 0 leaves it to the VAD [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--pause-contrast-db",
-        type=float,
-        default=_env("pause_contrast_db", SegmenterOptions().pause_contrast_db, float),
+        SegmenterOptions().pause_contrast_db,
+        float,
         help="energy dips count only where speech is this much over the noise floor [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--cut-search-ms",
-        type=int,
-        default=_env("cut_search_ms", SegmenterOptions().cut_search_ms, int),
+        SegmenterOptions().cut_search_ms,
+        int,
         help="an utterance reaching --max-utterance-ms is cut at the quietest point of "
         "this last stretch [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--speculative-finals",
+        SessionOptions().speculative_finals,
+        _bool,
         action=argparse.BooleanOptionalAction,
-        default=_env("speculative_finals", SessionOptions().speculative_finals, _bool),
         help="decode an utterance during its final pause, so its final is sent the moment "
         "the endpoint is reached [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--partial-interval-ms",
-        type=int,
-        default=_env("partial_interval_ms", SessionOptions().partial_interval_ms, int),
+        SessionOptions().partial_interval_ms,
+        int,
         help="re-decode the open utterance after this much new audio (its first partial is "
         "decoded at its onset) [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--idle-timeout-s",
-        type=float,
-        default=_env("idle_timeout_s", server.idle_timeout_s, float),
+        server.idle_timeout_s,
+        float,
         help="end sessions without audio or keepalive for this long [%(default)s]",
     )
-    g.add_argument(
-        "--max-session-s",
-        type=float,
-        default=_env("max_session_s", server.max_session_s, float),
-        help="longest session [%(default)s]",
-    )
-    g.add_argument(
+    _flag(g, "--max-session-s", server.max_session_s, float, help="longest session [%(default)s]")
+    _flag(
+        g,
         "--max-message-bytes",
-        type=int,
-        default=_env("max_message_bytes", server.max_message_bytes, int),
+        server.max_message_bytes,
+        int,
         help="largest client frame; larger ones close with 1009 [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--max-backlog-bytes",
-        type=int,
-        default=_env("max_backlog_bytes", server.max_backlog_bytes, int),
+        server.max_backlog_bytes,
+        int,
         help="audio a session may send ahead of the model before the server stops "
         "reading its socket [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--shutdown-grace-s",
-        type=float,
-        default=_env("shutdown_grace_s", server.shutdown_grace_s, float),
+        server.shutdown_grace_s,
+        float,
         help="time to finish open utterances on SIGTERM [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--drain-s",
-        type=float,
-        default=_env("drain_s", server.drain_s, float),
+        server.drain_s,
+        float,
         help="on SIGTERM, first refuse new sessions (/readyz 503 draining) and serve open "
         "ones up to this long, so a load balancer moves new sessions elsewhere; then shut "
         "down. SIGUSR1 drains without exiting, SIGUSR2 admits again [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--write-timeout-s",
-        type=float,
-        default=_env("write_timeout_s", server.write_timeout_s, float),
+        server.write_timeout_s,
+        float,
         help="close (1008) a client that reads nothing for this long [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--max-input-messages-per-s",
-        type=float,
-        default=_env("max_input_messages_per_s", server.max_input_messages_per_s, float),
+        server.max_input_messages_per_s,
+        float,
         help="read one client's WebSocket messages no faster than this (after a 1 s burst; "
         "TCP then pushes back on that client alone) [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--max-input-bytes-per-s",
-        type=float,
-        default=_env("max_input_bytes_per_s", server.max_input_bytes_per_s, float),
+        server.max_input_bytes_per_s,
+        float,
         help="read one client's bytes no faster than this (the default is 50x real time "
         "for 16 kHz int16) [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--max-batch",
-        type=_max_batch,
-        default=_env("max_batch", None, _max_batch),
+        None,
+        _max_batch,
         help="jobs decoded in one model call when several are queued (one queued job "
         "always runs alone at once); 'auto': 8 on CUDA, 1 on the CPU, where batching "
         "measured no better; int8 batches are not token-identical to batch 1 "
         "(bench/RESULTS.md) [auto]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--max-batch-audio-s",
-        type=_positive_or_auto,
-        default=_env("max_batch_audio_s", None, _positive_or_auto),
+        None,
+        _positive_or_auto,
         help="padded audio (jobs x longest) one batch may hold, which bounds how long a "
         "final can wait behind a batch; 'auto': 7 s on the CPU, no bound on CUDA "
         "[STREAMER_MAX_BATCH_AUDIO_S, auto]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--decode-timeout-s",
-        type=float,
-        default=_env("decode_timeout_s", DEFAULT_DECODE_TIMEOUT_S, float),
+        DEFAULT_DECODE_TIMEOUT_S,
+        float,
         help="a decode running longer means the model is stalled: with --model-process its "
         "process is killed and started again (--model-restarts); otherwise, or past that, "
         "the server turns unready, tells every session and exits with status 3 for its "
         "supervisor to restart it [%(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--model-process",
-        type=_bool,
+        DEFAULT_MODEL_PROCESS,
+        _bool,
         nargs="?",
         const=True,
-        default=_env("model_process", DEFAULT_MODEL_PROCESS, _bool),
         help="run each worker's model (features, decoding) in a child process of its own, "
         "so that it does not share one GIL with the event loop: for hundreds of streams "
         "on a GPU (bench/RESULTS.md) [STREAMER_MODEL_PROCESS, %(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--model-restarts",
-        type=int,
-        default=_env("model_restarts", DEFAULT_MAX_RESTARTS, int),
+        DEFAULT_MAX_RESTARTS,
+        int,
         help="with --model-process, how often in 10 minutes a model process that died or "
         "stalled is started again while its sessions wait (the finals it was decoding "
         "are decoded again); 0: fail for good at once [STREAMER_MODEL_RESTARTS, %(default)s]",
     )
-    g.add_argument(
+    _flag(
+        g,
         "--workers",
-        type=int,
-        default=_env("workers", pool.DEFAULT_WORKERS_PER_DEVICE, int),
+        pool.DEFAULT_WORKERS_PER_DEVICE,
+        int,
         help="model workers per device, each with its own thread and model copy; "
         "sessions go to the least loaded (on a CPU, --threads is shared between them) "
         "[STREAMER_WORKERS, %(default)s]",
     )
     s = p.add_argument_group("security")
-    s.add_argument(
+    _flag(
+        s,
         "--token",
-        default=_env("token", server.token),
+        server.token,
         help="require this token (v1: Authorization: Bearer or ?token=; Deepgram: "
         "Authorization: Token; OpenAI Realtime: Authorization: Bearer; FunASR: ?token=)",
     )
-    s.add_argument(
-        "--certfile",
-        type=Path,
-        default=_env("certfile", None, Path),
-        help="TLS certificate (enables wss:// and https://)",
-    )
-    s.add_argument(
-        "--keyfile", type=Path, default=_env("keyfile", None, Path), help="TLS private key"
-    )
-    s.add_argument(
+    _flag(s, "--certfile", None, Path, help="TLS certificate (enables wss:// and https://)")
+    _flag(s, "--keyfile", None, Path, help="TLS private key")
+    _flag(
+        s,
         "--allowed-origins",
-        default=_env("allowed_origins", ",".join(server.allowed_origins)),
+        ",".join(server.allowed_origins),
         help="comma-separated Origin values browsers may connect from; empty allows any",
     )
-    s.add_argument(
+    _flag(
+        s,
         "--public-metrics",
+        server.public_metrics,
+        _bool,
         action="store_true",
-        default=_env("public_metrics", server.public_metrics, _bool),
         help="serve /metrics without --token (it requires the token by default)",
     )
     c = p.add_argument_group("other protocols (each on its own port; off by default)")
-    c.add_argument(
+    _flag(
+        c,
         "--funasr-port",
-        type=int,
-        default=_env("funasr_port", server.funasr_port, int),
+        server.funasr_port,
+        int,
         help="serve FunASR's runtime WebSocket protocol on ws://HOST:PORT/ for "
         "funasr-client, funasr-python and FunASR's html5 demo (FunASR uses 10095; "
         "docs/funasr.md); --token is then required as ?token= in the URL",
     )
-    c.add_argument(
+    _flag(
+        c,
         "--wyoming-port",
-        type=int,
-        default=_env("wyoming_port", server.wyoming_port, int),
+        server.wyoming_port,
+        int,
         help="serve Wyoming, Home Assistant's speech protocol, on tcp://HOST:PORT "
         "(convention 10300; docs/wyoming.md)",
     )
-    c.add_argument(
+    _flag(
+        c,
         "--wyoming-insecure",
+        server.wyoming_insecure,
+        _bool,
         action="store_true",
-        default=_env("wyoming_insecure", server.wyoming_insecure, _bool),
         help="serve --wyoming-port although --token is set: Wyoming has no authentication, "
         "so bind it to a trusted network only",
     )

@@ -15,7 +15,7 @@ from streamer.cli.common import (
     _add_logging_arguments,
     _add_model_arguments,
     _classifier_factory,
-    _env,
+    _flag,
     _recognizer_options,
 )
 from streamer.core.protocol import LANGUAGES, StreamOptions
@@ -102,7 +102,7 @@ def _add_build_model(sub: argparse._SubParsersAction) -> None:
         "known tags) for tests and timing without downloads.",
     )
     p.add_argument("name", choices=("tiny", "small", "tagged"))
-    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
+    _flag(p, "--cache-dir", None, Path)
     _add_logging_arguments(p)
     p.set_defaults(func=_cmd_build_model)
 
@@ -138,8 +138,8 @@ def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
         help="weights of model.int8.onnx [QInt8 on CPUs with VNNI/dotprod, where it is as "
         "accurate and 2-3x faster; else QUInt8, which cannot saturate]",
     )
-    p.add_argument("--hub", choices=("ms", "hf"), default=_env("hub", "ms"))
-    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir", None, Path))
+    _flag(p, "--hub", "ms", choices=("ms", "hf"))
+    _flag(p, "--cache-dir", None, Path)
     _add_logging_arguments(p)
     p.set_defaults(func=_cmd_export_onnx)
 

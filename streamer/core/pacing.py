@@ -52,6 +52,7 @@ class InputPacer:
         self._messages_due_s = now_s
         self._bytes_due_s = now_s
         self.throttled_s = 0.0  # waits asked for so far (how much the client was slowed)
+        self.waits = 0  # how many
 
     def charge(self, now_s: float, nbytes: int) -> float:
         """One message of ``nbytes`` was read at ``now_s``: how long to wait before the
@@ -63,4 +64,5 @@ class InputPacer:
         if wait_s <= NO_WAIT_S:
             return 0.0
         self.throttled_s += wait_s
+        self.waits += 1
         return wait_s

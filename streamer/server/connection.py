@@ -139,7 +139,6 @@ class Connection:
         self._skipped_seen = 0
         self._idle_timer: asyncio.TimerHandle | None = None
         self._pacer = InputPacer(limits.pacing, self._loop.time())
-        self._paced_logged = False
 
     # -- glue between the session and the world --------------------------------
 
@@ -384,8 +383,7 @@ class Connection:
             self._last_input = now
 
     def _paced(self, wait_s: float) -> None:
-        if not self._paced_logged:
-            self._paced_logged = True
+        if self._pacer.waits == 1:  # the first wait: say it once
             pacing = self.limits.pacing
             self.log.info(
                 "session %s sends faster than %g messages or %g bytes a second: read paced",

@@ -211,6 +211,12 @@ class WyomingConnection:
             self._receive(data)
             wait_s = self._pacer.charge(self._loop.time(), len(data))
             if wait_s > 0:
+                if self._pacer.waits == 1:  # the first wait: say it once
+                    self.log.info(
+                        "session %s sends faster than %g bytes a second: read paced",
+                        self.session.session_id,
+                        self._pacer.limits.max_bytes_per_s,
+                    )
                 self.metrics.input_paced_seconds_total.inc(wait_s)
                 await asyncio.sleep(wait_s)
 
