@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 import psutil
 
 from bench.latency.audio import synth_clips
+from bench.latency.poller import Poller
 from bench.latency.serverproc import ManagedServer, ServerOptions, http_base, http_get
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
@@ -57,34 +57,24 @@ def model_process(server_pid: int) -> psutil.Process:
     return children[0]
 
 
-class ReadinessWatch:
+class ReadinessWatch(Poller):
     """Polls ``/readyz`` in a thread: when it first answered non-200, and 200 again."""
 
     def __init__(self, base: str) -> None:
+        super().__init__(POLL_S)
         self.base = base
         self.unready_at: float | None = None
         self.ready_again_at: float | None = None
         self.states: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
 
-    def __enter__(self) -> ReadinessWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(POLL_S):
-            status, body = http_get(f"{self.base}/readyz", timeout_s=2.0)
-            now = time.monotonic()
-            if status != 200 and self.unready_at is None:
-                self.unready_at = now
-                self.states.append(json.loads(body).get("status", "?") if body else "?")
-            elif status == 200 and self.unready_at is not None and self.ready_again_at is None:
-                self.ready_again_at = now
+    def poll(self) -> None:
+        status, body = http_get(f"{self.base}/readyz", timeout_s=2.0)
+        now = time.monotonic()
+        if status != 200 and self.unready_at is None:
+            self.unready_at = now
+            self.states.append(json.loads(body).get("status", "?") if body else "?")
+        elif status == 200 and self.unready_at is not None and self.ready_again_at is None:
+            self.ready_again_at = now
 
 
 async def stream_all(url: str, pcm: np.ndarray, clients: int) -> list[SessionResult]:

@@ -32,6 +32,7 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from bench.latency.poller import Poller
 from streamer.client.connection import ClientOptions, Received, StreamingClient
 from streamer.client.streaming import stream_file
 from streamer.core.protocol import Error, Final, StreamOptions
@@ -148,27 +149,17 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-class PeakRss:
+class PeakRss(Poller):
     """Samples a process's RSS every 0.2 s in a thread; ``peak_mb`` once stopped."""
 
     def __init__(self, server: Server) -> None:
+        super().__init__(0.2)
         self.server = server
         self.peak_mb = server.rss_mb()
         self.start_mb = self.peak_mb
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.peak_mb = max(self.peak_mb, self.server.rss_mb())
+    def poll(self) -> None:
+        self.peak_mb = max(self.peak_mb, self.server.rss_mb())
 
 
 # -- results -------------------------------------------------------------------
