@@ -253,6 +253,45 @@ def test_a_new_utterance_after_the_last_message_gets_its_own_last_message():
         assert sum(m["is_final"] for m in out(adapter)) == 1
 
 
+@pytest.mark.parametrize("mode", ["2pass", "online", "offline"])
+def test_a_round_sent_before_the_last_one_is_answered_gets_its_own_last_message(mode):
+    """Audio and a second end of input while the first round's final is still decoding:
+    each end of input is answered by its own last message, in order, and no text is lost
+    (it used to be taken for funasr-client's repeated stop, and never answered)."""
+    adapter, worker = make(finals=["first", "second"])
+    adapter.receive_text(json.dumps(FIRST | {"mode": mode}))
+    got = send_audio(adapter, worker, np.concatenate([silence(300), tone(800)]), hold_finals=True)
+    adapter.receive_text(END)  # round 1 ends; its final is held ("decoding")
+    worker.answer(hold_finals=True)
+    got += send_audio(adapter, worker, np.concatenate([silence(300), tone(800)]), hold_finals=True)
+    adapter.receive_text('{"is_speaking": false, "is_end": true}')  # round 2, at once
+    adapter.receive_text('{"is_speaking": false, "is_end": true}')  # client's close(): no new round
+    worker.answer()
+    got += out(adapter)
+    results = [m for m in got if not m.get("is_end")]
+    if mode == "2pass":  # the 2pass-online pieces are provisional: the sentences replace them
+        results = [m for m in results if m["mode"] == "2pass-offline"]
+        assert [m["text"] for m in results] == ["first", " second"]
+    assert "".join(m["text"] for m in results) == "first second"  # nothing lost
+    lasts = [m for m in results if m["is_final"]]
+    assert len(lasts) == 2 and lasts[-1] is results[-1]
+    assert "first" in "".join(m["text"] for m in results[: results.index(lasts[0]) + 1])
+    assert [m.get("is_end", False) for m in got[-2:]] == [False, True]  # one ack, at the end
+    assert sum(bool(m.get("is_end")) for m in got) == 1
+
+
+def test_audio_with_no_speech_between_two_ends_of_input_is_a_round_of_its_own():
+    adapter, worker = make(finals=["first"])
+    adapter.receive_text(json.dumps(FIRST))
+    send_audio(adapter, worker, np.concatenate([silence(300), tone(800)]), hold_finals=True)
+    adapter.receive_text(END)
+    adapter.receive_bytes(silence(200).astype("<i2").tobytes())
+    adapter.receive_text(END)
+    worker.answer()
+    lasts = [(m["text"], m["is_final"]) for m in out(adapter) if m["mode"] == "2pass-offline"]
+    assert lasts == [("first", True), ("", True)]
+
+
 # -- online and offline ----------------------------------------------------------------
 
 

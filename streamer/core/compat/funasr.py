@@ -11,7 +11,9 @@ Client → server:
   ``*_look_back``) is ignored, and so are the fields of later JSON frames;
 * binary frames: PCM s16le mono at ``audio_fs`` (a WAV header at the start is skipped);
 * ``{"is_speaking": false}`` ends the input (``is_end: true`` asks for an acknowledgement).
-  It may come twice: a second one with no audio in between is ignored.
+  It may come twice: a second one with no audio in between is ignored. Audio after it
+  starts a new round, whose own end of input is answered by its own last message, even
+  while the previous round's last message is still decoding.
 
 Server → client (what the C++ 2pass server sends, which both client libraries parse):
 
@@ -35,6 +37,7 @@ the speech heard so far; the connection then closes with 1008.
 from __future__ import annotations
 
 import unicodedata
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +45,7 @@ from typing import Any
 import orjson
 
 from streamer.core import protocol
-from streamer.core.compat.common import core_language
+from streamer.core.compat.common import core_language, finals_submitted
 from streamer.core.compat.textjoin import AppendOnlyText, separator
 from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart, Word
 from streamer.core.session import Session, State
@@ -271,6 +274,14 @@ class _Item:
     message: ServerMessage | None = None  # the core message it translates (for metrics)
 
 
+@dataclass
+class _Round:
+    """An end of input waiting for its last message."""
+
+    after_finals: int  # answered once this many finals have been translated
+    ack: bool  # is_end: the acknowledgement follows the last message
+
+
 class FunAsrAdapter(WireAdapter):
     """One FunASR connection over a :class:`Session` (see the module docstring)."""
 
@@ -282,9 +293,10 @@ class FunAsrAdapter(WireAdapter):
         self._wav_name = DEFAULT_WAV_NAME  # the first JSON frame's, even one refused
         self._frames: list[OutFrame] = []
         self._first_audio = True
-        self._awaiting_last = False  # end of input seen; the last message is not sent yet
-        self._last_sent = False  # the last message went out and no audio came since
-        self._ack_end = False  # the end of input asked for an is_end acknowledgement
+        self._rounds: deque[_Round] = deque()  # ends of input not answered yet, in order
+        self._audio_since_end = True  # audio (or none yet) since the last end of input
+        self._finals_seen = 0  # finals translated so far
+        self._last_sent = False  # every end of input is answered and no audio came since
         self._streamed = AppendOnlyText()  # the open utterance's text sent as pieces
         self._previous = ""  # the last utterance's text (what the next one is joined to)
         self._held: list[tuple[Final, str]] = []  # offline mode: utterances until the end
@@ -337,6 +349,7 @@ class FunAsrAdapter(WireAdapter):
             data = strip_wav_header(data)
         if data:
             self._last_sent = False
+            self._audio_since_end = True
             self.session.receive_audio(data)
 
     def _configure(self, config: FunAsrConfig) -> None:
@@ -351,16 +364,16 @@ class FunAsrAdapter(WireAdapter):
         self.config = config
 
     def _end_of_input(self, *, ack: bool) -> None:
-        if self._awaiting_last or self._last_sent:
+        if not self._audio_since_end:
             # the second {"is_speaking": false} that funasr-client's close() sends
-            if ack and self._last_sent:
-                self._frames.append(OutFrame(orjson.dumps(self._end_ack())))
+            if ack and self._rounds:
+                self._rounds[-1].ack = True
             elif ack:
-                self._ack_end = True
+                self._frames.append(OutFrame(orjson.dumps(self._end_ack())))
             return
-        self._ack_end = ack
-        self._awaiting_last = True
+        self._audio_since_end = False
         self.session.finalize(at_pause=False)  # end of input: nothing more will come
+        self._rounds.append(_Round(after_finals=finals_submitted(self.session), ack=ack))
 
     def _fail(self, error: ProtocolError) -> None:
         """End the stream because of ``error``: finals of the speech heard, then the error."""
@@ -379,6 +392,8 @@ class FunAsrAdapter(WireAdapter):
                 self._on_partial(message, items)
             elif isinstance(message, Final):
                 self._on_final(message, items)
+                self._finals_seen += 1
+                self._answer_rounds(items)  # before the next round's finals
             elif isinstance(message, Error):
                 if message.fatal and self._failure is None and not self._last_sent:
                     self._failure = message  # a server limit (idle timeout, duration)
@@ -386,8 +401,8 @@ class FunAsrAdapter(WireAdapter):
                 ended = True
         if ended:
             self._finish(items)
-        elif self._awaiting_last and self.session.pending_finals == 0:
-            self._send_last(items)
+        else:
+            self._answer_rounds(items)  # those whose audio held no utterance
         frames, self._frames = self._frames, []
         for item in items:
             if item.body.get("is_final") or item.body.get("text"):
@@ -451,8 +466,9 @@ class FunAsrAdapter(WireAdapter):
         spans: list[list[int]] = []
         sentences = []
         for utterance, text in self._held:
-            lead = separator(body["text"], text)
+            lead = separator(body["text"] or self._previous, text)  # after an earlier round's
             body["text"] += lead + text
+            self._previous = text
             own = utterance_spans(utterance, text)
             spans.extend(own)
             sentences.append(stamp_sentence(text, own))
@@ -463,20 +479,22 @@ class FunAsrAdapter(WireAdapter):
         self._held.clear()
         return body
 
-    def _send_last(self, items: list[_Item]) -> None:
+    def _answer_rounds(self, items: list[_Item]) -> None:
+        while self._rounds and self._rounds[0].after_finals <= self._finals_seen:
+            self._send_last(items, ack=self._rounds.popleft().ack)
+
+    def _send_last(self, items: list[_Item], *, ack: bool) -> None:
         """The one ``is_final: true`` message that answers an end of input."""
         if self._mode == "offline":
             items.append(_Item(self._offline_result(final=True)))
-        elif items and items[-1].from_final:
-            items[-1].body["is_final"] = True
+        elif items and items[-1].from_final and not items[-1].body["is_final"]:
+            items[-1].body["is_final"] = True  # the utterance the end of input closed
         else:
             _, done_mode = _OUT_MODES[self._mode]
             items.append(_Item(self._result(done_mode, "") | {"is_final": True}))
-        if self._ack_end:
+        if ack:
             items.append(_Item(self._end_ack()))
-        self._awaiting_last = False
-        self._ack_end = False
-        self._last_sent = True
+        self._last_sent = not self._rounds and not self._audio_since_end
 
     def _finish(self, items: list[_Item]) -> None:
         """The session ended (error, server limit, shutdown): one last message, then close."""
@@ -484,7 +502,12 @@ class FunAsrAdapter(WireAdapter):
             return  # the client already has its last message and stayed: nothing to add
         failure = self._failure
         if failure is None:
-            self._send_last(items)
+            # every final is in: each end of input gets its answer, and audio after the
+            # last one (the session ended without one) a last message of its own
+            while self._rounds:
+                self._send_last(items, ack=self._rounds.popleft().ack)
+            if not self._last_sent:
+                self._send_last(items, ack=False)
             return
         if self._mode == "offline" and self._held:
             items.append(_Item(self._offline_result(final=False)))
