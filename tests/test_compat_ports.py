@@ -18,6 +18,7 @@ from streamer.client.streaming import transcribe
 from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event
 from streamer.core.protocol import StreamOptions
 from streamer.errors import ConfigError
+from streamer.server import wyoming as wyoming_server
 from streamer.server.server import ServerOptions
 from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
 from tests.server_fixtures import make_server  # noqa: F401  (fixture)
@@ -234,6 +235,41 @@ async def test_wyoming_half_closed_after_audio_stop_still_gets_its_transcript(
     events = await wyoming.events()
     (transcript,) = [e for e in events if e.type == "transcript"]
     assert transcript.data["text"] == "audio 1100 ms audio 1300 ms"
+
+
+async def test_wyoming_half_closed_without_audio_stop_still_gets_its_transcript(
+    make_ports_server,
+):
+    """Closing the sending side ends the audio like audio-stop: nothing heard is lost."""
+    server = make_ports_server(load=lambda: FakeRecognizer(delay_s=0.2))
+    wyoming = await Wyoming.open(server)
+    await wyoming.audio(speech(2))
+    wyoming.writer.write_eof()
+    events = await wyoming.events()
+    (transcript,) = [e for e in events if e.type == "transcript"]
+    assert transcript.data["text"] == "audio 1100 ms audio 1300 ms"
+
+
+async def test_a_wyoming_connection_that_sends_nothing_takes_no_session(
+    make_ports_server, monkeypatch
+):
+    """A port scan or a TCP health check must not fill --max-sessions for every protocol."""
+    monkeypatch.setattr(wyoming_server, "FIRST_BYTES_TIMEOUT_S", 1.0)
+    server = make_ports_server(max_sessions=1)
+    silent = [await Wyoming.open(server) for _ in range(3)]
+    await asyncio.sleep(0.2)
+    assert server.server.session_count == 0
+    result = await transcribe(ClientOptions(url=server.url), speech(1), 16000)  # admitted
+    assert [f.text for f in result.finals] == ["audio 1100 ms"]
+    # then closed, without a word: nothing was asked
+    assert [await c.events(timeout=5) for c in silent] == [[], [], []]
+    # a client that speaks once admitted gets its session as before
+    wyoming = await Wyoming.open(server)
+    await asyncio.sleep(0.2)
+    await wyoming.audio(speech(1))
+    await wyoming.send(WyomingEvent("audio-stop"))
+    (transcript,) = [e for e in await wyoming.events() if e.type == "transcript"]
+    assert transcript.data["text"] == "audio 1100 ms"
 
 
 async def test_wyoming_unpaced_long_stream_is_back_pressured(make_ports_server):

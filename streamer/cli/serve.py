@@ -147,7 +147,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--idle-timeout-s",
         server.idle_timeout_s,
         float,
-        help="end sessions without audio or keepalive for this long [%(default)s]",
+        help="end sessions that send no audio and no valid message for this long [%(default)s]",
     )
     _flag(g, "--max-session-s", server.max_session_s, float, help="longest session [%(default)s]")
     _flag(

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 READ_BYTES = 64 * 1024  # one read from the socket
+# a connection has no session (no --max-sessions slot) until it sends something; one that
+# sends nothing this long is closed: a port scan, a TCP health check, a client that hangs
+FIRST_BYTES_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 10.0  # a client that reads nothing for this long is dropped
 # a refused connection is still answered describe/ping, and read until it closes, this long
 REFUSAL_LINGER_S = 5.0
@@ -67,6 +70,7 @@ class WyomingConnection:
         worker: WorkerPool | ModelWorker,
         metrics: Metrics,
         limits: ConnectionLimits,
+        first_bytes: bytes = b"",
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -86,6 +90,8 @@ class WyomingConnection:
         # --max-input-bytes-per-s per read (a read holds many events; the byte rate
         # bounds them); the idle timeout does not run while we wait
         self._pacer = InputPacer(limits.pacing, self._loop.time())
+        self._first_bytes = first_bytes  # what the listener read before the session
+        self._eof = False  # the client closed its side: the input ends with the backlog
         self._gone = False
         self._audio_ms_seen = 0.0
         self._speech_started: dict[int, float] = {}
@@ -125,6 +131,9 @@ class WyomingConnection:
             self._backlog_bytes -= len(piece)
             self.adapter.receive_bytes(piece)
             self.pump()
+        if self._eof and not self._backlog and not self._closing:
+            self.adapter.end_of_input()
+            self.pump()
         if self._backlog_bytes < self.limits.max_backlog_bytes:
             self._backlog_has_room.set()
         else:
@@ -160,6 +169,8 @@ class WyomingConnection:
 
     async def run(self) -> None:
         self.pump()
+        if self._first_bytes:
+            self._receive(self._first_bytes)
         sid = self.session.session_id
         writer = asyncio.create_task(self._write(), name=f"wyoming-write-{sid}")
         reader = asyncio.create_task(self._read(), name=f"wyoming-read-{sid}")
@@ -173,9 +184,11 @@ class WyomingConnection:
             done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()
-            if writer not in done and (self._closing or self.session.state is State.STOPPING):
-                # The input is over (the client may have half-closed after audio-stop):
-                # deliver the transcript. The worker answers every final; writes time out.
+            input_over = self.session.state is State.STOPPING or (self._eof and self._backlog)
+            if writer not in done and (self._closing or input_over):
+                # The input is over (the client may have half-closed, after audio-stop or
+                # instead of it): deliver the transcript. The worker answers every final
+                # (the backlog then drains); writes time out.
                 await writer
         finally:
             limit.cancel()
@@ -206,8 +219,10 @@ class WyomingConnection:
                 continue
             except ConnectionError:
                 return  # the client is gone
-            if not data:
-                return  # end of file: the client closed, or half-closed after audio-stop
+            if not data:  # the client closed, or half-closed (after audio-stop or not)
+                self._eof = True
+                self._drain_backlog()  # ends a started stream once its audio is in
+                return
             self._receive(data)
             wait_s = self._pacer.charge(self._loop.time(), len(data))
             if wait_s > 0:
@@ -255,6 +270,7 @@ class WyomingListener:
         self._requested_port = port
         self._server: asyncio.Server | None = None
         self._open: set[WyomingConnection] = set()
+        self._unheard: set[asyncio.StreamWriter] = set()  # connected, nothing sent yet
         self.limits = EventLimits(max_payload_bytes=server.options.max_message_bytes)
 
     @property
@@ -275,6 +291,8 @@ class WyomingListener:
     async def close(self) -> None:
         for connection in list(self._open):
             connection.abort()
+        for writer in list(self._unheard):
+            writer.transport.abort()
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -285,6 +303,7 @@ class WyomingListener:
         info: WyomingInfo,
         code: str,
         message: str,
+        first_bytes: bytes,
     ) -> None:
         """No session for this connection, but ``describe`` and ``ping`` still get their
         answers (Home Assistant asks ``describe`` on a connection of its own, also while
@@ -303,32 +322,53 @@ class WyomingListener:
 
         with contextlib.suppress(ConnectionError, TimeoutError, ProtocolError):
             async with asyncio.timeout(REFUSAL_LINGER_S):
-                while not refused:
-                    data = await reader.read(READ_BYTES)
-                    if not data:
-                        break
+                data = first_bytes or await reader.read(READ_BYTES)
+                while data and not refused:
                     for event in parser.feed(data):
                         if (answer := sessionless_answer(event, info)) is not None:
                             writer.write(encode_event(answer))
                         elif not refused:
                             refuse()
                     await writer.drain()
+                    if not refused:
+                        data = await reader.read(READ_BYTES)
         if not refused and not reader.at_eof():
             refuse()
         await linger_close(reader, writer, REFUSAL_LINGER_S)
 
+    async def _first_bytes(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bytes:
+        """What the client sends first; b"" when it sends nothing for FIRST_BYTES_TIMEOUT_S."""
+        self._unheard.add(writer)
+        try:
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(FIRST_BYTES_TIMEOUT_S):
+                    return await reader.read(READ_BYTES)
+            return b""
+        finally:
+            self._unheard.discard(writer)
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         server = self.server
         info = WyomingInfo(model_name=server.worker.model_name, version=__version__)
+        first_bytes = b""
         refusal = server.refusal()
+        if refusal is None:  # admitted, but the session (a slot) waits for the first bytes
+            first_bytes = await self._first_bytes(reader, writer)
+            if not first_bytes:  # nothing sent: no session was taken, nothing to answer
+                logger.debug("a Wyoming connection closed without sending anything")
+                writer.close()
+                return
+            refusal = server.refusal()  # the server may have filled up meanwhile
         if refusal is not None:
-            await self._refuse(reader, writer, info, *refusal)
+            await self._refuse(reader, writer, info, *refusal, first_bytes)
             return
         session = server.new_session(server.options.default_stream)
         adapter = WyomingAdapter(session, info, self.limits)
         adapter.start()
         connection = WyomingConnection(
-            reader, writer, adapter, server.worker, server.metrics, server._limits
+            reader, writer, adapter, server.worker, server.metrics, server._limits, first_bytes
         )
         server.track(connection, WyomingAdapter.name)
         self._open.add(connection)

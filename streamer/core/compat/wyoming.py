@@ -318,6 +318,13 @@ class WyomingAdapter(WireAdapter):
         elif kind == "audio-stop" and streaming:
             self.session.stop()
 
+    def end_of_input(self) -> None:
+        """The client closed its side of the connection: a stream it started (audio-start
+        or a first chunk) ends as if audio-stop had come, so its transcript is not lost
+        (a half-closed client still reads it)."""
+        if self._converter is not None and self.session.state is State.STREAMING:
+            self.session.stop()
+
     def _start_audio(self, audio_format: AudioFormat) -> None:
         if self._converter is not None:
             if audio_format != self._converter.format:
