@@ -108,6 +108,7 @@ def test_config_reads_what_the_clients_send_and_ignores_the_rest():
     [
         ({"audio_fs": 11025}, UnsupportedSampleRate),
         ({"audio_fs": "fast"}, InvalidOption),
+        ({"audio_fs": True}, InvalidOption),
         ({"wav_format": "mp3"}, InvalidOption),
     ],
 )

@@ -321,6 +321,34 @@ def test_a_rejected_update_changes_nothing() -> None:
     assert h.session.stream.sample_rate == RATE
 
 
+@pytest.mark.parametrize(
+    ("audio_in", "param"),
+    [
+        ({"format": "audio/pcm"}, "session.audio.input.format"),
+        ({"turn_detection": {"type": "bogus"}}, "turn_detection.type"),
+        ({"turn_detection": {"type": "server_vad", "silence_duration_ms": "x"}},
+         "turn_detection.silence_duration_ms"),
+        ({"transcription": "en"}, "transcription"),
+    ],
+)  # fmt: skip
+def test_an_update_of_the_wrong_shape_is_refused_not_ignored(audio_in, param) -> None:
+    """A typo in turn_detection.type used to make the session manual: no transcripts."""
+    h = harness()
+    h.text(GA_UPDATE)
+    h.text({"type": "session.update", "session": {"audio": {"input": audio_in}}})
+    error = h.sent[-1]["error"]
+    assert (error["code"], error["param"]) == ("invalid_value", param)
+    assert h.adapter.config.server_vad  # nothing changed
+
+
+def test_turn_detection_without_a_type_is_server_vad() -> None:
+    h = harness()
+    h.text({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+        "turn_detection": {"silence_duration_ms": 800}}}}})  # fmt: skip
+    turn = h.sent[-1]["session"]["audio"]["input"]["turn_detection"]
+    assert turn["type"] == "server_vad" and h.adapter.config.server_vad
+
+
 def test_benign_changes_mid_stream_are_answered_without_an_error() -> None:
     """LiveKit changes the language mid-stream; any error would be fatal to it."""
     h = harness()

@@ -126,6 +126,8 @@ def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
     audio_fs = obj.get("audio_fs")
     if audio_fs is not None:
         try:
+            if isinstance(audio_fs, bool):  # JSON true is not 1 Hz
+                raise TypeError(audio_fs)
             rate = int(audio_fs)
         except (TypeError, ValueError):
             raise InvalidOption(f"audio_fs must be a number of Hz, got {audio_fs!r}") from None

@@ -168,6 +168,11 @@ def parse_update(session: object, base: TranscriptionConfig) -> TranscriptionCon
         fmt, transcription = audio_in.get("format"), audio_in.get("transcription")
         if isinstance(fmt, dict):
             changes.update(_ga_format(fmt))
+        elif fmt is not None:
+            raise UpdateRejected(
+                'audio.input.format must be an object such as {"type": "audio/pcm", "rate": 24000}',
+                "session.audio.input.format",
+            )
         if "turn_detection" in audio_in:
             changes["turn_detection"] = _turn_detection(audio_in["turn_detection"])
         if "noise_reduction" in audio_in:
@@ -188,6 +193,10 @@ def parse_update(session: object, base: TranscriptionConfig) -> TranscriptionCon
             changes["turn_detection"] = _turn_detection(session["turn_detection"])
         if "input_audio_noise_reduction" in session:
             changes["noise_reduction"] = session["input_audio_noise_reduction"]
+    if transcription is not None and not isinstance(transcription, dict):
+        raise UpdateRejected(
+            'transcription must be an object such as {"language": "en"}', "transcription"
+        )
     if isinstance(transcription, dict):
         for name in ("model", "language", "prompt"):
             if name in transcription:
@@ -221,7 +230,20 @@ def _turn_detection(value: object) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise UpdateRejected("turn_detection must be an object or null", "turn_detection")
-    return dict(value)
+    kind = value.get("type", "server_vad")  # the API's default
+    if kind not in _VAD_TYPES:  # a typo must not turn the session into manual commits
+        raise UpdateRejected(
+            f"turn_detection.type {kind!r} is not supported (supported: "
+            f"{', '.join(_VAD_TYPES)}; null for manual commits)",
+            "turn_detection.type",
+        )
+    silence_ms = value.get("silence_duration_ms")
+    if silence_ms is not None and common.lenient_int(silence_ms) is None:
+        raise UpdateRejected(
+            f"turn_detection.silence_duration_ms must be a number of ms, got {silence_ms!r}",
+            "turn_detection.silence_duration_ms",
+        )
+    return {**value, "type": kind}
 
 
 @dataclass
