@@ -87,3 +87,49 @@ def test_a_changed_field_default_moves_the_flag(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(server_module, "ServerOptions", Moved)
     (port,) = [a for a in subparser("serve")._actions if a.dest == "port"]
     assert port.default == 9999
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--endpoint-ms", "0"],  # started, then failed every session
+        ["--port", "99999"],  # bound 99999 - 65536
+        ["--idle-timeout-s", "nan"],
+        ["--shutdown-grace-s", "inf"],
+        ["--drain-s", "-1"],
+        ["--max-message-bytes", "0"],
+        ["--partial-interval-ms", "0"],
+        ["--max-sessions", "0"],
+        ["--wyoming-port", "-1"],
+    ],
+)
+def test_serve_refuses_values_that_would_start_a_broken_server(argv, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["serve", *argv])
+    assert exited.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("VAD_AGGRESSIVENESS", "7"),  # the flag's choices apply to its variable too
+        ("LOG_LEVEL", "verbose"),  # was a traceback
+        ("LOG_FORMAT", "xml"),  # was silently text
+        ("ENDPOINT_MS", "0"),
+        ("PORT", "abc"),
+    ],
+)
+def test_a_bad_environment_value_is_refused_like_a_bad_flag(
+    variable, value, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv(ENV_PREFIX + variable, value)
+    with pytest.raises(SystemExit) as exited:
+        build_parser()
+    assert exited.value.code == 2
+    assert f"{ENV_PREFIX}{variable}={value!r} is not valid" in capsys.readouterr().err
+
+
+def test_no_uvloop_has_its_environment_variable_too(monkeypatch) -> None:
+    monkeypatch.setenv(ENV_PREFIX + "NO_UVLOOP", "1")
+    assert subparser("serve").parse_args([]).no_uvloop is True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import numpy as np
 import orjson
@@ -212,6 +213,24 @@ async def test_shutdown_with_a_blocked_client_ends_within_the_grace_period(fake)
     await asyncio.wait_for(make_server_write(ws, server=server), BOUND_S)
     await asyncio.to_thread(server.shutdown, BOUND_S)
     assert not server._thread.is_alive()
+    ws.transport.abort()
+
+
+async def test_cutting_the_grace_short_aborts_what_shutdown_still_waits_for(fake):
+    """SIGTERM or SIGINT again during the graceful shutdown: no more waiting (the process
+    used to die of the signal's default action, with no log and no clean exit)."""
+    server = fake(
+        write_timeout_s=600, idle_timeout_s=600, shutdown_grace_s=600, close_timeout_s=600
+    )
+    ws = await never_reading_client(server)
+    await asyncio.wait_for(make_server_write(ws, server=server), BOUND_S)
+    started = time.monotonic()
+    server.loop.call_soon_threadsafe(server._stop.set)  # the graceful shutdown begins
+    await asyncio.sleep(0.5)
+    assert server._thread.is_alive()  # waiting on the blocked client
+    server.loop.call_soon_threadsafe(server.server.cut_grace_short)
+    await asyncio.to_thread(server._thread.join, BOUND_S)
+    assert not server._thread.is_alive() and time.monotonic() - started < BOUND_S
     ws.transport.abort()
 
 

@@ -6,7 +6,8 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +22,46 @@ ENV_PREFIX = "STREAMER_"
 VADS = ("webrtc", "silero")  # --vad choices
 
 
-def _env(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
-    """The default of a flag: ``STREAMER_<NAME>`` when set, else ``default``."""
+def _env(
+    name: str,
+    default: Any,
+    kind: Callable[[str], Any] = str,
+    choices: Sequence[Any] | None = None,
+) -> Any:
+    """The default of a flag: ``STREAMER_<NAME>`` when set, else ``default``. A value
+    that ``kind`` refuses, or outside ``choices``, ends the program with status 2, as
+    argparse does for a bad flag."""
     variable = ENV_PREFIX + name.upper().replace("-", "_")
     value = os.environ.get(variable)
     if value is None or value == "":
         return default
     try:
-        return kind(value)
-    except ValueError:
-        raise SystemExit(f"error: {variable}={value!r} is not valid") from None
+        parsed = kind(value)
+        if choices is not None and parsed not in choices:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(map(str, choices))}")
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        why = f" ({error})" if isinstance(error, argparse.ArgumentTypeError) else ""
+        sys.stderr.write(f"streamer: error: {variable}={value!r} is not valid{why}\n")
+        raise SystemExit(2) from None
+    return parsed
+
+
+def _within(
+    kind: Callable[[str], Any], low: float, high: float = sys.float_info.max
+) -> Callable[[str], Any]:
+    """``kind`` (int or float) of ``low``..``high``: NaN, infinities and values out of
+    range are refused (argparse and :func:`_env` say so) instead of starting a server
+    that fails its sessions."""
+
+    def parse(value: str) -> Any:
+        number = kind(value)  # ValueError: argparse and _env report it
+        if not low <= number <= high:  # NaN compares false
+            bound = f"{low:g}..{high:g}" if high < sys.float_info.max else f"{low:g} or more"
+            raise argparse.ArgumentTypeError(f"{value!r} must be {bound}")
+        return number
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _flag(
@@ -45,7 +76,8 @@ def _flag(
     name an ``action`` (``store_true``), the flag's value too."""
     if kind is not str and "action" not in kwargs:
         kwargs["type"] = kind
-    parser.add_argument(flag, default=_env(flag.lstrip("-"), default, kind), **kwargs)
+    default = _env(flag.lstrip("-"), default, kind, kwargs.get("choices"))
+    parser.add_argument(flag, default=default, **kwargs)
 
 
 def _max_batch(value: str) -> int | None:
@@ -79,7 +111,8 @@ def _bool(value: str) -> bool:
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            # ISO 8601 in UTC with milliseconds: log pipelines order and join on it
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -166,7 +199,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         g,
         "--threads",
         recognizer.threads,
-        int,
+        _within(int, 0),
         help="intra-op CPU threads (torch or ONNX Runtime); 0 = all cores; with several "
         "workers this is the total, shared out evenly between them [%(default)s]",
     )

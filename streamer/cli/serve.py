@@ -23,11 +23,11 @@ from streamer.cli.common import (
     _max_batch,
     _positive_or_auto,
     _recognizer_options,
+    _within,
 )
-from streamer.core.protocol import StreamOptions
+from streamer.core.protocol import MAX_ENDPOINT_MS, MIN_ENDPOINT_MS, StreamOptions
 from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
-from streamer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +53,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "STREAMER_MAX_SESSIONS).",
     )
     _flag(p, "--host", server.host, help="interface; 0.0.0.0 for all [%(default)s]")
-    _flag(p, "--port", server.port, int, help="[%(default)s]")
+    _flag(p, "--port", server.port, _within(int, 0, 65535), help="[%(default)s]")
     _add_model_arguments(p)
     g = p.add_argument_group("streaming")
     _flag(
         g,
         "--max-sessions",
         server.max_sessions,
-        int,
+        _within(int, 1),
         help="concurrent sessions; more get HTTP 503 [%(default)s]",
     )
     _flag(
@@ -84,21 +84,21 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--endpoint-ms",
         server.default_stream.endpoint_ms,
-        int,
+        _within(int, MIN_ENDPOINT_MS, MAX_ENDPOINT_MS),
         help="default trailing silence that ends an utterance [%(default)s]",
     )
     _flag(
         g,
         "--max-utterance-ms",
         SegmenterOptions().max_utterance_ms,
-        int,
+        _within(int, 1000),
         help="hard cap on an utterance [%(default)s]",
     )
     _flag(
         g,
         "--long-segment-ms",
         SegmenterOptions().long_segment_ms,
-        int,
+        _within(int, 1),
         help="from this length on, a short pause (about 230 ms) ends an utterance; "
         "--max-utterance-ms turns it off [%(default)s]",
     )
@@ -106,7 +106,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--pause-dip-ms",
         SegmenterOptions().pause_dip_ms,
-        int,
+        _within(int, 0),
         help="a long utterance also ends at this much quiet (an energy dip the VAD's "
         "hangover hides); 0 leaves it to the VAD [%(default)s]",
     )
@@ -114,14 +114,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--pause-contrast-db",
         SegmenterOptions().pause_contrast_db,
-        float,
+        _within(float, 0),
         help="energy dips count only where speech is this much over the noise floor [%(default)s]",
     )
     _flag(
         g,
         "--cut-search-ms",
         SegmenterOptions().cut_search_ms,
-        int,
+        _within(int, 1),
         help="an utterance reaching --max-utterance-ms is cut at the quietest point of "
         "this last stretch [%(default)s]",
     )
@@ -138,7 +138,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--partial-interval-ms",
         SessionOptions().partial_interval_ms,
-        int,
+        _within(int, 20),
         help="re-decode the open utterance after this much new audio (its first partial is "
         "decoded at its onset) [%(default)s]",
     )
@@ -146,22 +146,28 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--idle-timeout-s",
         server.idle_timeout_s,
-        float,
+        _within(float, 0.01),
         help="end sessions that send no audio and no valid message for this long [%(default)s]",
     )
-    _flag(g, "--max-session-s", server.max_session_s, float, help="longest session [%(default)s]")
+    _flag(
+        g,
+        "--max-session-s",
+        server.max_session_s,
+        _within(float, 0.01),
+        help="longest session [%(default)s]",
+    )
     _flag(
         g,
         "--max-message-bytes",
         server.max_message_bytes,
-        int,
+        _within(int, 1024),
         help="largest client frame; larger ones close with 1009 [%(default)s]",
     )
     _flag(
         g,
         "--max-backlog-bytes",
         server.max_backlog_bytes,
-        int,
+        _within(int, 1024),
         help="audio a session may send ahead of the model before the server stops "
         "reading its socket [%(default)s]",
     )
@@ -169,14 +175,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--shutdown-grace-s",
         server.shutdown_grace_s,
-        float,
+        _within(float, 0),
         help="time to finish open utterances on SIGTERM [%(default)s]",
     )
     _flag(
         g,
         "--drain-s",
         server.drain_s,
-        float,
+        _within(float, 0),
         help="on SIGTERM, first refuse new sessions (/readyz 503 draining) and serve open "
         "ones up to this long, so a load balancer moves new sessions elsewhere; then shut "
         "down. SIGUSR1 drains without exiting, SIGUSR2 admits again [%(default)s]",
@@ -185,14 +191,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--write-timeout-s",
         server.write_timeout_s,
-        float,
+        _within(float, 0.01),
         help="close (1008) a client that reads nothing for this long [%(default)s]",
     )
     _flag(
         g,
         "--max-input-messages-per-s",
         server.max_input_messages_per_s,
-        float,
+        _within(float, 1),
         help="read one client's WebSocket messages no faster than this (after a 1 s burst; "
         "TCP then pushes back on that client alone) [%(default)s]",
     )
@@ -200,7 +206,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--max-input-bytes-per-s",
         server.max_input_bytes_per_s,
-        float,
+        _within(float, 1000),
         help="read one client's bytes no faster than this (the default is 50x real time "
         "for 16 kHz int16) [%(default)s]",
     )
@@ -227,7 +233,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--decode-timeout-s",
         DEFAULT_DECODE_TIMEOUT_S,
-        float,
+        _within(float, 0.01),
         help="a decode running longer means the model is stalled: with --model-process its "
         "process is killed and started again (--model-restarts); otherwise, or past that, "
         "the server turns unready, tells every session and exits with status 3 for its "
@@ -248,7 +254,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--model-restarts",
         DEFAULT_MAX_RESTARTS,
-        int,
+        _within(int, 0),
         help="with --model-process, how often in 10 minutes a model process that died or "
         "stalled is started again while its sessions wait (the finals it was decoding "
         "are decoded again); 0: fail for good at once [STREAMER_MODEL_RESTARTS, %(default)s]",
@@ -257,7 +263,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         g,
         "--workers",
         pool.DEFAULT_WORKERS_PER_DEVICE,
-        int,
+        _within(int, 1),
         help="model workers per device, each with its own thread and model copy; "
         "sessions go to the least loaded (on a CPU, --threads is shared between them) "
         "[STREAMER_WORKERS, %(default)s]",
@@ -291,7 +297,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         c,
         "--funasr-port",
         server.funasr_port,
-        int,
+        _within(int, 0, 65535),
         help="serve FunASR's runtime WebSocket protocol on ws://HOST:PORT/ for "
         "funasr-client, funasr-python and FunASR's html5 demo (FunASR uses 10095; "
         "docs/funasr.md); --token is then required as ?token= in the URL",
@@ -300,7 +306,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         c,
         "--wyoming-port",
         server.wyoming_port,
-        int,
+        _within(int, 0, 65535),
         help="serve Wyoming, Home Assistant's speech protocol, on tcp://HOST:PORT "
         "(convention 10300; docs/wyoming.md)",
     )
@@ -314,7 +320,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "so bind it to a trusted network only",
     )
     _add_logging_arguments(p)
-    p.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
+    _flag(
+        p,
+        "--no-uvloop",
+        False,
+        _bool,
+        action="store_true",
+        help="use asyncio's default event loop",
+    )
     p.set_defaults(func=_cmd_serve)
 
 
@@ -372,10 +385,6 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
     from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot, plan_slots
     from streamer.model.worker import ModelWorker, SpeechRecognizer, WorkerOptions
 
-    if args.decode_timeout_s <= 0:
-        raise ConfigError("--decode-timeout-s must be positive")
-    if args.model_restarts < 0:
-        raise ConfigError("--model-restarts must be 0 (fail at once) or more")
     devices = resolve_devices(args.device)
     base = _recognizer_options(argparse.Namespace(**{**vars(args), "device": devices[0]}))
     for device in devices:  # impossible devices, missing files: fail in seconds
@@ -490,6 +499,10 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         for sig in handlers:
             loop.remove_signal_handler(sig)
+        # from now on SIGTERM or SIGINT (again) ends the grace period: sessions are
+        # aborted, and the process still exits through the same clean path
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, server.cut_grace_short)
         ready.cancel()
         stopped.cancel()
         failed.cancel()
@@ -498,6 +511,8 @@ async def _serve(args: argparse.Namespace) -> int:
         # for that thread (a daemon, it ends with the process)
         usable = worker.ready.is_set() and server.failure is None
         await asyncio.to_thread(worker.stop, 5.0 if usable else 0.0)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
     if server.failure is not None:
         logger.error("exiting with status %d: %s", EXIT_MODEL_FAILED, server.failure)
         return EXIT_MODEL_FAILED

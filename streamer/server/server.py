@@ -154,6 +154,15 @@ class ServerOptions:
         )
 
 
+def _listen_error(host: str, port: int, flag: str, error: OSError) -> ConfigError:
+    if error.errno == errno.EADDRINUSE:
+        return ConfigError(
+            f"cannot listen on {host}:{port}: the port is already in use "
+            f"(another server is running there?); choose another with {flag}"
+        )
+    return ConfigError(f"cannot listen on {host}:{port} ({flag}): {error.strerror or error}")
+
+
 class StreamingServer:
     """The server's lifecycle: :meth:`start`, then :meth:`shutdown` (or ``async with``).
 
@@ -184,6 +193,7 @@ class StreamingServer:
         )
         self._connections: set[Connection] = set()
         self._no_connections = asyncio.Event()
+        self._grace_cut = asyncio.Event()  # stop waiting for open sessions (a 2nd signal)
         self._no_connections.set()
         self._server: Server | None = None
         self._shutting_down = False
@@ -298,14 +308,7 @@ class StreamingServer:
                 server_header="sensevoice-streamer",
             )
         except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"cannot listen on {o.host}:{o.port}: the port is already in use "
-                    "(another server is running there?); choose another with --port"
-                ) from error
-            raise ConfigError(
-                f"cannot listen on {o.host}:{o.port}: {error.strerror or error}"
-            ) from error
+            raise _listen_error(o.host, o.port, "--port", error) from error
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
         scheme = "wss" if ssl_context else "ws"
         logger.info(
@@ -315,8 +318,12 @@ class StreamingServer:
             self.port,
             ", ".join(self._endpoints),
         )
-        for listener in self.listeners.values():
-            await listener.start()
+        for name, listener in self.listeners.items():
+            try:
+                await listener.start()
+            except OSError as error:
+                port = getattr(o, f"{name}_port")
+                raise _listen_error(o.host, port, f"--{name}-port", error) from error
 
     async def wait_ready(self) -> None:
         """Wait until the model is loaded and warmed; raises its loading error."""
@@ -393,12 +400,16 @@ class StreamingServer:
         grace_s = self.options.shutdown_grace_s
         if self._failure is not None:
             grace_s = min(grace_s, FAILED_GRACE_S)
-        try:
-            async with asyncio.timeout(grace_s):
-                await self._no_connections.wait()
-        except TimeoutError:
+        waits = {
+            asyncio.ensure_future(self._no_connections.wait()),
+            asyncio.ensure_future(self._grace_cut.wait()),
+        }
+        await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        if self._connections and not self._grace_cut.is_set():
             logger.warning("grace period over: aborting %d sessions", len(self._connections))
-        if self._failure is not None:
+        if self._failure is not None and not self._grace_cut.is_set():
             # stay up (unready) for the whole grace period, so that probes see the 503
             # and its reason before the supervisor sees the exit
             await asyncio.sleep(max(0.0, started + grace_s - loop.time()))
@@ -424,6 +435,13 @@ class StreamingServer:
         if self._lag_task is not None:
             self._lag_task.cancel()
         self.metrics.model_ready.set(0)
+
+    def cut_grace_short(self) -> None:
+        """Stop waiting for open sessions: :meth:`shutdown` aborts them now (SIGTERM or
+        SIGINT again while it waits)."""
+        if self._shutting_down and not self._grace_cut.is_set():
+            logger.warning("shutting down at once: aborting %d sessions", len(self._connections))
+        self._grace_cut.set()
 
     async def __aenter__(self) -> StreamingServer:
         await self.start()
