@@ -182,6 +182,15 @@ def test_autoscaler_targets_the_deployment_with_the_adapters_metric() -> None:
     assert 0 < float(metric["pods"]["target"]["averageValue"].rstrip("m")) / 1000 < 1
 
 
+def test_the_metrics_the_autoscaler_needs_can_be_scraped_without_the_token() -> None:
+    """With STREAMER_TOKEN, /metrics wants it too; the scrapes (annotations, PodMonitor)
+    send none, so the sessions metric (and the HPA) would be gone."""
+    if "STREAMER_TOKEN" in ENV:
+        monitor = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
+        authorised = all("authorization" in e for e in monitor["spec"]["podMetricsEndpoints"])
+        assert authorised or ENV.get("STREAMER_PUBLIC_METRICS") in ("1", "true")
+
+
 def test_dockerfile_copies_files_that_exist_and_installs_the_package_pinned() -> None:
     for sources in re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE, re.M):
         for source in sources.split():
