@@ -287,7 +287,7 @@ def test_the_cli_checks_every_listed_device() -> None:
         pool_of("--device", "cpu,cpu")
     with pytest.raises(ConfigError, match="device must be"):
         pool_of("--device", "cpu,gpu:1")
-    with pytest.raises(ConfigError, match="at least 1"):
+    with pytest.raises(SystemExit):  # refused by the parser, like any flag out of range
         pool_of("--workers", "0")
     pool = pool_of("--device", "cpu", "--workers", "2", "--threads", "2")
     assert [(s.device, s.threads) for s in pool.slots] == [("cpu", 1), ("cpu", 1)]

@@ -539,7 +539,11 @@ class Session:
             failure = result.failure or DecodeFailure.DECODE_FAILED  # a dropped final too
             code, message = failure.code, failure.client_message(job.segment_id)
             error = {"code": code, "message": message}
-            self._non_fatal_code(code, message)
+            if code == self.close_reason:
+                # the fatal error (model_stalled) said it already; the final carries it
+                self.stats.errors += 1
+            else:
+                self._non_fatal_code(code, message)
         self._emit(
             Final(
                 segment_id=job.segment_id,

@@ -578,7 +578,8 @@ class ModelWorker:
         return True
 
     def _fail(self, reason: str) -> None:
-        """Fail for good: answer every job waiting or running, then tell the server."""
+        """Fail for good: tell the server, then answer every job waiting or running (so
+        that a session hears the fatal error before the finals that failed with it)."""
         with self._lock:
             if self.failure is not None:
                 return
@@ -592,13 +593,13 @@ class ModelWorker:
             self._partials.clear()
             self._lock.notify_all()
         self._kill_model()  # a model process: end a stuck call
-        for item in waiting:
-            self._answer(item, _stalled(item.job, reason))
         if self.on_failure is not None:
             try:
                 self.on_failure(reason)
             except Exception:
                 logger.exception("failure hook failed")
+        for item in waiting:
+            self._answer(item, _stalled(item.job, reason))
 
     def _kill_model(self) -> None:
         """End a model process at once (a stuck call cannot be interrupted otherwise)."""
