@@ -133,3 +133,17 @@ def test_a_bad_environment_value_is_refused_like_a_bad_flag(
 def test_no_uvloop_has_its_environment_variable_too(monkeypatch) -> None:
     monkeypatch.setenv(ENV_PREFIX + "NO_UVLOOP", "1")
     assert subparser("serve").parse_args([]).no_uvloop is True
+
+
+def test_a_cache_dir_that_cannot_be_made_is_a_config_error(tmp_path) -> None:
+    """Said at start, with the path; it was a traceback from deep in the model's loading."""
+    from streamer.cli.common import _recognizer_options
+    from streamer.errors import ConfigError
+
+    (tmp_path / "a-file").write_text("")
+    args = subparser("serve").parse_args(["--cache-dir", str(tmp_path / "a-file" / "cache")])
+    with pytest.raises(ConfigError, match="--cache-dir .*a-file/cache cannot be used"):
+        _recognizer_options(args)
+    args = subparser("serve").parse_args(["--cache-dir", str(tmp_path / "new" / "cache")])
+    assert _recognizer_options(args).cache_dir == tmp_path / "new" / "cache"
+    assert (tmp_path / "new" / "cache").is_dir()

@@ -252,6 +252,12 @@ def _recognizer_options(args: argparse.Namespace) -> Any:
         warmup=not args.no_warmup,
     )
     if args.cache_dir is not None:
+        try:  # found now, not as a traceback from deep inside the model's loading
+            args.cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(
+                f"--cache-dir {args.cache_dir} cannot be used: {error.strerror or error}"
+            ) from None
         kwargs["cache_dir"] = args.cache_dir
     return RecognizerOptions(**kwargs)
 

@@ -343,7 +343,9 @@ class StreamingServer:
             error = self.worker.load_error
             if isinstance(error, ModelError | ConfigError):
                 raise error
-            raise ModelError(f"loading the model failed: {error!r}") from error
+            raise ModelError(
+                f"loading the model failed: {type(error).__name__}: {error}"
+            ) from error
         self.metrics.model_ready.set(1)
         logger.info("model ready: %s", self.worker.model_name)
 
