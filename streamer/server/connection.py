@@ -98,6 +98,24 @@ class ConnectionLimits:
     pacing: PacingLimits = PacingLimits()  # frames and bytes read per second at most
 
 
+def note_paced(
+    pacer: InputPacer,
+    wait_s: float,
+    session_id: str,
+    log: logging.LoggerAdapter[logging.Logger],
+    metrics: Metrics,
+) -> None:
+    """A reader waits ``wait_s`` for ``pacer``: counted, and logged the first time."""
+    if pacer.waits == 1:
+        log.info(
+            "session %s sends faster than %g messages or %g bytes a second: read paced",
+            session_id,
+            pacer.limits.max_messages_per_s,
+            pacer.limits.max_bytes_per_s,
+        )
+    metrics.input_paced_seconds_total.inc(wait_s)
+
+
 class Connection:
     """One socket <-> one adapter. :meth:`run` returns when the connection is over."""
 
@@ -362,7 +380,7 @@ class Connection:
                 self._receive(message)
                 wait_s = self._pacer.charge(self._loop.time(), len(message))
                 if wait_s > 0:
-                    self._paced(wait_s)
+                    note_paced(self._pacer, wait_s, self.session.session_id, self.log, self.metrics)
                     await self._pause(asyncio.sleep(wait_s))
             # keep reading until the peer acknowledges the close
             while True:
@@ -381,17 +399,6 @@ class Connection:
             self._paused_total_s += now - self._paused_since
             self._paused_since = None
             self._last_input = now
-
-    def _paced(self, wait_s: float) -> None:
-        if self._pacer.waits == 1:  # the first wait: say it once
-            pacing = self.limits.pacing
-            self.log.info(
-                "session %s sends faster than %g messages or %g bytes a second: read paced",
-                self.session.session_id,
-                pacing.max_messages_per_s,
-                pacing.max_bytes_per_s,
-            )
-        self.metrics.input_paced_seconds_total.inc(wait_s)
 
     async def _write(self) -> None:
         while True:

@@ -36,7 +36,7 @@ from streamer.core.wire import OutFrame
 from streamer.errors import ProtocolError
 from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
-from streamer.server.connection import ConnectionLimits
+from streamer.server.connection import ConnectionLimits, note_paced
 from streamer.server.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -226,13 +226,7 @@ class WyomingConnection:
             self._receive(data)
             wait_s = self._pacer.charge(self._loop.time(), len(data))
             if wait_s > 0:
-                if self._pacer.waits == 1:  # the first wait: say it once
-                    self.log.info(
-                        "session %s sends faster than %g bytes a second: read paced",
-                        self.session.session_id,
-                        self._pacer.limits.max_bytes_per_s,
-                    )
-                self.metrics.input_paced_seconds_total.inc(wait_s)
+                note_paced(self._pacer, wait_s, self.session.session_id, self.log, self.metrics)
                 await asyncio.sleep(wait_s)
 
     async def _write(self) -> None:
