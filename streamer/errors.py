@@ -16,6 +16,8 @@
         │   └── MessageTooBig               a frame or line over its size limit
         ├── InvalidOption               an option value is wrong (close 1008)
         ├── UnsupportedSampleRate       sample rate not supported (close 1003)
+        ├── UndecodableAudio            audio bytes that are not the declared or detected
+        │                                 encoding, or a corrupt container (close 1003)
         └── UnexpectedMessage           valid message at the wrong time (not fatal)
 
 Each :class:`ProtocolError` names its wire ``code`` and whether it ends the session;
@@ -40,6 +42,7 @@ __all__ = [
     "InvalidOption",
     "UnsupportedSampleRate",
     "UnexpectedMessage",
+    "UndecodableAudio",
     "close_code_for",
 ]
 
@@ -147,9 +150,16 @@ class UnsupportedSampleRate(InvalidOption):
     code = "unsupported_sample_rate"
 
 
+class UndecodableAudio(ProtocolError):
+    """Audio that cannot be decoded: not the declared encoding, a corrupt or truncated
+    container, a header that never completes, or a change of format mid-stream."""
+
+    code = "undecodable_audio"
+
+
 def close_code_for(error: BaseException) -> int:
     """The WebSocket close code that ends a session because of ``error``."""
-    if isinstance(error, UnsupportedSampleRate):
+    if isinstance(error, UnsupportedSampleRate | UndecodableAudio):
         return CLOSE_UNSUPPORTED_DATA
     if isinstance(error, ProtocolError):
         return CLOSE_POLICY_VIOLATION

@@ -89,7 +89,7 @@ async def test_deepgram_raw_session(fake_server) -> None:
 
 @pytest.mark.parametrize(
     "query",
-    ["encoding=opus", "encoding=linear16&sample_rate=11025", "channels=2&multichannel=true"],
+    ["encoding=speex", "encoding=linear16&sample_rate=11025", "channels=2&multichannel=true"],
 )
 async def test_deepgram_unusable_audio_is_refused_before_the_upgrade(fake_server, query) -> None:
     status, body, headers = await refused(ws_url(fake_server, f"/v1/listen?{query}"))

@@ -4,6 +4,8 @@
   that do no I/O, and never reads a clock (no ``time``, ``datetime``, ``asyncio``).
 - ``streamer/model/`` and ``streamer/testkit/`` (which builds models) are the only
   importers of torch, funasr and onnxruntime.
+- ``streamer/media/`` is the only importer of PyAV (``av``, FFmpeg), and imports neither
+  the server nor the model.
 - Only the CLI configures logging; nothing in the package prints.
 """
 
@@ -103,6 +105,20 @@ def test_model_libraries_only_in_model_and_testkit(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", _modules(), ids=_rel)
+def test_ffmpeg_only_in_media(path: Path) -> None:
+    if path.relative_to(PACKAGE).parts[0] == "media":
+        bad = {
+            name
+            for name in _imports(path)
+            if name.startswith(("streamer.server", "streamer.model", "streamer.cli"))
+            or _top(name) in MODEL_LIBRARIES
+        }
+    else:
+        bad = {name for name in _imports(path) if _top(name) == "av"}
+    assert not bad, f"{_rel(path)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=_rel)
 def test_no_print_and_no_logging_configuration_outside_the_cli(path: Path) -> None:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     calls = set()
@@ -138,7 +154,7 @@ def test_importing_the_core_loads_no_io_or_model_library() -> None:
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)
-        + "bad = [m for m in ('asyncio', 'websockets', 'torch', 'funasr', 'onnxruntime')"
+        + "bad = [m for m in ('asyncio', 'websockets', 'torch', 'funasr', 'onnxruntime', 'av')"
         " if m in sys.modules]\n" + "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

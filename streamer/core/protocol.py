@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import orjson
 
 from streamer.core.audio import SAMPLE_RATE
+from streamer.core.containers import ENCODINGS, PCM
 from streamer.core.segmenter import EndReason
 from streamer.errors import InvalidOption, MalformedMessage, UnsupportedSampleRate
 
@@ -42,6 +43,7 @@ class StreamOptions:
     partials: bool = True  # send partial results while a segment is open
     endpoint_ms: int = 500  # trailing non-speech that ends an utterance
     words: bool = False  # word timings on partials too (finals always carry them)
+    encoding: str = PCM  # binary frames: pcm_s16le, auto, or a container (ENCODINGS)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -112,6 +114,12 @@ def parse_stream_options(
                     f"sample rate {rate} Hz is not supported (supported: {rates})"
                 )
             changes[name] = rate
+        elif name == "encoding":
+            if not isinstance(value, str) or value.strip().lower() not in ENCODINGS:
+                raise InvalidOption(
+                    f"option 'encoding' must be one of {', '.join(ENCODINGS)}, got {value!r}"
+                )
+            changes[name] = value.strip().lower()
         elif name == "endpoint_ms":
             ms = _parse_int(name, value, strings)
             if not MIN_ENDPOINT_MS <= ms <= MAX_ENDPOINT_MS:

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamer.core import protocol
-from streamer.core.protocol import ServerMessage
-from streamer.core.session import Session
+from streamer.core.containers import PCM, AudioInput, DecoderFactory
+from streamer.core.protocol import ServerMessage, StopMessage
+from streamer.core.session import Session, State
+from streamer.errors import CLOSE_UNSUPPORTED_DATA, ProtocolError, UndecodableAudio
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class WireAdapter:
             for message in self.session.messages_to_send()
         ]
 
+    def release(self) -> None:
+        """The connection is over (whatever way it ended): free what the adapter holds."""
+
     @property
     def close_code(self) -> int | None:
         return self.session.close_code
@@ -65,4 +70,58 @@ class WireAdapter:
 
 
 class V1Adapter(WireAdapter):
-    """Protocol v1 (``docs/protocol.md``): the session's own messages, as JSON."""
+    """Protocol v1 (``docs/protocol.md``): the session's own messages, as JSON.
+
+    With the stream option ``encoding`` other than ``pcm_s16le``, binary frames go
+    through an :class:`AudioInput` (containers decoded by ``open_decoder``, which the
+    server gives) before the session; bytes that are not that encoding end the session
+    with ``undecodable_audio`` (close 1003) after the finals of what was decoded.
+    """
+
+    def __init__(self, session: Session, open_decoder: DecoderFactory | None = None) -> None:
+        super().__init__(session)
+        self._open_decoder = open_decoder
+        self._input: AudioInput | None = None  # made at the first binary frame
+
+    def receive_bytes(self, data: bytes) -> None:
+        stream = self.session.stream
+        if self._input is None:
+            if stream.encoding == PCM or self.session.state is not State.CONFIGURING:
+                self.session.receive_audio(data)
+                return
+            self._input = AudioInput(stream.encoding, stream.sample_rate, self._open_decoder)
+        if self.session.state in (State.STOPPING, State.ENDED):
+            self.session.receive_audio(data)  # the session says what late audio gets
+            return
+        try:
+            pcm = self._input.push(data)
+        except UndecodableAudio as error:
+            self._undecodable(error)
+            return
+        if pcm:
+            self.session.receive_audio(pcm)
+
+    def receive_text(self, text: str) -> None:
+        if self._input is not None and self.session.state in (State.CONFIGURING, State.STREAMING):
+            try:
+                stop = isinstance(protocol.parse_client_message(text), StopMessage)
+            except ProtocolError:
+                stop = False  # the session answers it
+            if stop:  # the decoder's tail goes before the end of the stream
+                try:
+                    pcm = self._input.flush()
+                except UndecodableAudio as error:
+                    self._undecodable(error)
+                    return
+                if pcm:
+                    self.session.receive_audio(pcm)
+        self.session.receive_text(text)
+
+    def _undecodable(self, error: UndecodableAudio) -> None:
+        if self._input is not None:
+            self._input.close()
+        self.session.expire(error.code, error.message, CLOSE_UNSUPPORTED_DATA)
+
+    def release(self) -> None:
+        if self._input is not None:
+            self._input.close()

@@ -23,6 +23,7 @@ from streamer.core.compat.deepgram import DeepgramAdapter, ListenOptions
 from streamer.core.compat.openai_realtime import RealtimeAdapter, RealtimeOptions
 from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session
+from streamer.media import open_decoder
 from streamer.server.http import Endpoint, Negotiation, json_response, offered_subprotocols
 
 
@@ -49,7 +50,9 @@ def _deepgram_negotiate(
     request_id, created = str(uuid.uuid4()), _now_iso()
 
     def make_adapter(session: Session) -> DeepgramAdapter:
-        return DeepgramAdapter(session, options, request_id=request_id, created=created)
+        return DeepgramAdapter(
+            session, options, request_id=request_id, created=created, open_decoder=open_decoder
+        )
 
     return Negotiation(options.stream, make_adapter)
 

@@ -358,6 +358,7 @@ class Connection:
             self._gone = True  # late worker results have nowhere to go
             for task in tasks:
                 task.cancel()
+            self.adapter.release()
             self.worker.drop_session(sid)
 
     async def _close(self, code: int, reason: str) -> None:

@@ -23,6 +23,7 @@ from websockets.http11 import Request, Response
 from streamer.core.protocol import StreamOptions, parse_stream_options
 from streamer.core.session import Session
 from streamer.core.wire import V1Adapter, WireAdapter
+from streamer.media import open_decoder
 
 logger = logging.getLogger(__name__)
 
@@ -157,11 +158,15 @@ class Endpoint:
         return self.refusal(status, code, message)
 
 
+def _v1_adapter(session: Session) -> V1Adapter:
+    return V1Adapter(session, open_decoder=open_decoder)  # containers with encoding=...
+
+
 V1_ENDPOINT = Endpoint(
     name="v1",
     presented_token=bearer_or_query_token,
     auth_hint="a valid token is required (Authorization: Bearer or ?token=)",
-    make_adapter=V1Adapter,
+    make_adapter=_v1_adapter,
 )
 
 

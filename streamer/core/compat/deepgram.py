@@ -15,6 +15,12 @@ from the core's messages:
 - ``Finalize`` with no open utterance is answered with an empty ``from_finalize`` result,
   in order after the finals still decoding (pipecat waits for one after every Finalize);
 - ``CloseStream`` -> every final, then ``Metadata``, then close 1000.
+
+Audio: with no ``encoding`` the container is recognised by its first bytes, as Deepgram
+does (WebM, Ogg, FLAC, WAV, MP3: :mod:`streamer.core.containers`), else it is
+``linear16``; ``encoding=opus`` and ``ogg-opus`` are Ogg Opus, ``flac`` FLAC. Bytes that
+are not what was declared or detected, or a corrupt container, get an ``Error``
+(``DATA-0000``, Deepgram's) after the finals of what was decoded, then close 1008.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import orjson
 from streamer.core import protocol
 from streamer.core.compat import common
 from streamer.core.compat.audio import ENCODINGS, AudioDecoder
+from streamer.core.containers import AUTO, PCM, AudioInput, DecoderFactory
 from streamer.core.protocol import (
     End,
     Error,
@@ -42,12 +49,20 @@ from streamer.core.protocol import (
 )
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter
-from streamer.errors import InvalidOption, UnexpectedMessage, UnsupportedSampleRate
+from streamer.errors import (
+    CLOSE_POLICY_VIOLATION,
+    InvalidOption,
+    UndecodableAudio,
+    UnexpectedMessage,
+    UnsupportedSampleRate,
+)
 
 PATH = "/v1/listen"
 MAX_CHANNELS = 8  # more interleaved channels than this are refused
 TELEPHONY_SAMPLE_RATE = 8000  # the default rate of mulaw and alaw
 SUBPROTOCOL = "token"  # browsers send ["token", KEY] and need "token" echoed
+CONTAINER_ENCODINGS = {"opus": "ogg", "ogg-opus": "ogg", "flac": "flac"}  # Deepgram's names
+_ERROR_VARIANTS = {"undecodable_audio": "DATA-0000"}  # what Deepgram calls the core's codes
 _MODEL_NAMESPACE = uuid.UUID("5b0e7f6a-2c51-4e8e-9a43-0a6c1f1c9d11")  # model_uuid from its name
 
 
@@ -56,7 +71,8 @@ class ListenOptions:
     """A Deepgram session's options, read from the handshake's query."""
 
     stream: StreamOptions  # what the core session gets (the rate is the decoded audio's)
-    encoding: str = "linear16"  # one of ENCODINGS
+    encoding: str = "linear16"  # one of ENCODINGS: the raw audio's, when it is raw
+    container: str = PCM  # PCM (raw, as encoding says), AUTO (no encoding given) or one
     channels: int = 1  # interleaved channels, averaged to mono
     vad_events: bool = False  # send SpeechStarted
     utterance_end_ms: int | None = None  # send UtteranceEnd after each spoken utterance
@@ -71,14 +87,21 @@ def parse_listen_query(query: Mapping[str, str], defaults: StreamOptions) -> Lis
     Unknown parameters (``model``, ``diarize``, ``filler_words``...) are ignored;
     ``endpointing`` is clamped to what the segmenter accepts.
     """
-    encoding = query.get("encoding", "linear16").strip().lower()
-    if encoding not in ENCODINGS:
+    given = query.get("encoding")
+    encoding = "linear16" if given is None else given.strip().lower()
+    container = AUTO if given is None else CONTAINER_ENCODINGS.get(encoding, PCM)
+    if container == PCM and encoding not in ENCODINGS:
+        supported = ", ".join((*ENCODINGS, *CONTAINER_ENCODINGS))
         raise InvalidOption(
-            f"encoding {encoding!r} is not supported (supported: {', '.join(ENCODINGS)}; "
-            "send raw PCM, not a container such as WAV or MP3)"
+            f"encoding {encoding!r} is not supported (supported: {supported}; "
+            "omit it for a container such as WebM, Ogg, MP3, FLAC or WAV)"
         )
+    if container not in (PCM, AUTO):
+        encoding = "linear16"  # what the decoder makes of it
     default_rate = protocol.NATIVE_SAMPLE_RATE if encoding == "linear16" else TELEPHONY_SAMPLE_RATE
     rate = common.lenient_int(query.get("sample_rate", default_rate))
+    if container not in (PCM, AUTO):
+        rate = protocol.NATIVE_SAMPLE_RATE  # a container says its own; decoded to 16 kHz
     if rate not in protocol.SUPPORTED_SAMPLE_RATES:
         rates = ", ".join(map(str, protocol.SUPPORTED_SAMPLE_RATES))
         raise UnsupportedSampleRate(
@@ -108,6 +131,7 @@ def parse_listen_query(query: Mapping[str, str], defaults: StreamOptions) -> Lis
     return ListenOptions(
         stream=replace(defaults, **changes),
         encoding=encoding,
+        container=container,
         channels=channels,
         vad_events=common.lenient_bool(query.get("vad_events"), False),
         utterance_end_ms=utterance_end_ms if utterance_end_ms and utterance_end_ms > 0 else None,
@@ -150,7 +174,13 @@ class DeepgramAdapter(WireAdapter):
     name = "deepgram"
 
     def __init__(
-        self, session: Session, options: ListenOptions, *, request_id: str, created: str
+        self,
+        session: Session,
+        options: ListenOptions,
+        *,
+        request_id: str,
+        created: str,
+        open_decoder: DecoderFactory | None = None,
     ) -> None:
         super().__init__(session)
         self.options = options
@@ -164,6 +194,7 @@ class DeepgramAdapter(WireAdapter):
             "model_uuid": self._model_uuid,
         }
         self._decoder = AudioDecoder(options.encoding, options.channels)
+        self._input = AudioInput(options.container, session.stream.sample_rate, open_decoder)
         self._sha256 = hashlib.sha256()
         self._frames: list[OutFrame] = []
         self._finals_seen = 0
@@ -177,9 +208,23 @@ class DeepgramAdapter(WireAdapter):
         if self._close_requested or self.session.state in (State.STOPPING, State.ENDED):
             return  # Deepgram ignores audio after CloseStream
         self._sha256.update(data)
-        pcm = self._decoder.push(data)
+        try:
+            self._receive_audio(self._input.push(data))
+        except UndecodableAudio as error:
+            self._undecodable(error)
+
+    def _receive_audio(self, data: bytes) -> None:
+        """Raw audio, or what the container decoded to (mono s16le already)."""
+        pcm = data if self._input.container else self._decoder.push(data)
         if pcm:
             self.session.receive_audio(pcm)
+
+    def _undecodable(self, error: UndecodableAudio) -> None:
+        self._input.close()
+        self.session.expire(error.code, error.message, CLOSE_POLICY_VIOLATION)
+
+    def release(self) -> None:
+        self._input.close()
 
     def receive_text(self, text: str) -> None:
         if self.session.state is State.ENDED:
@@ -216,6 +261,12 @@ class DeepgramAdapter(WireAdapter):
         if self._close_requested:
             return
         self._close_requested = True
+        if self.session.state in (State.CONFIGURING, State.STREAMING):
+            try:  # the decoder's tail goes before the end
+                self._receive_audio(self._input.flush())
+            except UndecodableAudio as error:
+                self._undecodable(error)
+                return
         try:
             self.session.stop()
         except UnexpectedMessage:
@@ -349,6 +400,7 @@ class DeepgramAdapter(WireAdapter):
         original: str | None = None,
         message: ServerMessage | None = None,
     ) -> None:
+        variant = _ERROR_VARIANTS.get(variant, variant)
         error: dict[str, Any] = {"type": "Error", "variant": variant, "description": description}
         if original is not None:
             error["message"] = original[:1000]
