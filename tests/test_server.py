@@ -335,7 +335,7 @@ async def test_unpaced_long_stream_is_back_pressured(make_fake_server):
 async def test_stream_options_travel_as_query(fake_server):
     # every stream option the client sets reaches the session (the ready echoes them)
     chosen = StreamOptions(language="en", itn=False, sample_rate=8000, partials=False,
-                           endpoint_ms=800, words=True)  # fmt: skip
+                           endpoint_ms=800, words=True, encoding="auto")  # fmt: skip
     assert all(getattr(chosen, f.name) != getattr(StreamOptions(), f.name)
                for f in dataclasses.fields(StreamOptions))  # fmt: skip
     options = ClientOptions(url=fake_server.url, stream=chosen)
