@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import orjson
@@ -17,8 +17,17 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from streamer.model.worker import ModelWorker, SpeechRecognizer
-from streamer.server.server import ServerOptions, StreamingServer
+from streamer.server.server import ConnectionLimits, ServerOptions, StreamingServer
 from tests.fakes import FakeRecognizer, loudness_classifier
+
+LIMIT_FIELDS = frozenset(f.name for f in fields(ConnectionLimits))
+
+
+def server_options(**options) -> ServerOptions:
+    """``ServerOptions`` from flat keywords: a :class:`ConnectionLimits` field's name
+    (``idle_timeout_s=1``) goes into ``limits``."""
+    limits = {name: options.pop(name) for name in list(options) if name in LIMIT_FIELDS}
+    return ServerOptions(**options, limits=ConnectionLimits(**limits))
 
 
 class ServerThread:
@@ -110,7 +119,7 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
         **options,
     ) -> ServerThread:
         thread = ServerThread(
-            load, ServerOptions(**options), classifier_factory, decode_timeout_s=decode_timeout_s
+            load, server_options(**options), classifier_factory, decode_timeout_s=decode_timeout_s
         )
         started.append(thread)
         return thread.start(wait_ready=wait_ready)

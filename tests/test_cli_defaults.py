@@ -18,7 +18,7 @@ from streamer.model.pool import DEFAULT_WORKERS_PER_DEVICE
 from streamer.model.recognizer import RecognizerOptions
 from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL_PROCESS, WorkerOptions
 from streamer.server import server as server_module
-from streamer.server.server import ServerOptions
+from streamer.server.server import ConnectionLimits, ServerOptions
 
 # flags whose value is not a field of the same name, and what their default must be
 RENAMED: dict[str, Any] = {
@@ -35,7 +35,7 @@ RENAMED: dict[str, Any] = {
 }
 # flags that set no option field
 NOT_OPTIONS = {"help", "func", "vad", "log_level", "log_format", "no_uvloop", "cache_dir"}
-OWNERS = (ServerOptions, SessionOptions, SegmenterOptions, RecognizerOptions)
+OWNERS = (ServerOptions, ConnectionLimits, SessionOptions, SegmenterOptions, RecognizerOptions)
 
 
 def subparser(name: str) -> argparse.ArgumentParser:

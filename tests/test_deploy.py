@@ -145,7 +145,7 @@ def test_shutdown_fits_in_the_termination_grace_period() -> None:
     (sleep_s,) = (float(w) for w in re.findall(r"sleep (\d+(?:\.\d+)?)", script))
     drain_s = float(ENV["STREAMER_DRAIN_S"])
     grace_s = float(ENV["STREAMER_SHUTDOWN_GRACE_S"])
-    close_s = ServerOptions().close_timeout_s
+    close_s = ServerOptions().limits.close_timeout_s
     assert POD["terminationGracePeriodSeconds"] > sleep_s + drain_s + grace_s + close_s
     # the balancer notices a drain before it ends: readiness is probed within the drain
     probe = CONTAINER["readinessProbe"]
@@ -216,7 +216,7 @@ def test_dockerfile_copies_files_that_exist_and_installs_the_package_pinned() ->
 
 
 def test_proxy_timeouts_outlast_the_servers_idle_timeout() -> None:
-    idle_s = ServerOptions().idle_timeout_s
+    idle_s = ServerOptions().limits.idle_timeout_s
     nginx = (REPO / "deploy" / "nginx.conf").read_text()
     for directive in ("proxy_read_timeout", "proxy_send_timeout", "send_timeout"):
         (value,) = re.findall(rf"^\s*{directive} (\d+)s;", nginx, re.M)

@@ -11,7 +11,7 @@ from websockets.asyncio.client import connect
 
 from streamer.core.pacing import InputPacer, PacingLimits
 from streamer.errors import ConfigError
-from streamer.server.server import ServerOptions
+from streamer.server.server import ConnectionLimits
 
 
 def test_a_client_within_its_rates_and_burst_is_never_held() -> None:
@@ -65,7 +65,7 @@ def test_impossible_limits_are_refused(limits: dict) -> None:
     if "burst_s" not in limits:
         name = next(iter(limits))
         with pytest.raises(ConfigError):
-            ServerOptions(**{name.replace("max_", "max_input_"): limits[name]})
+            ConnectionLimits(**{name.replace("max_", "max_input_"): limits[name]})
 
 
 async def test_a_server_reads_a_flood_of_tiny_frames_at_its_rate_and_loses_none(

@@ -20,7 +20,7 @@ from websockets.exceptions import InvalidStatus
 from streamer.client.connection import ClientOptions, StreamingClient
 from streamer.client.streaming import transcribe
 from streamer.core.protocol import Final, StreamOptions
-from streamer.server.connection import WS_MAX_QUEUE_FRAMES
+from streamer.server.options import WS_MAX_QUEUE_FRAMES
 from streamer.testkit import speech as synth
 from tests.fakes import (
     DyingRecognizer,
@@ -71,7 +71,7 @@ async def never_reading_client(server):
     # Loopback send buffers grow to megabytes; a small one stands in for a peer that has
     # been stalled long enough to fill them, so the server's writes block soon.
     await wait_until(lambda: server.server.session_count == 1, "the session")
-    (connection,) = server.server._connections
+    (connection,) = server.server.admission.connections
     server_sock = connection.ws.transport.get_extra_info("socket")
     server.loop.call_soon_threadsafe(
         server_sock.setsockopt, socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
@@ -89,7 +89,7 @@ async def make_server_write(ws, pairs: int = 20000, server=None) -> None:
         await ws.send("junk")
         if server is not None and i % 100 == 99:
             await asyncio.sleep(0.02)
-            if any(c._send_blocked for c in server.server._connections):
+            if any(c._send_blocked for c in server.server.admission.connections):
                 return
     if server is not None:
         raise AssertionError("the server's writes never blocked")
@@ -137,11 +137,11 @@ async def test_backlog_holds_at_most_the_documented_bound(fake):
         await wait_until(
             lambda: (
                 server.server.session_count == 1
-                and not next(iter(server.server._connections))._backlog_has_room.is_set()
+                and not next(iter(server.server.admission.connections))._backlog_has_room.is_set()
             ),
             "reading to pause",
         )
-        (connection,) = server.server._connections
+        (connection,) = server.server.admission.connections
         assert connection.ws.max_queue_high == WS_MAX_QUEUE_FRAMES  # websockets' own queue
         read_bytes = metric(server, "streamer_audio_seconds_total") * 32000
         consumed = connection.session.stats.audio_samples_in * 2

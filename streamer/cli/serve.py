@@ -145,14 +145,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     _flag(
         g,
         "--idle-timeout-s",
-        server.idle_timeout_s,
+        server.limits.idle_timeout_s,
         _within(float, 0.01),
         help="end sessions that send no audio and no valid message for this long [%(default)s]",
     )
     _flag(
         g,
         "--max-session-s",
-        server.max_session_s,
+        server.limits.max_session_s,
         _within(float, 0.01),
         help="longest session [%(default)s]",
     )
@@ -166,7 +166,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     _flag(
         g,
         "--max-backlog-bytes",
-        server.max_backlog_bytes,
+        server.limits.max_backlog_bytes,
         _within(int, 1024),
         help="audio a session may send ahead of the model before the server stops "
         "reading its socket [%(default)s]",
@@ -190,14 +190,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     _flag(
         g,
         "--write-timeout-s",
-        server.write_timeout_s,
+        server.limits.write_timeout_s,
         _within(float, 0.01),
         help="close (1008) a client that reads nothing for this long [%(default)s]",
     )
     _flag(
         g,
         "--max-input-messages-per-s",
-        server.max_input_messages_per_s,
+        server.limits.max_input_messages_per_s,
         _within(float, 1),
         help="read one client's WebSocket messages no faster than this (after a 1 s burst; "
         "TCP then pushes back on that client alone) [%(default)s]",
@@ -205,7 +205,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     _flag(
         g,
         "--max-input-bytes-per-s",
-        server.max_input_bytes_per_s,
+        server.limits.max_input_bytes_per_s,
         _within(float, 1000),
         help="read one client's bytes no faster than this (the default is 50x real time "
         "for 16 kHz int16) [%(default)s]",
@@ -334,7 +334,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _server_options(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
-    from streamer.server.server import ServerOptions
+    from streamer.server.server import ConnectionLimits, ServerOptions
 
     default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
     # endpoint_ms is a stream option (clients may choose theirs); this is its default
@@ -355,14 +355,16 @@ def _server_options(args: argparse.Namespace) -> Any:
         certfile=args.certfile,
         keyfile=args.keyfile,
         max_message_bytes=args.max_message_bytes,
-        max_backlog_bytes=args.max_backlog_bytes,
-        idle_timeout_s=args.idle_timeout_s,
-        max_session_s=args.max_session_s,
+        limits=ConnectionLimits(
+            max_backlog_bytes=args.max_backlog_bytes,
+            idle_timeout_s=args.idle_timeout_s,
+            max_session_s=args.max_session_s,
+            write_timeout_s=args.write_timeout_s,
+            max_input_messages_per_s=args.max_input_messages_per_s,
+            max_input_bytes_per_s=args.max_input_bytes_per_s,
+        ),
         shutdown_grace_s=args.shutdown_grace_s,
         drain_s=args.drain_s,
-        write_timeout_s=args.write_timeout_s,
-        max_input_messages_per_s=args.max_input_messages_per_s,
-        max_input_bytes_per_s=args.max_input_bytes_per_s,
         public_metrics=args.public_metrics,
         vad_aggressiveness=args.vad_aggressiveness,
         default_stream=default_stream,

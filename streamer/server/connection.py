@@ -37,65 +37,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 import time
 from collections import deque
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import cast
+from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamer.core.audio import BYTES_PER_SAMPLE, SAMPLE_RATE
+from streamer.core import protocol
+from streamer.core.audio import BYTES_PER_SAMPLE
 from streamer.core.jobs import DecodeResult
-from streamer.core.pacing import InputPacer, PacingLimits
+from streamer.core.pacing import InputPacer
 from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechStart
 from streamer.core.session import State
 from streamer.core.wire import OutFrame, WireAdapter
-from streamer.errors import CLOSE_INTERNAL_ERROR, CLOSE_POLICY_VIOLATION
+from streamer.errors import (
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_TRY_AGAIN_LATER,
+    ProtocolError,
+    close_code_for,
+)
 from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
+from streamer.server.admission import Admission, expire_for_failure
+from streamer.server.http import Endpoint
 from streamer.server.metrics import Metrics
+from streamer.server.options import ConnectionLimits
 
 logger = logging.getLogger(__name__)
 
 BACKLOG_PIECE_BYTES = 32000  # backlogged audio is fed to the session in 1 s pieces (16 kHz)
-WS_MAX_QUEUE_FRAMES = 2  # frames websockets buffers before it stops reading the socket
-SEGMENT_PCM_BYTES = 7 * SAMPLE_RATE * BYTES_PER_SAMPLE  # one queued final's audio (7 s cap)
 MAX_OUTSTANDING_PINGS = 64  # unanswered pings tracked per connection (the oldest decides)
-
-
-def session_memory_bound_bytes(
-    max_backlog_bytes: int, max_message_bytes: int, max_outbox_bytes: int, max_pending_finals: int
-) -> int:
-    """The most client-controlled memory one session can hold (documented in protocol.md).
-
-    Our backlog, websockets' queue plus the frame being parsed, the outbox, and the audio
-    of the finals waiting for the model. Kernel socket buffers are not process memory.
-    """
-    return (
-        max_backlog_bytes
-        + (WS_MAX_QUEUE_FRAMES + 1) * max_message_bytes
-        + max_outbox_bytes
-        + (max_pending_finals + 1) * SEGMENT_PCM_BYTES
-    )
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """The per-connection limits a connection enforces (from the server's options)."""
-
-    max_pending_finals: int  # per session; client input waits in the backlog beyond this
-    max_backlog_bytes: int  # client input held back; reading the socket pauses beyond this
-    idle_timeout_s: float  # no audio or keepalive for this long ends the session
-    max_session_s: float  # longest session
-    close_timeout_s: float  # wait this long for the client's close acknowledgement
-    max_outbox_bytes: int = 1 << 20  # frames waiting to be sent; more closes with 1008
-    write_timeout_s: float = 15.0  # one send may wait this long for the client to read
-    ping_interval_s: float | None = 20.0  # keepalive pings; None sends none
-    ping_timeout_s: float | None = 20.0  # reading time a pong may take; None never times out
-    pacing: PacingLimits = PacingLimits()  # frames and bytes read per second at most
 
 
 def note_paced(
@@ -501,3 +478,72 @@ def _set_tcp_user_timeout(ws: ServerConnection, limits: ConnectionLimits) -> Non
     timeout_s = limits.ping_interval_s + (limits.ping_timeout_s or limits.ping_interval_s)
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
+
+
+async def serve_websocket(admission: Admission, ws: ServerConnection, endpoint: Endpoint) -> None:
+    """Serve one admitted WebSocket of ``endpoint``'s protocol until it is over."""
+    assert ws.request is not None  # the handshake is over
+    options, metrics = admission.options, admission.metrics
+    close_timeout_s = options.limits.close_timeout_s
+    if admission.full or admission.shutting_down:
+        # lost a race with other handshakes admitted at the same time
+        metrics.rejected_total.labels("server_full", endpoint.name).inc()
+        try:
+            async with asyncio.timeout(close_timeout_s):
+                await ws.close(CLOSE_TRY_AGAIN_LATER, "server full")
+        except TimeoutError:
+            ws.transport.abort()
+        return
+    session_id = secrets.token_hex(6)
+    query = dict(parse_qsl(urlsplit(ws.request.path).query))
+    try:
+        negotiation = endpoint.negotiation(ws.request, query, options.default_stream)
+    except ProtocolError as error:
+        logger.info("session %s refused: %s", session_id, error.message)
+        metrics.errors_total.labels(error.code).inc()
+        message = Error(code=error.code, message=error.message, fatal=True)
+        try:
+            async with asyncio.timeout(close_timeout_s):
+                if endpoint.negotiate is None:  # the others refused it before the upgrade
+                    await ws.send(protocol.encode(message), text=True)
+                await ws.close(close_code_for(error), error.code)
+        except (ConnectionClosed, TimeoutError):
+            ws.transport.abort()
+        return
+    stream = negotiation.stream
+    session = admission.new_session(stream, session_id)
+    adapter = negotiation.make_adapter(session)
+    adapter.start()
+    connection = Connection(ws, adapter, admission.worker, metrics, options.limits)
+    admission.track(connection, endpoint.name)
+    peer = ws.remote_address[0] if ws.remote_address else "?"
+    forwarded = ws.request.headers.get("X-Forwarded-For") if ws.request else None
+    if forwarded:  # behind a proxy (deploy/nginx.conf); logged, never trusted for limits
+        peer = f"{peer} for {forwarded[:200]}"
+    connection.log.info(
+        "session %s opened from %s (%s: %s)",
+        session_id,
+        peer,
+        endpoint.name,
+        ", ".join(f"{k}={v}" for k, v in stream.to_dict().items()),
+    )
+    try:
+        if admission.failure is not None:
+            expire_for_failure(connection)
+        elif admission.shutting_down:
+            connection.shutdown()
+        await connection.run()
+    except Exception:
+        connection.log.exception("session %s failed", session_id)
+    finally:
+        admission.untrack(connection, endpoint.name)
+        stats = session.stats
+        connection.log.info(
+            "session %s closed: %d segments, %.1f s audio, %d partials (%d skipped), %s",
+            session_id,
+            stats.segments,
+            session.audio_ms / 1000,
+            stats.partials_sent,
+            stats.partials_skipped,
+            "client gone" if session.state is not State.ENDED else f"code {session.close_code}",
+        )

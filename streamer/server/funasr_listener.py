@@ -1,18 +1,18 @@
 """The FunASR runtime protocol's own port (``--funasr-port``; FunASR's convention is 10095).
 
 A second websockets server whose every session is a :class:`FunAsrAdapter` on path ``/``,
-run by the main server's own handler, so it shares admission, ``--max-sessions``, the
-worker, the connection machinery and the graceful shutdown. The protocol itself is in
+served like the main port's sessions (:func:`~streamer.server.connection.serve_websocket`),
+so it shares admission, ``--max-sessions``, the worker, the connection machinery and the
+graceful shutdown. The protocol itself is in
 :mod:`streamer.core.compat.funasr`; ``docs/funasr.md`` is the user's page.
 """
 
 from __future__ import annotations
 
-import functools
 import http
 import logging
+import ssl
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -21,10 +21,9 @@ from websockets.typing import Subprotocol
 
 from streamer.core.compat.funasr import FunAsrAdapter
 from streamer.core.protocol import StreamOptions
+from streamer.server.admission import Admission
+from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
-
-if TYPE_CHECKING:
-    from streamer.server.server import StreamingServer
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +63,8 @@ class FunAsrListener:
 
     name = "funasr"
 
-    def __init__(self, server: StreamingServer, port: int) -> None:
-        self.server = server
+    def __init__(self, admission: Admission, port: int) -> None:
+        self.admission = admission
         self._requested_port = port
         self._server: Server | None = None
 
@@ -75,24 +74,24 @@ class FunAsrListener:
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
-    async def start(self) -> None:
-        o = self.server.options
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        o = self.admission.options
         self._server = await serve(
-            functools.partial(self.server._handle, endpoint=FUNASR_ENDPOINT),
+            self._handle,
             o.host,
             self._requested_port,
-            ssl=self.server.ssl_context,
+            ssl=ssl_context,
             process_request=self._process_request,
             select_subprotocol=_select_subprotocol,
             compression=None,
             max_size=o.max_message_bytes,
             max_queue=16,
-            ping_interval=o.ping_interval_s,
-            ping_timeout=o.ping_timeout_s,
-            close_timeout=o.close_timeout_s,
+            ping_interval=o.limits.ping_interval_s,
+            ping_timeout=o.limits.ping_timeout_s,
+            close_timeout=o.limits.close_timeout_s,
             server_header="sensevoice-streamer",
         )
-        scheme = "wss" if self.server.ssl_context else "ws"
+        scheme = "wss" if ssl_context else "ws"
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -102,7 +101,10 @@ class FunAsrListener:
                 http.HTTPStatus.NOT_FOUND,
                 {"error": "not_found", "message": f"FunASR clients connect to {PATH}"},
             )
-        return self.server._admit(request, FUNASR_ENDPOINT, dict(parse_qsl(url.query)))
+        return self.admission.check_request(request, FUNASR_ENDPOINT, dict(parse_qsl(url.query)))
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        await serve_websocket(self.admission, ws, FUNASR_ENDPOINT)
 
     def stop_accepting(self) -> None:
         """Refuse new connections; open sessions go on (the server shuts them down)."""

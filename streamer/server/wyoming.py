@@ -16,7 +16,6 @@ import contextlib
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
 
 from streamer import __version__
 from streamer.core.compat.wyoming import (
@@ -36,11 +35,10 @@ from streamer.core.wire import OutFrame
 from streamer.errors import ProtocolError
 from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
-from streamer.server.connection import ConnectionLimits, note_paced
+from streamer.server.admission import Admission
+from streamer.server.connection import note_paced
 from streamer.server.metrics import Metrics
-
-if TYPE_CHECKING:
-    from streamer.server.server import StreamingServer
+from streamer.server.options import ConnectionLimits
 
 logger = logging.getLogger(__name__)
 
@@ -259,13 +257,13 @@ class WyomingListener:
 
     name = "wyoming"
 
-    def __init__(self, server: StreamingServer, port: int) -> None:
-        self.server = server
+    def __init__(self, admission: Admission, port: int) -> None:
+        self.admission = admission
         self._requested_port = port
         self._server: asyncio.Server | None = None
         self._open: set[WyomingConnection] = set()
         self._unheard: set[asyncio.StreamWriter] = set()  # connected, nothing sent yet
-        self.limits = EventLimits(max_payload_bytes=server.options.max_message_bytes)
+        self.limits = EventLimits(max_payload_bytes=admission.options.max_message_bytes)
 
     @property
     def port(self) -> int:
@@ -273,8 +271,9 @@ class WyomingListener:
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
-    async def start(self) -> None:
-        o = self.server.options
+    async def start(self, ssl_context: object = None) -> None:
+        """Listen (plain TCP: Wyoming has no TLS; ``ssl_context`` is not used)."""
+        o = self.admission.options
         self._server = await asyncio.start_server(self._handle, o.host, self._requested_port)
         logger.info("Wyoming protocol on tcp://%s:%d", o.host, self.port)
 
@@ -310,7 +309,7 @@ class WyomingListener:
         def refuse() -> None:
             nonlocal refused
             refused = True
-            self.server.metrics.rejected_total.labels(code, WyomingAdapter.name).inc()
+            self.admission.metrics.rejected_total.labels(code, WyomingAdapter.name).inc()
             logger.info("refused a Wyoming connection: %s (%s)", code, message)
             writer.write(encode_event(WyomingEvent("error", {"text": message, "code": code})))
 
@@ -344,27 +343,33 @@ class WyomingListener:
             self._unheard.discard(writer)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        server = self.server
-        info = WyomingInfo(model_name=server.worker.model_name, version=__version__)
+        admission = self.admission
+        info = WyomingInfo(model_name=admission.worker.model_name, version=__version__)
         first_bytes = b""
-        refusal = server.refusal()
+        refusal = admission.refusal()
         if refusal is None:  # admitted, but the session (a slot) waits for the first bytes
             first_bytes = await self._first_bytes(reader, writer)
             if not first_bytes:  # nothing sent: no session was taken, nothing to answer
                 logger.debug("a Wyoming connection closed without sending anything")
                 writer.close()
                 return
-            refusal = server.refusal()  # the server may have filled up meanwhile
+            refusal = admission.refusal()  # the server may have filled up meanwhile
         if refusal is not None:
             await self._refuse(reader, writer, info, *refusal, first_bytes)
             return
-        session = server.new_session(server.options.default_stream)
+        session = admission.new_session(admission.options.default_stream)
         adapter = WyomingAdapter(session, info, self.limits)
         adapter.start()
         connection = WyomingConnection(
-            reader, writer, adapter, server.worker, server.metrics, server._limits, first_bytes
+            reader,
+            writer,
+            adapter,
+            admission.worker,
+            admission.metrics,
+            admission.options.limits,
+            first_bytes,
         )
-        server.track(connection, WyomingAdapter.name)
+        admission.track(connection, WyomingAdapter.name)
         self._open.add(connection)
         peer = writer.get_extra_info("peername")
         connection.log.info(
@@ -372,14 +377,14 @@ class WyomingListener:
         )
         started = time.perf_counter()
         try:
-            if server._shutting_down:
+            if admission.shutting_down:
                 connection.shutdown()
             await connection.run()
         except Exception:
             connection.log.exception("session %s failed", session.session_id)
         finally:
             self._open.discard(connection)
-            server.untrack(connection, WyomingAdapter.name)
+            admission.untrack(connection, WyomingAdapter.name)
             connection.log.info(
                 "session %s closed after %.1f s: %d segments, %.1f s audio, %s",
                 session.session_id,

@@ -1,0 +1,185 @@
+"""Who may open a session now: one :class:`Admission` shared by every listener.
+
+It holds the server-wide state a new session depends on (the open sessions of every
+protocol, draining, shutting down, a model failure, ``--max-sessions``), answers why a
+session is refused (:meth:`Admission.refusal`), checks an upgrade request (token,
+origin, the protocol's handshake, capacity) and makes the sessions it admits. The
+listeners get this object, never the whole server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Protocol
+
+from websockets.http11 import Request, Response
+
+from streamer.core.protocol import StreamOptions
+from streamer.core.session import Session
+from streamer.core.vad import FrameClassifier
+from streamer.errors import CLOSE_INTERNAL_ERROR, ProtocolError
+from streamer.model.pool import WorkerPool
+from streamer.server.http import Endpoint, single_header, token_matches
+from streamer.server.metrics import Metrics
+from streamer.server.options import ServerOptions
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5  # what 503 answers tell clients to wait
+
+
+class Tracked(Protocol):
+    """An open session's connection, as admission and the lifecycle see it."""
+
+    def expire(self, code: str, message: str, close_code: int = ...) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class Admission:
+    """The open sessions of every protocol and the rules for a new one."""
+
+    def __init__(
+        self,
+        options: ServerOptions,
+        worker: WorkerPool,
+        metrics: Metrics,
+        classifier_factory: Callable[[], FrameClassifier],
+    ) -> None:
+        self.options = options
+        self.worker = worker
+        self.metrics = metrics
+        self.classifier_factory = classifier_factory
+        self.connections: set[Tracked] = set()
+        self.no_connections = asyncio.Event()
+        self.no_connections.set()
+        self.draining = False  # new sessions refused, open ones served
+        self.shutting_down = False
+        self.failure: str | None = None  # why the model failed; the process must restart
+        self.failed = asyncio.Event()
+        metrics.sessions_capacity.set(options.max_sessions)
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.worker.ready.is_set()
+            and self.worker.load_error is None
+            and self.failure is None
+            and self.worker.restarting is None
+        )
+
+    @property
+    def full(self) -> bool:
+        return len(self.connections) >= self.options.max_sessions
+
+    def refusal(self) -> tuple[str, str] | None:
+        """Why a new session of any protocol is refused now: ``(code, message)``, or None."""
+        if self.shutting_down:
+            return "shutting_down", "the server is shutting down"
+        if self.draining:
+            return (
+                "draining",
+                "the server is draining before a restart; connect again (another server)",
+            )
+        if self.failure is not None:
+            return "model_stalled", "the model stopped answering; the server is restarting"
+        if self.worker.restarting is not None:
+            return "not_ready", "the model is starting again after a failure; retry shortly"
+        if not self.ready:
+            return "not_ready", "the model is still loading; retry shortly"
+        if self.full:
+            limit = self.options.max_sessions
+            return "server_full", f"the server is at its limit of {limit} sessions"
+        return None
+
+    def refuse(
+        self, status: http.HTTPStatus, code: str, message: str, endpoint: Endpoint
+    ) -> Response:
+        """A refused upgrade in the endpoint's error shape, counted and logged."""
+        self.metrics.rejected_total.labels(code, endpoint.name).inc()
+        logger.info("refused a %s session: %s (%s)", endpoint.name, code, message)
+        response = endpoint.refuse(status, code, message)
+        if status is http.HTTPStatus.SERVICE_UNAVAILABLE:
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
+
+    def check_request(
+        self, request: Request, endpoint: Endpoint, query: Mapping[str, str]
+    ) -> Response | None:
+        """The refusal of one upgrade request (token, origin, handshake, capacity); None
+        lets the handshake go on."""
+        o = self.options
+        if o.token is not None:
+            if not token_matches(endpoint.presented_token(request, query), o.token):
+                return self.refuse(
+                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint, endpoint
+                )
+        origin = single_header(request, "Origin")
+        if o.allowed_origins and origin is not None and origin not in o.allowed_origins:
+            return self.refuse(
+                http.HTTPStatus.FORBIDDEN,
+                "origin_not_allowed",
+                "this origin is not allowed",
+                endpoint,
+            )
+        if endpoint.negotiate is not None:
+            # options we cannot serve are refused before the upgrade: a 4xx tells the
+            # clients not to retry
+            try:
+                endpoint.negotiation(request, query, o.default_stream)
+            except ProtocolError as error:
+                return self.refuse(http.HTTPStatus.BAD_REQUEST, error.code, error.message, endpoint)
+        refusal = self.refusal()
+        if refusal is not None:
+            return self.refuse(http.HTTPStatus.SERVICE_UNAVAILABLE, *refusal, endpoint)
+        return None
+
+    def new_session(self, stream: StreamOptions, session_id: str | None = None) -> Session:
+        """A session with the server's options, its VAD and a fresh id."""
+        session_options = replace(self.options.session, model_name=self.worker.model_name)
+        return Session(
+            session_id or secrets.token_hex(6),
+            session_options,
+            stream,
+            self.classifier_factory(),
+        )
+
+    def track(self, connection: Tracked, protocol_name: str) -> None:
+        """Count an open connection until :meth:`untrack`; it hears a failure or a
+        shutdown that is already under way."""
+        self.connections.add(connection)
+        self.no_connections.clear()
+        self.metrics.sessions_total.labels(protocol_name).inc()
+        self.metrics.sessions_active.labels(protocol_name).inc()
+
+    def untrack(self, connection: Tracked, protocol_name: str) -> None:
+        self.connections.discard(connection)
+        if not self.connections:
+            self.no_connections.set()
+        self.metrics.sessions_active.labels(protocol_name).dec()
+
+    def model_failed(self, reason: str) -> None:
+        """The model failed for good: unready, and every open session is told and closed."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        self.metrics.model_ready.set(0)
+        logger.error("model failed (%s): unready; every session is told and closed", reason)
+        for connection in list(self.connections):
+            expire_for_failure(connection)
+        self.failed.set()
+
+
+def expire_for_failure(connection: Tracked) -> None:
+    connection.expire(
+        "model_stalled",
+        "the model stopped answering; the server is restarting (retry shortly)",
+        CLOSE_INTERNAL_ERROR,
+    )

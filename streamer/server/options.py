@@ -1,0 +1,117 @@
+"""What the server is told: :class:`ServerOptions`, and the per-session
+:class:`ConnectionLimits` it holds (one owner for each default; every transport reads
+the same limits object).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamer.core.audio import BYTES_PER_SAMPLE, SAMPLE_RATE
+from streamer.core.pacing import DEFAULT_MAX_BYTES_PER_S, DEFAULT_MAX_MESSAGES_PER_S, PacingLimits
+from streamer.core.protocol import StreamOptions
+from streamer.core.session import SessionOptions
+from streamer.core.vad import DEFAULT_AGGRESSIVENESS
+from streamer.errors import ConfigError
+
+WS_MAX_QUEUE_FRAMES = 2  # frames websockets buffers before it stops reading the socket
+SEGMENT_PCM_BYTES = 7 * SAMPLE_RATE * BYTES_PER_SAMPLE  # one queued final's audio (7 s cap)
+
+
+def session_memory_bound_bytes(
+    max_backlog_bytes: int, max_message_bytes: int, max_outbox_bytes: int, max_pending_finals: int
+) -> int:
+    """The most client-controlled memory one session can hold (documented in protocol.md).
+
+    Our backlog, websockets' queue plus the frame being parsed, the outbox, and the audio
+    of the finals waiting for the model. Kernel socket buffers are not process memory.
+    """
+    return (
+        max_backlog_bytes
+        + (WS_MAX_QUEUE_FRAMES + 1) * max_message_bytes
+        + max_outbox_bytes
+        + (max_pending_finals + 1) * SEGMENT_PCM_BYTES
+    )
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The limits every session enforces, whatever its transport."""
+
+    max_pending_finals: int = 3  # per session; reading pauses while more are waiting
+    max_backlog_bytes: int = 1 << 20  # per session, audio read ahead of the model (32 s)
+    idle_timeout_s: float = 60.0  # no audio or keepalive for this long ends the session
+    max_session_s: float = 4 * 3600.0  # longest session
+    close_timeout_s: float = 5.0  # wait this long for the client's close acknowledgement
+    max_outbox_bytes: int = 1 << 20  # per session, frames waiting to be sent (else 1008)
+    write_timeout_s: float = 15.0  # a client that reads nothing for this long is closed (1008)
+    ping_interval_s: float | None = 20.0  # keepalive pings detect vanished clients; None: none
+    ping_timeout_s: float | None = 20.0  # reading time a pong may take; None never times out
+    # one client is read no faster than this (beyond a 1 s burst): streamer.core.pacing
+    max_input_messages_per_s: float = DEFAULT_MAX_MESSAGES_PER_S
+    max_input_bytes_per_s: float = DEFAULT_MAX_BYTES_PER_S
+
+    def __post_init__(self) -> None:
+        if self.idle_timeout_s <= 0 or self.max_session_s <= 0:
+            raise ConfigError("idle_timeout_s and max_session_s must be positive")
+        if self.max_pending_finals < 1:
+            raise ConfigError("max_pending_finals must be at least 1")
+        if self.max_backlog_bytes < 1:
+            raise ConfigError("max_backlog_bytes must be positive")
+        if self.max_outbox_bytes < 1 or self.write_timeout_s <= 0:
+            raise ConfigError("max_outbox_bytes and write_timeout_s must be positive")
+        _ = self.pacing  # validates the rates (raises ConfigError)
+
+    @property
+    def pacing(self) -> PacingLimits:
+        return PacingLimits(self.max_input_messages_per_s, self.max_input_bytes_per_s)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the server listens and which limits it enforces."""
+
+    host: str = "127.0.0.1"  # interface to bind ("0.0.0.0" for every interface)
+    port: int = 8000  # TCP port; 0 picks a free one
+    max_sessions: int = 64  # concurrent sessions; more are refused with HTTP 503
+    token: str | None = None  # when set, clients must present it (Bearer header or ?token=)
+    allowed_origins: tuple[str, ...] = ()  # accepted Origin headers; empty accepts any
+    certfile: Path | None = None  # TLS certificate chain (serves wss:// and https://)
+    keyfile: Path | None = None  # TLS private key
+    max_message_bytes: int = 1 << 20  # largest frame a client may send (else close 1009)
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # per session
+    shutdown_grace_s: float = 10.0  # time to finish open segments when stopping
+    drain_s: float = 5.0  # drain(): refuse new sessions, serve open ones this long at most
+    public_metrics: bool = False  # serve /metrics without the token when one is set
+    vad_aggressiveness: int = DEFAULT_AGGRESSIVENESS  # webrtcvad mode 0..3
+    default_stream: StreamOptions = field(default_factory=StreamOptions)  # client defaults
+    session: SessionOptions = field(default_factory=SessionOptions)  # VAD and partial timing
+    web_root: Path | None = None  # folder served at "/"; None serves the bundled web demo
+    funasr_port: int | None = None  # FunASR runtime protocol (docs/funasr.md); None: off
+    wyoming_port: int | None = None  # Wyoming, Home Assistant's protocol (docs/wyoming.md)
+    wyoming_insecure: bool = False  # serve Wyoming (which has no auth) despite a token
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ConfigError("max_sessions must be at least 1")
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ConfigError("TLS needs both certfile and keyfile")
+        if self.drain_s < 0 or self.shutdown_grace_s < 0:
+            raise ConfigError("drain_s and shutdown_grace_s must not be negative")
+        if self.token is not None and self.wyoming_port is not None and not self.wyoming_insecure:
+            raise ConfigError(
+                "Wyoming clients cannot send a token: with --token, serve --wyoming-port only "
+                "on a trusted network and confirm with --wyoming-insecure (docs/wyoming.md)"
+            )
+
+    @property
+    def session_memory_bound_bytes(self) -> int:
+        """The most client-controlled memory one session can hold."""
+        limits = self.limits
+        return session_memory_bound_bytes(
+            limits.max_backlog_bytes,
+            self.max_message_bytes,
+            limits.max_outbox_bytes,
+            limits.max_pending_finals,
+        )

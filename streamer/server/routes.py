@@ -1,0 +1,230 @@
+"""The main port's plain HTTP: ``/healthz``, ``/readyz``, ``/metrics``, the web demo, and
+the upgrade requests handed to :class:`~streamer.server.admission.Admission`.
+
+:func:`guarded` turns a route into websockets' ``process_request``: a malformed request
+is a 400 and an unexpected error a 500, and neither echoes anything of the request;
+:func:`check_request_line` is the validation every port shares (method, target, headers
+that must not repeat).
+"""
+
+from __future__ import annotations
+
+import http
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+from urllib.parse import SplitResult, parse_qsl, urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
+
+from streamer.model.pool import WorkerPool
+from streamer.server.admission import RETRY_AFTER_S, Admission
+from streamer.server.http import (
+    V1_ENDPOINT,
+    BadRequest,
+    Endpoint,
+    StaticFiles,
+    bytes_response,
+    json_response,
+    safe_response,
+    single_header,
+    token_matches,
+    unavailable_response,
+    without_body,
+)
+from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from streamer.server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from streamer.model.loading import LoadProgress
+
+logger = logging.getLogger(__name__)
+
+SERVED_METHODS = ("GET", "HEAD")
+SINGLE_HEADERS = ("Authorization", "Origin", "Host")  # a repeated one is a 400
+
+Route = Callable[[Request], Response | None]
+
+
+def guarded(route: Route) -> Callable[[ServerConnection, Request], Response | None]:
+    """``route`` as websockets' ``process_request``: None goes on with the handshake.
+
+    Malformed requests get 400 and nothing of the request is echoed back; anything
+    unexpected is logged with its traceback and answered 500 without details.
+    """
+
+    def process_request(connection: ServerConnection, request: Request) -> Response | None:
+        try:
+            return route(request)
+        except BadRequest as error:
+            return json_response(
+                http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": error.message}
+            )
+        except Exception:
+            logger.exception("answering an HTTP request failed")
+            return json_response(
+                http.HTTPStatus.INTERNAL_SERVER_ERROR,
+                {"error": "internal_error", "message": "see the server log"},
+            )
+
+    return process_request
+
+
+def process_response(
+    connection: ServerConnection, request: Request, response: Response
+) -> Response | None:
+    """websockets' own refusals (426, ...) are replaced by ours; HEAD gets no body."""
+    response = safe_response(response)
+    return without_body(response) if request.method == "HEAD" else response
+
+
+def method_not_allowed(allowed: tuple[str, ...], message: str) -> Response:
+    response = json_response(
+        http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": "method_not_allowed", "message": message}
+    )
+    response.headers["Allow"] = ", ".join(allowed)
+    return response
+
+
+def check_request_line(request: Request) -> SplitResult:
+    """The request's URL once its target and single headers are valid (else BadRequest)."""
+    try:
+        url = urlsplit(request.path)
+    except ValueError:
+        raise BadRequest("the request target is not a valid URL") from None
+    path = url.path
+    if "\x00" in path or any(len(part) > 255 for part in path.split("/")):
+        raise BadRequest("the request path is not valid")
+    for name in SINGLE_HEADERS:
+        single_header(request, name)  # raises BadRequest when repeated
+    return url
+
+
+class Routes:
+    """Every plain HTTP answer of the main port."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        endpoints: dict[str, Endpoint],
+        static: StaticFiles,
+        loading: LoadProgress | None = None,
+    ) -> None:
+        self.admission = admission
+        self.endpoints = endpoints
+        self.static = static
+        self.loading = loading  # the model's loading stage, shown by /readyz until ready
+
+    @property
+    def worker(self) -> WorkerPool:
+        return self.admission.worker
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.admission.metrics
+
+    def route(self, request: Request) -> Response | None:
+        if request.method not in SERVED_METHODS:
+            return method_not_allowed(SERVED_METHODS, "only GET and HEAD are served")
+        url = check_request_line(request)
+        path = url.path
+        query = dict(parse_qsl(url.query))
+        if path == "/healthz":
+            return json_response(http.HTTPStatus.OK, {"status": "ok", "workers": self.workers()})
+        if path == "/readyz":
+            return self.readyz()
+        if path == "/metrics":
+            return self.metrics_page(request, query)
+        endpoint = self.endpoints.get(path)
+        if endpoint is not None:
+            if request.method != "GET":
+                return method_not_allowed(("GET",), "WebSocket handshakes use GET")
+            return self.admission.check_request(request, endpoint, query)
+        found = self.static.response(path)
+        if found is None:
+            return json_response(
+                http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
+            )
+        return found
+
+    def metrics_page(self, request: Request, query: dict[str, str]) -> Response:
+        options = self.admission.options
+        token = options.token
+        if (
+            token is not None
+            and not options.public_metrics
+            and not token_matches(V1_ENDPOINT.presented_token(request, query), token)
+        ):
+            return self.admission.refuse(
+                http.HTTPStatus.UNAUTHORIZED, "unauthorized", V1_ENDPOINT.auth_hint, V1_ENDPOINT
+            )
+        self.metrics.observe_workers(self.worker.loads())  # current, not a probe old
+        return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
+
+    def readyz(self) -> Response:
+        admission = self.admission
+        if admission.ready and not admission.shutting_down:
+            return self.readiness()
+        body: dict[str, object] = {"status": "loading"}
+        if admission.failure is not None:
+            body = {"status": "model_stalled", "reason": admission.failure}
+        elif admission.shutting_down:
+            body = {"status": "shutting_down"}
+        elif (restarting := self.worker.restarting) is not None:
+            body = {"status": "restarting", "reason": restarting}
+        elif self.worker.ready.is_set():
+            body = {"status": "failed", "message": "the model failed to load"}
+        elif self.loading is not None:
+            body.update(self.loading.snapshot())
+        body["workers"] = self.workers()
+        return unavailable_response(body, RETRY_AFTER_S)
+
+    def readiness(self) -> Response:
+        """``/readyz`` once the model is ready: 200 only while a new session is admitted."""
+        admission = self.admission
+        counts = {
+            "sessions": len(admission.connections),
+            "max_sessions": admission.options.max_sessions,
+        }
+        status = "ready"
+        if admission.draining:
+            status = "draining"
+        elif admission.full:
+            status = "full"
+        if status != "ready":  # about admission alone: the workers are listed when ready
+            return unavailable_response({"status": status, **counts}, RETRY_AFTER_S)
+        return json_response(
+            http.HTTPStatus.OK,
+            {
+                "status": status,
+                "model": self.worker.model_name,
+                **counts,
+                "workers": self.workers(),
+            },
+        )
+
+    def workers(self) -> list[dict[str, object]]:
+        """Each model worker, for ``/readyz`` and ``/healthz``."""
+        return [
+            {
+                "worker": load.slot.index,
+                "device": load.slot.device,
+                "state": load.state,
+                "restarts": load.restarts,
+                "sessions": load.sessions,
+                "queued": load.stats.queued_finals + load.stats.queued_partials,
+            }
+            for load in self.worker.loads()
+        ]
+
+    def select_subprotocol(
+        self, connection: ServerConnection, offered: Sequence[Subprotocol]
+    ) -> Subprotocol | None:
+        request = connection.request
+        endpoint = self.endpoints.get(urlsplit(request.path).path) if request else None
+        if endpoint is None or endpoint.select_subprotocol is None:
+            return None  # proceed without one, whatever the client offered
+        chosen = endpoint.select_subprotocol(offered)
+        return Subprotocol(chosen) if chosen is not None else None
