@@ -582,3 +582,16 @@ def test_a_segment_that_follows_another_at_once_gets_its_first_partial_at_onset(
     # interval after its start
     assert first_partials[1] <= second_speech + 16 * 140
     assert first_partials[1] - starts[1] < 16 * 300
+
+
+def test_an_error_burst_answers_once_and_reports_the_count_when_it_ends() -> None:
+    from streamer.core.error_burst import ErrorBurst
+
+    burst = ErrorBurst()
+    (first,) = burst.record("bad_message", "junk")
+    assert (first.code, first.fatal, first.suppressed) == ("bad_message", False, 0)
+    assert burst.record("bad_message", "junk") == [] and burst.record("bad_message", "x") == []
+    summary, other = burst.record("unexpected_message", "late audio")  # another code ends it
+    assert (summary.code, summary.suppressed) == ("bad_message", 2)
+    assert other.code == "unexpected_message"
+    assert burst.end() == [] and burst.code is None  # no repeat: nothing to report

@@ -18,8 +18,10 @@ import numpy as np
 
 from streamer.core import protocol
 from streamer.core.audio import SAMPLE_RATE
+from streamer.core.error_burst import ErrorBurst
 from streamer.core.framing import AudioBuffer, PcmFramer, S16Decoder
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
+from streamer.core.open_segment import OpenSegment, Speculation
 from streamer.core.protocol import (
     ConfigMessage,
     End,
@@ -110,8 +112,7 @@ class Session:
         self._pending_finals: set[int] = set()
         self._end_close_code = CLOSE_NORMAL
         self._server_stopped = False  # shutdown/expire: late client input is dropped quietly
-        self._burst_code: str | None = None  # the code of the non-fatal errors being counted
-        self._burst_suppressed = 0  # errors of that code not sent since the last one
+        self._burst = ErrorBurst()  # one answer per burst of the same non-fatal error
         self._configure(stream)
 
     # -- outputs ---------------------------------------------------------------
@@ -279,17 +280,10 @@ class Session:
         else:
             self._resampler = StreamResampler(stream.sample_rate, SAMPLE_RATE)
             self._decoder = S16Decoder()  # whole input samples for the resampler
-        self._open_id: int | None = None
-        self._open_start = 0
-        self._revision = 0
-        self._last_partial_text = ""
+        self._open: OpenSegment | None = None
         self._partial_inflight = False
-        self._partial_mark = 0  # where the last partial tick happened
-        self._partial_submitted_end = 0
         # speculative final of the open segment: the range submitted, and its result
-        self._spec_range: tuple[int, int] | None = None
-        self._spec_result: DecodeResult | None = None
-        self._spec_failed = False  # the speculation of _spec_range was dropped or failed
+        self._spec = Speculation()
         # segments that ended while their speculative decode runs: their finals follow it
         self._awaiting_spec: dict[int, SegmentEnd] = {}
 
@@ -317,7 +311,7 @@ class Session:
             events = segmenter.push(classify(frame), energy)
             if events:
                 self._handle_events(events)
-            elif self._open_id is not None:
+            elif self._open is not None:
                 self._maybe_speculate()
                 self._maybe_partial()
         self._buffer.discard_before(self._segmenter.keep_from_sample)
@@ -325,15 +319,8 @@ class Session:
     def _handle_events(self, events: list[SegmentEvent]) -> None:
         for event in events:
             if isinstance(event, SegmentStart):
-                self._open_id = event.segment_id
-                self._open_start = event.start_sample
-                self._revision = 0
-                self._last_partial_text = ""
-                self._partial_mark = event.start_sample
-                self._partial_submitted_end = event.start_sample
-                self._spec_range = None
-                self._spec_result = None
-                self._spec_failed = False
+                self._open = OpenSegment(event.segment_id, event.start_sample)
+                self._spec.reset()
                 self._emit(
                     SpeechStart(segment_id=event.segment_id, start_ms=_ms(event.start_sample))
                 )
@@ -343,20 +330,21 @@ class Session:
                 # previous end) must not wait for the interval to fill (issue 14)
                 self._maybe_partial(onset=True)
             elif isinstance(event, SegmentEnd):
-                self._open_id = None
+                self._open = None
                 self._end_segment(event)
 
     def _maybe_partial(self, *, onset: bool = False) -> None:
-        if not self.stream.partials or self._open_id is None:
+        seg = self._open
+        if not self.stream.partials or seg is None:
             return
         position = self._segmenter.position_sample
         interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
-        if not onset and position - self._partial_mark < interval:
+        if not onset and position - seg.partial_mark < interval:
             return
         if self._segmenter.pause_possible:
             return  # a long segment may end here: keep the worker free for its final
-        self._partial_mark = position
-        if self._segmenter.last_speech_sample <= self._partial_submitted_end:
+        seg.partial_mark = position
+        if self._segmenter.last_speech_sample <= seg.partial_submitted_end:
             return  # only silence since the last partial: its text cannot have changed
         if self._partial_inflight:
             # the worker is still busy with this session's last partial: skip this tick
@@ -365,20 +353,21 @@ class Session:
         self._submit_partial(position)
 
     def _submit_partial(self, position: int, speculative: bool = False) -> None:
-        assert self._open_id is not None
+        seg = self._open
+        assert seg is not None
         self._partial_inflight = True
-        self._partial_submitted_end = max(position, self._partial_submitted_end)
+        seg.partial_submitted_end = max(position, seg.partial_submitted_end)
         self._jobs.append(
             DecodeJob(
                 session_id=self.session_id,
-                segment_id=self._open_id,
+                segment_id=seg.segment_id,
                 kind="partial",
-                pcm=self._buffer.slice(self._open_start, position),
-                start_sample=self._open_start,
+                pcm=self._buffer.slice(seg.start_sample, position),
+                start_sample=seg.start_sample,
                 end_sample=position,
                 language=self.stream.language,
                 itn=self.stream.itn,
-                first=self._revision == 0,
+                first=seg.revision == 0,
                 speculative=speculative,
             )
         )
@@ -388,33 +377,29 @@ class Session:
         if not self.options.speculative_finals or self.state is not State.STREAMING:
             return
         end = self._segmenter.tentative_end_sample
-        if end is None or self._open_id is None:
+        if end is None or self._open is None:
             return
-        if self._spec_range == (self._open_start, end):
+        if self._spec.range == (self._open.start_sample, end):
             return  # already submitted (or decoded) for this pause
-        self._spec_range = (self._open_start, end)
-        self._spec_result = None
-        self._spec_failed = False
+        self._spec.reset((self._open.start_sample, end))
         self._submit_partial(end, speculative=True)
 
     def _end_segment(self, event: SegmentEnd) -> None:
         """Finish a closed segment: from its speculative decode when that covered it."""
         if (
             event.reason in ("silence", "max_duration")
-            and self._spec_range == (event.start_sample, event.end_sample)
-            and not self._spec_failed
+            and self._spec.range == (event.start_sample, event.end_sample)
+            and not self._spec.failed
         ):
             self._pending_finals.add(event.segment_id)
-            if self._spec_result is not None:
-                result, self._spec_result = self._spec_result, None
-                self._spec_range = None
+            if self._spec.result is not None:
+                result = self._spec.result
+                self._spec.reset()
                 self._final_finished(replace(result, job=_final_job(result.job, event)))
             else:
                 self._awaiting_spec[event.segment_id] = event
             return
-        self._spec_range = None
-        self._spec_result = None
-        self._spec_failed = False
+        self._spec.reset()
         self._submit_final(event)
 
     def _submit_final(self, event: SegmentEnd) -> None:
@@ -465,23 +450,29 @@ class Session:
         job = result.job
         if job.speculative and self._speculation_finished(result):
             return
-        if result.dropped or job.segment_id != self._open_id or result.transcript is None:
+        seg = self._open
+        if (
+            result.dropped
+            or seg is None
+            or job.segment_id != seg.segment_id
+            or result.transcript is None
+        ):
             # superseded, too late (the segment already ended) or failed: not shown
             if not job.speculative:
                 self.stats.partials_skipped += 1
         elif self.stream.partials:  # with partials off, a speculative decode is not shown
             text = result.transcript.text
-            if text != self._last_partial_text:
-                self._revision += 1
+            if text != seg.last_partial_text:
+                seg.revision += 1
                 t = result.transcript
                 self._emit(
                     Partial(
                         segment_id=job.segment_id,
-                        revision=self._revision,
+                        revision=seg.revision,
                         start_ms=_ms(job.start_sample),
                         end_ms=_ms(job.end_sample),
                         text=text,
-                        stable_text=protocol.stable_prefix(self._last_partial_text, text),
+                        stable_text=protocol.stable_prefix(seg.last_partial_text, text),
                         language=t.language,
                         emotion=t.emotion,
                         event=t.event,
@@ -489,18 +480,19 @@ class Session:
                         words=_words(t, job) if self.stream.words else None,
                     )
                 )
-                self._last_partial_text = text
+                seg.last_partial_text = text
         # catch up at once if audio arrived while this partial was decoding
-        if self.stream.partials and self._open_id is not None and self.state is State.STREAMING:
+        seg = self._open
+        if self.stream.partials and seg is not None and self.state is State.STREAMING:
             interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
             position = self._segmenter.position_sample
-            onset_missed = self._partial_submitted_end == self._open_start  # none yet
+            onset_missed = seg.partial_submitted_end == seg.start_sample  # none yet
             if (
-                (onset_missed or position - self._partial_submitted_end >= interval)
-                and self._segmenter.last_speech_sample > self._partial_submitted_end
+                (onset_missed or position - seg.partial_submitted_end >= interval)
+                and self._segmenter.last_speech_sample > seg.partial_submitted_end
                 and not self._segmenter.pause_possible
             ):
-                self._partial_mark = position
+                seg.partial_mark = position
                 self._submit_partial(position)
 
     def _speculation_finished(self, result: DecodeResult) -> bool:
@@ -519,14 +511,15 @@ class Session:
             return True
         if (
             result.transcript is not None
-            and job.segment_id == self._open_id
-            and self._spec_range == (job.start_sample, job.end_sample)
+            and self._open is not None
+            and job.segment_id == self._open.segment_id
+            and self._spec.range == (job.start_sample, job.end_sample)
         ):
-            self._spec_result = result
-        elif self._spec_range == (job.start_sample, job.end_sample):
+            self._spec.result = result
+        elif self._spec.range == (job.start_sample, job.end_sample):
             # dropped or failed while the segment is open: not again for this pause; if
             # the segment ends there, its final is decoded the ordinary way
-            self._spec_failed = True
+            self._spec.failed = True
         return False
 
     def _final_finished(self, result: DecodeResult) -> None:
@@ -588,30 +581,13 @@ class Session:
         self._non_fatal_code(error.code, error.message)
 
     def _non_fatal_code(self, code: str, message: str) -> None:
-        # One error per burst: repeats of the same code before any valid input are
-        # counted, and the count is reported once the burst ends (next valid input, or
-        # the end), so a client flooding junk gets one answer, not one per frame.
         self.stats.errors += 1
-        if code == self._burst_code:
-            self._burst_suppressed += 1
-            return
-        self._end_burst()
-        self._burst_code = code
-        self._emit(Error(code=code, message=message, fatal=False))
+        for error in self._burst.record(code, message):
+            self._emit(error)
 
     def _end_burst(self) -> None:
-        if self._burst_suppressed:
-            n = self._burst_suppressed
-            self._emit(
-                Error(
-                    code=self._burst_code or "bad_message",
-                    message=f"{n} more errors like the previous one were not sent one by one",
-                    fatal=False,
-                    suppressed=n,
-                )
-            )
-        self._burst_code = None
-        self._burst_suppressed = 0
+        for error in self._burst.end():
+            self._emit(error)
 
     def _fail(self, error: ProtocolError) -> None:
         self.stats.errors += 1
