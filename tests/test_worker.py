@@ -233,3 +233,38 @@ def test_worker_thread_dying_of_a_base_exception_fails_loudly():
         assert reasons == ["the model worker thread died"]
     finally:
         worker.stop()
+
+
+def test_the_job_queue_keeps_its_discipline_without_a_thread():
+    """The queue alone: finals, then first partials, then refreshes; one partial per
+    session; a final drops its session's partial; a retried final goes alone, first."""
+    from streamer.model.job_queue import JobQueue, Queued
+
+    queue, answered = JobQueue(), []
+
+    def push(j: DecodeJob) -> Queued | None:
+        return queue.push(Queued(j, answered.append, 0.0))
+
+    assert push(job("a", "partial", 1)) is None
+    assert push(job("b", "partial", 2, first=True)) is None
+    replaced = push(job("a", "partial", 3))  # a's newer partial replaces its first
+    assert replaced is not None and replaced.job.pcm[0] == 1
+    assert push(job("c", "final", 4)) is None
+    assert push(job("c", "partial", 5)) is None
+    dropped = push(job("c", "final", 6))  # c's final drops its pending partial
+    assert dropped is not None and dropped.job.pcm[0] == 5
+    assert len(queue) == 4
+
+    def take() -> list[int]:
+        batch = queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None)
+        return [int(q.job.pcm[0]) for q in batch]
+
+    assert [take() for _ in range(4)] == [[4], [6], [2], [3]]
+    assert take() == [] and len(queue) == 0
+    push(job("d", "final", 7))
+    push(job("d", "final", 8))
+    retried = Queued(job("e", "final", 9), answered.append, 0.0)
+    queue.retry_first(retried)
+    # alone even with room for a batch: it may be what broke the model
+    assert queue.take(max_batch=8, max_padding_ratio=100.0, max_batch_samples=None) == [retried]
+    assert queue.drop_session("d") == 2 and not queue and answered == []

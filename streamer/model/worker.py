@@ -16,15 +16,8 @@ rows change a row's result. ``max_batch=None`` (automatic) batches on an acceler
 fp32/fp16 only; on the CPU it stays at batch 1, where batching measured no better
 (bench/RESULTS.md, "Dynamic batching").
 
-Queue discipline:
-
-* finals before partials; among partials, a segment's first partial (which decides
-  when its speaker sees the first words) before refreshes of segments already shown;
-  oldest first within each class;
-* at most one pending partial per session: a newer one replaces it (the old one is
-  answered ``dropped``);
-* a session's pending partial is dropped as soon as one of its finals is queued;
-* :meth:`ModelWorker.drop_session` forgets every queued job of a departed client.
+The queue discipline (finals first, a segment's first partial before refreshes, one
+pending partial per session) and the batch selection are :mod:`streamer.model.job_queue`.
 
 A batch that raises is decoded again job by job, so only the job that fails gets an error.
 
@@ -51,7 +44,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard
@@ -63,6 +56,7 @@ from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
 from streamer.model.decoding import decode_job, decode_jobs
+from streamer.model.job_queue import JobQueue, Queued, ResultCallback, select_batch
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +81,6 @@ RESTART_WINDOW_S = 600.0
 # a restart that has not loaded the model after this long fails the worker (the watchdog's,
 # so only with decode_timeout_s); the model is cached by then, so this is a hang
 RESTART_TIMEOUT_S = 300.0
-
-ResultCallback = Callable[[DecodeResult], None]
 
 
 class SpeechRecognizer(Protocol):
@@ -147,14 +139,6 @@ class WorkerOptions:
 
 
 @dataclass
-class _Queued:
-    job: DecodeJob
-    callback: ResultCallback
-    submitted: float  # time.perf_counter() at submission
-    retried: bool = False  # decoded again after the model failed while decoding it
-
-
-@dataclass
 class WorkerStats:
     queued_finals: int
     queued_partials: int
@@ -162,44 +146,7 @@ class WorkerStats:
     restarting: str | None = None  # why the model is being loaded again, or None
 
 
-def select_batch(
-    candidates: Sequence[DecodeJob],
-    *,
-    max_batch: int,
-    max_padding_ratio: float,
-    max_batch_samples: int | None = None,
-) -> list[int]:
-    """Which of ``candidates`` (in queue-discipline order) to decode together: indices.
-
-    The first candidate is always taken (the worker's queue discipline put it first, so
-    it never waits behind later work). The others are taken in order if they are of the
-    first one's kind (a final never waits for partials decoded with it: on 2 CPU cores
-    that doubled final p95, bench/RESULTS.md), while the batch has fewer than
-    ``max_batch`` jobs and ``jobs x longest <= max_padding_ratio x total`` samples holds,
-    so a batch groups similar lengths and a long job does not make short ones pay for its
-    padding (or the reverse), and while its padded samples stay within
-    ``max_batch_samples`` (None: no bound), which bounds how long a batch holds up the
-    next final.
-    """
-    if not candidates:
-        return []
-    chosen = [0]
-    kind = candidates[0].kind
-    longest = total = candidates[0].pcm.size
-    for index in range(1, len(candidates)):
-        if len(chosen) >= max_batch:
-            break
-        if candidates[index].kind != kind:
-            continue
-        samples = candidates[index].pcm.size
-        new_longest = max(longest, samples)
-        padded = (len(chosen) + 1) * new_longest
-        if max_batch_samples is not None and padded > max_batch_samples:
-            continue
-        if padded <= max_padding_ratio * (total + samples):
-            chosen.append(index)
-            longest, total = new_longest, total + samples
-    return chosen
+__all__ = ["ModelWorker", "ResultCallback", "WorkerOptions", "WorkerStats", "select_batch"]
 
 
 class ModelWorker:
@@ -228,8 +175,7 @@ class ModelWorker:
         self.max_batch = 1  # resolved from options once the model is loaded
         self._max_batch_samples: int | None = None  # likewise
         self._lock = threading.Condition()
-        self._finals: deque[_Queued] = deque()
-        self._partials: OrderedDict[str, _Queued] = OrderedDict()  # session_id -> job
+        self._queue = JobQueue()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
         self.ready = threading.Event()  # set when the model is loaded (or failed to load)
@@ -237,7 +183,7 @@ class ModelWorker:
         self.recognizer: SpeechRecognizer | None = None
         self.on_decoded = on_decoded  # metrics hook, called for every decode
         # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
-        self._running: list[_Queued] | None = None
+        self._running: list[Queued] | None = None
         self._running_since = 0.0
         self.failure: str | None = None  # why the worker failed for good (None: healthy)
         # why its model process is being started again (None: it is not); guarded by _lock
@@ -259,9 +205,7 @@ class ModelWorker:
         """Finish the job in progress, answer queued ones ``dropped``, join the thread."""
         with self._lock:
             self._stopping = True
-            dropped = list(self._finals) + list(self._partials.values())
-            self._finals.clear()
-            self._partials.clear()
+            dropped = self._queue.clear()
             self._lock.notify_all()
         for item in dropped:
             self._answer(item, DecodeResult(job=item.job, dropped=True))
@@ -296,25 +240,24 @@ class ModelWorker:
     def stats(self) -> WorkerStats:
         with self._lock:
             return WorkerStats(
-                len(self._finals), len(self._partials), self._running is not None, self.restarting
+                len(self._queue.finals),
+                len(self._queue.partials),
+                self._running is not None,
+                self.restarting,
             )
 
     # -- queue -----------------------------------------------------------------
 
     def submit(self, job: DecodeJob, callback: ResultCallback) -> None:
         """Queue ``job``; ``callback`` is called once, from the worker thread."""
-        item = _Queued(job, callback, time.perf_counter())
-        superseded: _Queued | None = None
+        item = Queued(job, callback, time.perf_counter())
+        superseded: Queued | None = None
         with self._lock:
             failure = self.failure
             if failure is None and self._stopping:
                 superseded = item
-            elif failure is None and job.kind == "final":
-                self._finals.append(item)
-                superseded = self._partials.pop(job.session_id, None)
             elif failure is None:
-                superseded = self._partials.pop(job.session_id, None)
-                self._partials[job.session_id] = item
+                superseded = self._queue.push(item)
             self._lock.notify_all()
         if failure is not None:
             self._answer(item, _stalled(job, failure))
@@ -326,11 +269,7 @@ class ModelWorker:
         """Forget every queued job of ``session_id`` (its callbacks are not called) and
         what the recognizer keeps for it."""
         with self._lock:
-            before = len(self._finals)
-            self._finals = deque(q for q in self._finals if q.job.session_id != session_id)
-            dropped = before - len(self._finals)
-            if self._partials.pop(session_id, None) is not None:
-                dropped += 1
+            dropped = self._queue.drop_session(session_id)
         forget = getattr(self.recognizer, "forget_session", None)
         if forget is not None:
             forget(session_id)  # its cached features
@@ -338,37 +277,21 @@ class ModelWorker:
             logger.debug("dropped %d queued jobs of departed session %s", dropped, session_id)
         return dropped
 
-    def _next(self) -> list[_Queued] | None:
+    def _next(self) -> list[Queued] | None:
         """Wait for work; take the next batch off the queue (see :func:`select_batch`)."""
         with self._lock:
             while True:
                 if self._stopping or self.failure is not None or _process_gone(self.recognizer):
                     return None
-                if self._finals or self._partials:
+                if self._queue:
                     break
                 # idle, but look now and then whether a model process has died
                 self._lock.wait(IDLE_CHECK_S)
-            partials = list(self._partials.values())
-            # the queue discipline: finals oldest first, first partials, then refreshes
-            queued = list(self._finals)
-            queued += [q for q in partials if q.job.first]
-            queued += [q for q in partials if not q.job.first]
-            if queued[0].retried:  # alone: it may be what broke the model
-                batch = [queued[0]]
-            else:  # queued[0] is fresh[0]
-                fresh = [q for q in queued if not q.retried]
-                chosen = select_batch(
-                    [q.job for q in fresh],
-                    max_batch=self.max_batch,
-                    max_padding_ratio=self.options.max_padding_ratio,
-                    max_batch_samples=self._max_batch_samples,
-                )
-                batch = [fresh[i] for i in chosen]
-            for item in batch:
-                if item.job.kind == "final":
-                    self._finals.remove(item)
-                else:
-                    del self._partials[item.job.session_id]
+            batch = self._queue.take(
+                max_batch=self.max_batch,
+                max_padding_ratio=self.options.max_padding_ratio,
+                max_batch_samples=self._max_batch_samples,
+            )
             self._running = batch
             self._running_since = time.perf_counter()
             self._lock.notify_all()  # wakes the watchdog
@@ -452,7 +375,7 @@ class ModelWorker:
                 return
             self._recover(running, reason)
 
-    def _stalled_batch(self) -> list[_Queued] | None:
+    def _stalled_batch(self) -> list[Queued] | None:
         """Wait until the running batch is overdue and return it, or ``[]`` once a restart
         has taken longer than RESTART_TIMEOUT_S; None once the worker stops or has failed."""
         assert self.decode_timeout_s is not None
@@ -486,7 +409,7 @@ class ModelWorker:
         horizon = time.monotonic() - RESTART_WINDOW_S
         return sum(1 for t in self._restart_times if t > horizon) < self.options.max_restarts
 
-    def _recover(self, running: list[_Queued], reason: str) -> None:
+    def _recover(self, running: list[Queued], reason: str) -> None:
         """The watchdog's restart: answer or requeue the stalled batch, then kill the model
         process (which ends the stuck call; the worker thread then loads it again)."""
         with self._lock:
@@ -500,7 +423,7 @@ class ModelWorker:
         for item, result in answers:
             self._answer(item, result)
 
-    def _requeue(self, items: list[_Queued], reason: str) -> list[tuple[_Queued, DecodeResult]]:
+    def _requeue(self, items: list[Queued], reason: str) -> list[tuple[Queued, DecodeResult]]:
         """Call with the lock held, for jobs the failed model did not decode: finals go back
         to the front of the queue, to be decoded alone by the next model, unless they were
         already retried once (then they fail: they may be the cause); partials are dropped
@@ -521,8 +444,7 @@ class ModelWorker:
                 failure = DecodeResult(job=job, failure=DecodeFailure.DECODE_FAILED, detail=detail)
                 answers.append((item, failure))
             else:
-                item.retried = True
-                self._finals.appendleft(item)
+                self._queue.retry_first(item)
         return answers[::-1]
 
     def _restart(self, reason: str) -> bool:
@@ -540,7 +462,7 @@ class ModelWorker:
             self._restart_times.append(now)
             self._restart_started = now
             self._lock.notify_all()  # the watchdog times the restart
-            waiting = len(self._finals) + len(self._partials)
+            waiting = len(self._queue)
         logger.warning(
             "the model failed (%s): starting it again (%d of at most %d restarts in %g s; "
             "%d jobs wait)",
@@ -585,12 +507,10 @@ class ModelWorker:
                 return
             self.failure = reason
             self._restarting = self._restart_started = None
-            waiting = list(self._finals) + list(self._partials.values())
+            waiting = self._queue.clear()
             if self._running is not None:
                 waiting[:0] = self._running
             self._running = None
-            self._finals.clear()
-            self._partials.clear()
             self._lock.notify_all()
         self._kill_model()  # a model process: end a stuck call
         if self.on_failure is not None:
@@ -610,7 +530,7 @@ class ModelWorker:
             except Exception:
                 logger.exception("ending the model process failed")
 
-    def _decode(self, batch: list[_Queued]) -> list[DecodeResult]:
+    def _decode(self, batch: list[Queued]) -> list[DecodeResult]:
         """Decode ``batch`` in one call; if that raises, job by job (one result each)."""
         if len(batch) == 1:
             return [self._decode_one(batch[0])]
@@ -639,12 +559,12 @@ class ModelWorker:
             for item, transcript in zip(batch, transcripts, strict=True)
         ]
 
-    def _decode_one(self, item: _Queued) -> DecodeResult:
+    def _decode_one(self, item: Queued) -> DecodeResult:
         assert self.recognizer is not None
         queue_ms = (time.perf_counter() - item.submitted) * 1000
         return decode_job(self.recognizer, item.job, queue_ms=queue_ms)
 
-    def _answer(self, item: _Queued, result: DecodeResult) -> None:
+    def _answer(self, item: Queued, result: DecodeResult) -> None:
         if self.on_decoded is not None and not result.dropped:
             try:
                 self.on_decoded(result)

@@ -1,0 +1,145 @@
+"""The worker's queue of decode jobs: its discipline and batch selection (no threads).
+
+* finals before partials; among partials, a segment's first partial (which decides
+  when its speaker sees the first words) before refreshes of segments already shown;
+  oldest first within each class;
+* at most one pending partial per session: a newer one replaces it (the old one is
+  answered ``dropped``);
+* a session's pending partial is dropped as soon as one of its finals is queued;
+* a final decoded again after the model failed while decoding it is taken alone;
+* :meth:`JobQueue.drop_session` forgets every queued job of a departed client.
+
+The caller (:class:`~streamer.model.worker.ModelWorker`) holds its lock around every
+call; nothing here blocks or reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from streamer.core.jobs import DecodeJob, DecodeResult
+
+ResultCallback = Callable[[DecodeResult], None]
+
+
+@dataclass
+class Queued:
+    """A submitted job and whom to answer."""
+
+    job: DecodeJob
+    callback: ResultCallback
+    submitted: float  # time.perf_counter() at submission
+    retried: bool = False  # decoded again after the model failed while decoding it
+
+
+def select_batch(
+    candidates: Sequence[DecodeJob],
+    *,
+    max_batch: int,
+    max_padding_ratio: float,
+    max_batch_samples: int | None = None,
+) -> list[int]:
+    """Which of ``candidates`` (in queue-discipline order) to decode together: indices.
+
+    The first candidate is always taken (the worker's queue discipline put it first, so
+    it never waits behind later work). The others are taken in order if they are of the
+    first one's kind (a final never waits for partials decoded with it: on 2 CPU cores
+    that doubled final p95, bench/RESULTS.md), while the batch has fewer than
+    ``max_batch`` jobs and ``jobs x longest <= max_padding_ratio x total`` samples holds,
+    so a batch groups similar lengths and a long job does not make short ones pay for its
+    padding (or the reverse), and while its padded samples stay within
+    ``max_batch_samples`` (None: no bound), which bounds how long a batch holds up the
+    next final.
+    """
+    if not candidates:
+        return []
+    chosen = [0]
+    kind = candidates[0].kind
+    longest = total = candidates[0].pcm.size
+    for index in range(1, len(candidates)):
+        if len(chosen) >= max_batch:
+            break
+        if candidates[index].kind != kind:
+            continue
+        samples = candidates[index].pcm.size
+        new_longest = max(longest, samples)
+        padded = (len(chosen) + 1) * new_longest
+        if max_batch_samples is not None and padded > max_batch_samples:
+            continue
+        if padded <= max_padding_ratio * (total + samples):
+            chosen.append(index)
+            longest, total = new_longest, total + samples
+    return chosen
+
+
+class JobQueue:
+    """Finals in order, and one pending partial per session."""
+
+    def __init__(self) -> None:
+        self.finals: deque[Queued] = deque()
+        self.partials: OrderedDict[str, Queued] = OrderedDict()  # session_id -> job
+
+    def __len__(self) -> int:
+        return len(self.finals) + len(self.partials)
+
+    def push(self, item: Queued) -> Queued | None:
+        """Queue ``item``; returns the pending partial it supersedes (to answer dropped)."""
+        session_id = item.job.session_id
+        superseded = self.partials.pop(session_id, None)
+        if item.job.kind == "final":
+            self.finals.append(item)
+        else:
+            self.partials[session_id] = item
+        return superseded
+
+    def retry_first(self, item: Queued) -> None:
+        """A final the failed model did not decode: first in line, to be decoded alone."""
+        item.retried = True
+        self.finals.appendleft(item)
+
+    def drop_session(self, session_id: str) -> int:
+        """Forget every queued job of ``session_id``; how many there were."""
+        before = len(self.finals)
+        self.finals = deque(q for q in self.finals if q.job.session_id != session_id)
+        dropped = before - len(self.finals)
+        if self.partials.pop(session_id, None) is not None:
+            dropped += 1
+        return dropped
+
+    def clear(self) -> list[Queued]:
+        """Empty the queue; what it held, finals first."""
+        items = list(self.finals) + list(self.partials.values())
+        self.finals.clear()
+        self.partials.clear()
+        return items
+
+    def take(
+        self, *, max_batch: int, max_padding_ratio: float, max_batch_samples: int | None
+    ) -> list[Queued]:
+        """The next batch off the queue (see :func:`select_batch`); [] when empty."""
+        if not self:
+            return []
+        partials = list(self.partials.values())
+        # the queue discipline: finals oldest first, first partials, then refreshes
+        queued = list(self.finals)
+        queued += [q for q in partials if q.job.first]
+        queued += [q for q in partials if not q.job.first]
+        if queued[0].retried:  # alone: it may be what broke the model
+            batch = [queued[0]]
+        else:  # queued[0] is fresh[0]
+            fresh = [q for q in queued if not q.retried]
+            chosen = select_batch(
+                [q.job for q in fresh],
+                max_batch=max_batch,
+                max_padding_ratio=max_padding_ratio,
+                max_batch_samples=max_batch_samples,
+            )
+            batch = [fresh[i] for i in chosen]
+        for item in batch:
+            if item.job.kind == "final":
+                self.finals.remove(item)
+            else:
+                del self.partials[item.job.session_id]
+        return batch
