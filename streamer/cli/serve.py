@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,8 +27,6 @@ from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
 
 logger = logging.getLogger(__name__)
-
-EXIT_MODEL_FAILED = 3  # serve: the model stalled or its worker died; restart the process
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -453,72 +448,7 @@ async def _serve(args: argparse.Namespace) -> int:
         loading=progress,
         classifier_factory=classifier_factory,
     )
-    await server.start()  # bind first: /readyz answers 503 with the stage while loading
-    worker.start()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    stop_now = asyncio.Event()  # SIGINT, or SIGTERM again: no drain (or cut it short)
-
-    def on_signal(sig: signal.Signals) -> None:
-        if sig is signal.SIGINT or stop.is_set():
-            stop_now.set()
-        stop.set()
-
-    handlers: dict[signal.Signals, Callable[[], None]] = {
-        signal.SIGINT: lambda: on_signal(signal.SIGINT),
-        signal.SIGTERM: lambda: on_signal(signal.SIGTERM),
-        # drain by hand (a blue-green switch, a host going into maintenance), then undo
-        signal.SIGUSR1: server.start_draining,
-        signal.SIGUSR2: lambda: None if stop.is_set() else server.stop_draining(),
-    }
-    for sig, handler in handlers.items():
-        loop.add_signal_handler(sig, handler)
-    ready = asyncio.create_task(server.wait_ready())
-    stopped = asyncio.create_task(stop.wait())
-    failed = asyncio.create_task(server.wait_failed())
-    failed.add_done_callback(lambda _: stop.set())
-    try:
-        await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if ready.done():
-            ready.result()  # raises the model's loading error
-            scheme = "https" if server_options.certfile else "http"
-            host = (
-                "localhost"
-                if server_options.host in ("127.0.0.1", "0.0.0.0")
-                else server_options.host
-            )
-            logger.info("ready: open %s://%s:%d/ for live captions", scheme, host, server.port)
-            await stopped
-        if server.failure is None:
-            logger.info("signal received: stopping")
-        if server.failure is None and not stop_now.is_set():
-            # SIGTERM (an orchestrator, systemd): let the balancer notice before we go
-            drained = asyncio.create_task(server.drain())
-            interrupted = asyncio.create_task(stop_now.wait())
-            await asyncio.wait({drained, interrupted}, return_when=asyncio.FIRST_COMPLETED)
-            drained.cancel()
-            interrupted.cancel()
-    finally:
-        for sig in handlers:
-            loop.remove_signal_handler(sig)
-        # from now on SIGTERM or SIGINT (again) ends the grace period: sessions are
-        # aborted, and the process still exits through the same clean path
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, server.cut_grace_short)
-        ready.cancel()
-        stopped.cancel()
-        failed.cancel()
-        await server.shutdown()
-        # a model still loading, or a stalled decode, cannot be interrupted: do not wait
-        # for that thread (a daemon, it ends with the process)
-        usable = worker.ready.is_set() and server.failure is None
-        await asyncio.to_thread(worker.stop, 5.0 if usable else 0.0)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-    if server.failure is not None:
-        logger.error("exiting with status %d: %s", EXIT_MODEL_FAILED, server.failure)
-        return EXIT_MODEL_FAILED
-    return 0
+    return await server.run()
 
 
 # descriptors beyond one per session: the model's files, ports, half-open handshakes

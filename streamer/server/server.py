@@ -14,6 +14,7 @@ import contextlib
 import errno
 import importlib.resources
 import logging
+import signal
 import ssl
 import threading
 from collections.abc import Callable
@@ -49,6 +50,7 @@ Listener = FunAsrListener | WyomingListener
 
 logger = logging.getLogger(__name__)
 
+EXIT_MODEL_FAILED = 3  # run(): the model stalled or its worker died; restart the process
 LOOP_LAG_PROBE_S = 0.1  # how often the event-loop lag is sampled
 FAILED_GRACE_S = 2.0  # shutdown grace once the model has failed (nothing left to decode)
 
@@ -93,6 +95,8 @@ class StreamingServer:
             classifier_factory or (lambda: webrtc_classifier(options.vad_aggressiveness)),
         )
         self._grace_cut = asyncio.Event()  # stop waiting for open sessions (a 2nd signal)
+        self._stop = asyncio.Event()  # run(): stop serving (SIGTERM, SIGINT)
+        self._stop_now = asyncio.Event()  # run(): stop without draining (SIGINT, 2nd signal)
         self._server: Server | None = None
         self._lag_task: asyncio.Task[None] | None = None
         web_root = options.web_root or Path(str(importlib.resources.files("streamer.web_demo")))
@@ -318,6 +322,87 @@ class StreamingServer:
         if self.admission.shutting_down and not self._grace_cut.is_set():
             logger.warning("shutting down at once: aborting %d sessions", self.session_count)
         self._grace_cut.set()
+
+    # -- the process's life -----------------------------------------------------
+
+    def request_stop(self, *, now: bool = False) -> None:
+        """Make :meth:`run` stop serving: drain first unless ``now`` (or asked before);
+        once shutting down, cut the grace period short. What SIGTERM (SIGINT: ``now``)
+        does."""
+        if self.admission.shutting_down:
+            self.cut_grace_short()
+            return
+        if now or self._stop.is_set():
+            self._stop_now.set()
+        self._stop.set()
+
+    async def run(self, *, signals: bool = True) -> int:
+        """Serve a whole process's life; returns its exit status.
+
+        Binds (``/readyz`` answers 503 with the loading stage meanwhile), starts the
+        worker, serves until :meth:`request_stop` (SIGTERM; SIGINT stops without
+        draining; either again cuts the drain, then the shutdown's grace period, short)
+        or a model failure, then drains, shuts down and stops the worker. With
+        ``signals`` the signals are installed (the main thread only); SIGUSR1 starts
+        draining and SIGUSR2 undoes it. 0, or :data:`EXIT_MODEL_FAILED` after a model
+        failure; raises the model's loading error.
+        """
+        await self.start()  # bind first: /readyz answers 503 with the stage while loading
+        self.worker.start()
+        loop = asyncio.get_running_loop()
+        handlers: dict[signal.Signals, Callable[[], None]] = {
+            signal.SIGINT: lambda: self.request_stop(now=True),
+            signal.SIGTERM: self.request_stop,
+            # drain by hand (a blue-green switch, a host going into maintenance), then undo
+            signal.SIGUSR1: self.start_draining,
+            signal.SIGUSR2: lambda: None if self._stop.is_set() else self.stop_draining(),
+        }
+        for sig, handler in handlers.items() if signals else ():
+            loop.add_signal_handler(sig, handler)
+        ready = asyncio.create_task(self.wait_ready())
+        stopped = asyncio.create_task(self._stop.wait())
+        failed = asyncio.create_task(self.wait_failed())
+        failed.add_done_callback(lambda _: self._stop.set())
+        try:
+            await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if ready.done():
+                ready.result()  # raises the model's loading error
+                self._log_ready()
+                await stopped
+            if self.failure is None:
+                logger.info("signal received: stopping")
+            if self.failure is None and not self._stop_now.is_set():
+                # SIGTERM (an orchestrator, systemd): let the balancer notice before we go
+                drained = asyncio.create_task(self.drain())
+                interrupted = asyncio.create_task(self._stop_now.wait())
+                await asyncio.wait({drained, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+                drained.cancel()
+                interrupted.cancel()
+        finally:
+            # from now on SIGTERM or SIGINT (again) ends the grace period: sessions are
+            # aborted, and the process still exits through the same clean path
+            for sig in (signal.SIGUSR1, signal.SIGUSR2) if signals else ():
+                loop.remove_signal_handler(sig)
+            ready.cancel()
+            stopped.cancel()
+            failed.cancel()
+            await self.shutdown()
+            # a model still loading, or a stalled decode, cannot be interrupted: do not
+            # wait for that thread (a daemon, it ends with the process)
+            usable = self.worker.ready.is_set() and self.failure is None
+            await asyncio.to_thread(self.worker.stop, 5.0 if usable else 0.0)
+            for sig in (signal.SIGINT, signal.SIGTERM) if signals else ():
+                loop.remove_signal_handler(sig)
+        if self.failure is not None:
+            logger.error("exiting with status %d: %s", EXIT_MODEL_FAILED, self.failure)
+            return EXIT_MODEL_FAILED
+        return 0
+
+    def _log_ready(self) -> None:
+        o = self.options
+        scheme = "https" if o.certfile else "http"
+        host = "localhost" if o.host in ("127.0.0.1", "0.0.0.0") else o.host
+        logger.info("ready: open %s://%s:%d/ for live captions", scheme, host, self.port)
 
     async def __aenter__(self) -> StreamingServer:
         await self.start()
