@@ -344,3 +344,37 @@ def test_cli_flags_and_environment(monkeypatch):
     monkeypatch.setenv("STREAMER_WYOMING_INSECURE", "1")
     options = _server_options(build_parser().parse_args(["serve", "--token", "t"]))
     assert (options.wyoming_port, options.wyoming_insecure) == (10300, True)
+
+
+async def test_funasr_client_faster_than_the_model_is_back_pressured_not_killed(
+    make_ports_server,
+):
+    """A FunASR client streams unpaced (as file_asr_stream does) and sends no pings
+    (FunASR's clients connect with ping_interval=None) while the model decodes slower
+    than the server's ping timeout: reading pauses for back-pressure, so the server's
+    pongs wait behind queued audio. The keepalive must not count that pause: every
+    utterance and the is_final arrive (websockets' own keepalive closed it with 1011)."""
+    server = make_ports_server(
+        load=lambda: FakeRecognizer(delay_s=0.4),
+        max_pending_finals=1,
+        max_backlog_bytes=64 * 1024,
+        ping_interval_s=0.2,
+        ping_timeout_s=0.5,
+        wyoming_port=None,
+    )
+    utterances = 8
+    pcm = speech(utterances).astype("<i2").tobytes()
+    async with connect(funasr_uri(server), subprotocols=["binary"], ping_interval=None) as ws:
+        await ws.send(json.dumps(FIRST | {"mode": "offline"}))
+        for i in range(0, len(pcm), 3200):  # unpaced, as fast as the socket takes it
+            await ws.send(pcm[i : i + 3200])
+        await ws.send('{"is_speaking": false}')
+        messages = await funasr_until_final(ws, timeout=60)
+    expected = " ".join(f"audio {1100 + 200 * i} ms" for i in range(utterances))
+    assert messages[-1]["is_final"] is True  # offline mode: one text, every utterance
+    assert messages[-1]["text"] == expected, messages
+    registry = server.server.metrics.registry
+    killed = registry.get_sample_value(
+        "streamer_sessions_terminated_total", {"reason": "keepalive_timeout"}
+    )
+    assert not killed

@@ -356,23 +356,31 @@ def get(path: str, *extra: str, method: str = "GET") -> bytes:
     return "\r\n".join(lines).encode("latin-1")
 
 
-async def test_malformed_requests_get_400_and_nothing_is_echoed(fake):
-    server = fake(token="s3cret", allowed_origins=("http://good.example",))
-    port = server.port
+@pytest.mark.parametrize("port_name", ["main", "funasr"])
+async def test_malformed_requests_get_400_and_nothing_is_echoed(fake, port_name):
+    """The same request checks on the main port and on the FunASR port (where a repeated
+    header was a 500 with a traceback, and websockets' refusals echoed header values)."""
+    server = fake(token="s3cret", allowed_origins=("http://good.example",), funasr_port=0)
+    if port_name == "main":
+        port, ws_path = server.port, "/v1/asr"
+    else:
+        port, ws_path = server.server.listeners["funasr"].port, "/"
     cases = [
-        get("/v1/asr", "Authorization: Bearer a", "Authorization: Bearer b"),
+        get(ws_path, "Authorization: Bearer a", "Authorization: Bearer b"),
+        get(ws_path, "Origin: http://good.example", "Origin: http://good.example"),
         get("/" + "a" * 300),
         get("/static/\x00name"),
     ]
     for request in cases:
-        status, _, body = await asyncio.to_thread(raw_http, port, request)
+        status, headers, body = await asyncio.to_thread(raw_http, port, request)
         assert status == 400, request
-        assert b"aaaa" not in body and b"Bearer" not in body
+        assert json.loads(body)["error"] == "bad_request"
+        assert b"aaaa" not in body and b"Bearer" not in body and b"good" not in body
     marker = "zz-echo-marker"
     for request, expected in [
         (get(f"/{marker}"), 404),
-        (get("/v1/asr?token=s3cret", f"Origin: http://{marker}"), 403),
-        (get("/v1/asr?token=s3cret", f"Connection: {marker}"), 426),
+        (get(f"{ws_path}?token=s3cret", f"Origin: http://{marker}"), 403),
+        (get(f"{ws_path}?token=s3cret", f"Connection: {marker}"), 426),
     ]:
         status, _, body = await asyncio.to_thread(raw_http, port, request)
         assert status == expected and marker.encode() not in body, (request, body)

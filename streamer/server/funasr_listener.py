@@ -2,8 +2,10 @@
 
 A second websockets server whose every session is a :class:`FunAsrAdapter` on path ``/``,
 served like the main port's sessions (:func:`~streamer.server.connection.serve_websocket`),
-so it shares admission, ``--max-sessions``, the worker, the connection machinery and the
-graceful shutdown. The protocol itself is in
+so it shares admission, ``--max-sessions``, the worker, the connection machinery (our
+keepalive, which never counts our own back-pressure against the client, and websockets'
+queue of two frames), the request checks (a malformed request is a 400; refusals echo
+nothing of the request) and the graceful shutdown. The protocol itself is in
 :mod:`streamer.core.compat.funasr`; ``docs/funasr.md`` is the user's page.
 """
 
@@ -13,7 +15,7 @@ import http
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
@@ -24,6 +26,8 @@ from streamer.core.protocol import StreamOptions
 from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
+from streamer.server.options import WS_MAX_QUEUE_FRAMES
+from streamer.server.routes import check_request_line, guarded, method_not_allowed, process_response
 
 logger = logging.getLogger(__name__)
 
@@ -81,21 +85,23 @@ class FunAsrListener:
             o.host,
             self._requested_port,
             ssl=ssl_context,
-            process_request=self._process_request,
+            process_request=guarded(self._route),
+            process_response=process_response,
             select_subprotocol=_select_subprotocol,
             compression=None,
             max_size=o.max_message_bytes,
-            max_queue=16,
-            ping_interval=o.limits.ping_interval_s,
-            ping_timeout=o.limits.ping_timeout_s,
+            max_queue=WS_MAX_QUEUE_FRAMES,
+            ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
             close_timeout=o.limits.close_timeout_s,
             server_header="sensevoice-streamer",
         )
         scheme = "wss" if ssl_context else "ws"
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
 
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
+    def _route(self, request: Request) -> Response | None:
+        if request.method != "GET":
+            return method_not_allowed(("GET",), "WebSocket handshakes use GET")
+        url = check_request_line(request)  # raises BadRequest: a 400
         if url.path != PATH:
             return json_response(
                 http.HTTPStatus.NOT_FOUND,
