@@ -37,7 +37,10 @@ async ([url, key, seconds]) => {
   const recorder = new MediaRecorder(stream, { mimeType: "audio/webm;codecs=opus" });
   const blobs = [];
   recorder.ondataavailable = (event) => {
-    if (event.data.size > 0 && socket.readyState === 1) { socket.send(event.data); blobs.push(event.data.size); }
+    if (event.data.size > 0 && socket.readyState === 1) {
+      socket.send(event.data);
+      blobs.push(event.data.size);
+    }
   };
   const started = performance.now();
   recorder.start(250);
