@@ -177,7 +177,7 @@ async def test_bad_input_in_each_protocol_gets_its_error_and_others_lose_nothing
         (None, "unexpected_message"),  # audio before the first JSON
         ("not json at all", "bad_message"),
         (json.dumps(FIRST | {"audio_fs": 11025}), "unsupported_sample_rate"),
-        (json.dumps(FIRST | {"wav_format": "mp3"}), "invalid_option"),
+        (json.dumps(FIRST | {"wav_format": "mp4"}), "invalid_option"),
     ]
     for first, code in bad_funasr:
         async with connect(funasr_uri(server)) as ws:

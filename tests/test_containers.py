@@ -179,3 +179,60 @@ def test_a_change_of_format_mid_stream_is_an_error(encoded) -> None:
 def test_without_a_decoder_a_container_is_refused_clearly(encoded) -> None:
     with pytest.raises(UndecodableAudio, match="not decoded"):
         AudioInput(AUTO, 16000, None).push(encoded["flac"][:100])
+
+
+# -- FunASR's wav_format: a compressed file per round ---------------------------------
+
+
+@pytest.mark.parametrize(("wav_format", "container"), [("mp3", "mp3"), ("ogg", "ogg")])
+def test_funasr_offline_mode_decodes_a_compressed_file(tmp_path, wav_format, container) -> None:
+    import json
+
+    import orjson
+
+    from streamer.core.compat.funasr import FunAsrAdapter
+    from streamer.core.protocol import StreamOptions
+    from streamer.core.session import Session, SessionOptions
+    from tests.fakes import InstantWorker, loudness_classifier, silence, tone
+
+    session = Session(
+        "f1", SessionOptions(model_name="fake"), StreamOptions(), loudness_classifier()
+    )
+    adapter = FunAsrAdapter(session, open_decoder=open_decoder)
+    adapter.start()
+    worker = InstantWorker(session, ["first one", "second one"])
+    pcm = np.concatenate([silence(300), tone(1500), silence(1000), tone(900), silence(1000)])
+    data = encode(pcm, container, tmp_path)
+    first = {"mode": "offline", "wav_name": "f", "wav_format": wav_format, "is_speaking": True}
+    adapter.receive_text(json.dumps(first))
+    for i in range(0, len(data), 4096):  # funasr_wss_client's offline chunks
+        adapter.receive_bytes(data[i : i + 4096])
+        worker.answer()
+    adapter.receive_text(json.dumps({"is_speaking": False}))
+    worker.answer()
+    got = [orjson.loads(frame.data) for frame in adapter.drain()]
+    (last,) = got
+    assert last["mode"] == "offline" and last["is_final"]
+    assert last["text"].split() == ["first", "one", "second", "one"]
+    adapter.release()
+
+
+def test_funasr_pcm_declared_as_mp3_is_an_error() -> None:
+    import json
+
+    import orjson
+
+    from streamer.core.compat.funasr import FunAsrAdapter
+    from streamer.core.protocol import StreamOptions
+    from streamer.core.session import Session, SessionOptions
+    from tests.fakes import loudness_classifier, tone
+
+    session = Session(
+        "f1", SessionOptions(model_name="fake"), StreamOptions(), loudness_classifier()
+    )
+    adapter = FunAsrAdapter(session, open_decoder=open_decoder)
+    adapter.start()
+    adapter.receive_text(json.dumps({"mode": "offline", "wav_format": "mp3"}))
+    adapter.receive_bytes(tone(500).astype("<i2").tobytes())
+    (error,) = [orjson.loads(frame.data) for frame in adapter.drain()]
+    assert error["error"]["code"] == "undecodable_audio" and error["is_final"]

@@ -23,6 +23,8 @@ from websockets.typing import Subprotocol
 
 from streamer.core.compat.funasr import FunAsrAdapter
 from streamer.core.protocol import StreamOptions
+from streamer.core.session import Session
+from streamer.media import open_decoder
 from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
@@ -37,7 +39,11 @@ SUBPROTOCOL = "binary"  # what FunASR's Python clients ask for
 
 def _negotiate(request: Request, query: Mapping[str, str], defaults: StreamOptions) -> Negotiation:
     """The stream options come from the first JSON frame (the query only carries a token)."""
-    return Negotiation(defaults, FunAsrAdapter)
+    return Negotiation(defaults, _adapter)
+
+
+def _adapter(session: Session) -> FunAsrAdapter:
+    return FunAsrAdapter(session, open_decoder=open_decoder)  # compressed wav_format
 
 
 def _binary_if_offered(offered: Sequence[str]) -> str | None:
@@ -49,7 +55,7 @@ FUNASR_ENDPOINT = Endpoint(
     name="funasr",
     presented_token=bearer_or_query_token,
     auth_hint="a valid token is required: connect to ws://HOST:PORT/?token=TOKEN",
-    make_adapter=FunAsrAdapter,
+    make_adapter=_adapter,
     negotiate=_negotiate,
     select_subprotocol=_binary_if_offered,
 )

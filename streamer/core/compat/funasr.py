@@ -47,6 +47,7 @@ import orjson
 from streamer.core import protocol
 from streamer.core.compat.common import core_language, finals_submitted
 from streamer.core.compat.textjoin import AppendOnlyText, separator
+from streamer.core.containers import PCM, AudioInput, DecoderFactory
 from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart, Word
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter
@@ -56,6 +57,7 @@ from streamer.errors import (
     InvalidOption,
     MalformedMessage,
     ProtocolError,
+    UndecodableAudio,
     UnexpectedMessage,
     UnsupportedSampleRate,
 )
@@ -64,6 +66,9 @@ MODES = ("2pass", "online", "offline")
 DEFAULT_WAV_NAME = "wav-default-id"  # what the C++ server calls a stream that names none
 MAX_WAV_NAME_CHARS = 256  # a longer wav_name is cut (it is echoed in every message)
 PCM_FORMATS = ("pcm", "wav")  # wav_format values we accept: raw PCM (a WAV header is skipped)
+# the compressed wav_format values FunASR's clients send (offline mode: whole files), and
+# the container each is; the server decodes them in any mode, as they arrive
+COMPRESSED_FORMATS = {"mp3": "mp3", "ogg": "ogg", "opus": "ogg", "flac": "flac", "webm": "webm"}
 # Where the html5 demo splits text into timestamped units (handleWithTimestamp in main.js).
 _UNIT_SEPARATORS = frozenset("。？，、?. ,")
 _SENTENCE_PUNCTUATION = frozenset("。？！，、,.?!;；")
@@ -86,6 +91,7 @@ class FunAsrConfig:
     sample_rate: int = protocol.NATIVE_SAMPLE_RATE  # audio_fs, Hz
     language: str = "auto"  # from svs_lang
     itn: bool | None = None  # from svs_itn (else itn); None keeps the server's default
+    container: str = PCM  # PCM, or the container a compressed wav_format names
 
 
 def _lenient_bool(value: Any) -> bool | None:
@@ -118,10 +124,10 @@ def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
         mode = "2pass"
     wav_name = wav_name_of(obj)
     wav_format = obj.get("wav_format")
-    if wav_format is not None and str(wav_format).strip().lower() not in PCM_FORMATS:
-        raise InvalidOption(
-            f"wav_format {wav_format!r} is not supported: send raw PCM s16le (wav_format 'pcm')"
-        )
+    form = "pcm" if wav_format is None else str(wav_format).strip().lower()
+    if form not in PCM_FORMATS and form not in COMPRESSED_FORMATS:
+        known = ", ".join((*PCM_FORMATS, *COMPRESSED_FORMATS))
+        raise InvalidOption(f"wav_format {wav_format!r} is not supported (supported: {known})")
     rate = protocol.NATIVE_SAMPLE_RATE
     audio_fs = obj.get("audio_fs")
     if audio_fs is not None:
@@ -143,6 +149,7 @@ def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
         sample_rate=rate,
         language=core_language(obj.get("svs_lang")),
         itn=itn,
+        container=COMPRESSED_FORMATS.get(form, PCM),
     )
 
 
@@ -289,8 +296,10 @@ class FunAsrAdapter(WireAdapter):
 
     name = "funasr"
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, open_decoder: DecoderFactory | None = None) -> None:
         super().__init__(session)
+        self._open_decoder = open_decoder
+        self._input: AudioInput | None = None  # a compressed file being decoded
         self.config: FunAsrConfig | None = None  # set by the first JSON frame
         self._wav_name = DEFAULT_WAV_NAME  # the first JSON frame's, even one refused
         self._frames: list[OutFrame] = []
@@ -346,13 +355,44 @@ class FunAsrAdapter(WireAdapter):
                 )
             )
             return
-        if self._first_audio:
+        if self.config.container != PCM:
+            try:
+                data = self._compressed(data)
+            except UndecodableAudio as error:
+                self._fail(error)
+                return
+        elif self._first_audio:
             self._first_audio = False
             data = strip_wav_header(data)
         if data:
             self._last_sent = False
             self._audio_since_end = True
             self.session.receive_audio(data)
+
+    def _compressed(self, data: bytes) -> bytes:
+        """A compressed file's bytes (each round of input is a file of its own)."""
+        assert self.config is not None
+        if self._input is None:
+            rate = self.session.stream.sample_rate
+            self._input = AudioInput(self.config.container, rate, self._open_decoder)
+        self._audio_since_end = True  # a header alone is input too
+        return self._input.push(data)
+
+    def _flush_file(self) -> None:
+        """The end of a round: the decoder's tail, then a fresh decoder for the next file."""
+        audio, self._input = self._input, None
+        if audio is None:
+            return
+        try:
+            pcm = audio.flush()
+        finally:
+            audio.close()
+        if pcm:
+            self.session.receive_audio(pcm)
+
+    def release(self) -> None:
+        if self._input is not None:
+            self._input.close()
 
     def _configure(self, config: FunAsrConfig) -> None:
         params: dict[str, object] = {
@@ -366,6 +406,7 @@ class FunAsrAdapter(WireAdapter):
         self.config = config
 
     def _end_of_input(self, *, ack: bool) -> None:
+        self._flush_file()
         if not self._audio_since_end:
             # the second {"is_speaking": false} that funasr-client's close() sends
             if ack and self._rounds:
