@@ -95,7 +95,7 @@ def test_invalid_options(options: dict[str, object]) -> None:
 def test_default_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path))
     options = RecognizerOptions()
-    assert options.model == "iic/SenseVoiceSmall"
+    assert options.model == "auto"  # the backend's default: loading.resolve_model
     assert options.cache_dir == tmp_path
     monkeypatch.delenv("STREAMER_CACHE_DIR")
     assert RecognizerOptions().cache_dir == Path.home() / ".cache" / "sensevoice-streamer"

@@ -179,7 +179,9 @@ def test_digital_silence_is_never_speech(model) -> None:
 
 def test_missing_package_is_a_config_error(monkeypatch) -> None:
     monkeypatch.setattr(silero.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match="pip install silero-vad"):
+    with pytest.raises(
+        ConfigError, match=r"sensevoice-streamer\[torch\].*pip install --no-deps silero-vad"
+    ):
         silero.packaged_model_path()
 
 

@@ -154,8 +154,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         g,
         "--model",
         recognizer.model,
-        help="hub id, local model directory, or random:tiny / random:small / "
-        "random:tagged (meaningless text; for tests and timing) "
+        help="hub id, local model directory, random:tiny / random:small (random "
+        "weights, meaningless text; for tests and timing) / random:tagged (a test model "
+        "trained on two clips), or auto: sherpa-onnx's int8 export from Hugging Face on "
+        "ONNX Runtime (the CPU), iic/SenseVoiceSmall on torch "
         "[STREAMER_MODEL, default %(default)s]",
     )
     _flag(
@@ -259,7 +261,9 @@ def _recognizer_options(args: argparse.Namespace) -> Any:
                 f"--cache-dir {args.cache_dir} cannot be used: {error.strerror or error}"
             ) from None
         kwargs["cache_dir"] = args.cache_dir
-    return RecognizerOptions(**kwargs)
+    from streamer.model.loading import resolve_model
+
+    return resolve_model(RecognizerOptions(**kwargs))
 
 
 # -- serve -----------------------------------------------------------------------

@@ -23,11 +23,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from streamer.errors import ConfigError, ModelError
+from streamer.extras import TORCH, TORCH_MODULES, missing, require
 from streamer.model.decoding import CtcRecognizer
 from streamer.model.files import RANDOM_PREFIX, looks_like_path, model_files
+from streamer.model.published import PUBLISHED_ONNX_MODEL, is_published
 from streamer.model.recognizer import Recognizer, RecognizerOptions
 
 logger = logging.getLogger(__name__)
+
+AUTO_MODEL = "auto"  # RecognizerOptions.model: the default model of the backend that serves
+DEFAULT_TORCH_MODEL = "iic/SenseVoiceSmall"  # through funasr, from ModelScope (--hub ms)
 
 HEARTBEAT_S = 5.0  # a stage that takes longer than this says so every HEARTBEAT_S
 
@@ -105,7 +110,14 @@ def preflight(options: RecognizerOptions) -> None:
     asked for) and that a local model directory has every file. Hub ids are checked
     while loading (the hub look-up may need the network).
     """
+    options = resolve_model(options)
     backend = resolve_backend(options)
+    if backend == "torch":
+        require_torch_backend()
+        if is_published(options.model):
+            raise ConfigError(
+                f"{options.model} is an ONNX export: it runs on --backend onnx (or auto), not torch"
+            )
     if backend == "onnx" and options.device.startswith("cuda"):
         from streamer.model.onnx_backend import check_cuda_provider
 
@@ -113,7 +125,7 @@ def preflight(options: RecognizerOptions) -> None:
     elif options.device.startswith("cuda") or options.dtype != "fp32":
         _check_cuda(options)
     model = options.model
-    if model.startswith(RANDOM_PREFIX):
+    if model.startswith(RANDOM_PREFIX) or is_published(model):
         return
     path = Path(model).expanduser()
     if path.exists() or looks_like_path(model):
@@ -126,6 +138,11 @@ def preflight(options: RecognizerOptions) -> None:
         for file in checked:
             if file is not None and not _readable(file):
                 raise ModelError(f"model file {file} cannot be read (check its permissions)")
+
+
+def require_torch_backend() -> None:
+    """ConfigError naming the ``[torch]`` extra when torch or funasr is not installed."""
+    require("--backend torch", TORCH, *TORCH_MODULES)
 
 
 def resolve_devices(spec: str) -> tuple[str, ...]:
@@ -156,20 +173,36 @@ def resolve_devices(spec: str) -> tuple[str, ...]:
     return tuple(f"cuda:{i}" for i in range(count))
 
 
+def resolve_model(options: RecognizerOptions) -> RecognizerOptions:
+    """``options`` with ``model="auto"`` replaced by the default of the backend that serves.
+
+    ONNX Runtime (the CPU's backend) runs sherpa-onnx's published int8 export
+    (:data:`~streamer.model.published.PUBLISHED_ONNX_MODEL`, fetched from Hugging Face,
+    nothing to export); torch runs ``iic/SenseVoiceSmall`` through funasr.
+    """
+    if options.model != AUTO_MODEL:
+        return options
+    if resolve_backend(options) == "onnx":
+        return replace(options, model=PUBLISHED_ONNX_MODEL, quantize="int8")
+    return replace(options, model=DEFAULT_TORCH_MODEL)
+
+
 def resolve_backend(options: RecognizerOptions) -> str:
     """The backend ``options`` get: "torch" or "onnx".
 
     ``auto`` takes ONNX Runtime on the CPU, where it decodes faster than torch with the
     same tokens, loads in seconds and holds a fraction of the memory (bench/RESULTS.md),
     and torch where only torch was measured or can run: half precision, a CUDA device
-    asked for, or ``device=auto`` on a machine that may have an NVIDIA GPU. Without
-    onnxruntime installed, torch.
+    asked for, or ``device=auto`` on a machine that may have an NVIDIA GPU (where torch is
+    installed). Without onnxruntime installed, torch.
     """
     if options.backend != "auto":
         return options.backend
+    if is_published(options.model):
+        return "onnx"  # an ONNX export: nothing else can run it
     if options.dtype != "fp32" or options.device.startswith("cuda"):
         return "torch"
-    if options.device == "auto" and not _no_gpu_visible():
+    if options.device == "auto" and not _no_gpu_visible() and not missing(*TORCH_MODULES):
         return "torch"
     try:
         import onnxruntime  # noqa: F401
@@ -230,8 +263,10 @@ def load_recognizer(
 ) -> CtcRecognizer:
     """Load in timed stages (call in the thread that will decode)."""
     progress = progress or LoadProgress()
+    options = resolve_model(options)
     if resolve_backend(options) == "onnx":
         return _load_onnx(options, progress)
+    require_torch_backend()
     with progress.stage_of("import", "importing torch and funasr"):
         from streamer.model.funasr_quiet import import_funasr
 
@@ -260,7 +295,12 @@ def _load_onnx(options: RecognizerOptions, progress: LoadProgress) -> CtcRecogni
         import onnxruntime  # noqa: F401
 
         from streamer.model.onnx_backend import OnnxRecognizer, locate_onnx_model
-    with progress.stage_of("build", f"locating model {options.model} (exported to ONNX once)"):
+    what = (
+        f"fetching the published model {options.model} from Hugging Face (once)"
+        if is_published(options.model)
+        else f"locating model {options.model} (exported to ONNX once)"
+    )
+    with progress.stage_of("build", what):
         model_dir = locate_onnx_model(options)
     what = f"loading model {options.model} with ONNX Runtime ({model_dir.graph.name})"
     with progress.stage_of("load", what):

@@ -52,6 +52,7 @@ from streamer.model.onnx_export import (
     cached_export,
     read_manifest,
 )
+from streamer.model.published import fetch_published, is_published
 from streamer.model.sensevoice import FEATURE_DIM, LID_ROWS, QUERY_FRAMES, TEXTNORM_ROWS
 
 if TYPE_CHECKING:
@@ -200,6 +201,8 @@ class OnnxRecognizer(CtcRecognizer):
 def locate_onnx_model(options: RecognizerOptions) -> OnnxModelDir:
     """The ONNX directory ``options.model`` names, exporting a torch model once if needed."""
     model = options.model
+    if is_published(model):  # runs as published: its int8 graph, nothing to export
+        return onnx_model_dir(fetch_published(model, options.cache_dir), quantized=True)
     quantized = options.quantize == "int8"
     source = model_source(model, options.hub, options.cache_dir)
     directory = _download(options) if isinstance(source, str) else source
@@ -220,6 +223,9 @@ def locate_onnx_model(options: RecognizerOptions) -> OnnxModelDir:
 
 def _download(options: RecognizerOptions) -> Path:
     """Download a hub id through funasr (the one code path that knows both hubs)."""
+    from streamer.extras import TORCH, TORCH_MODULES, require
+
+    require(f"downloading {options.model} and exporting it to ONNX", TORCH, *TORCH_MODULES)
     from streamer.model.recognizer import Recognizer, RecognizerOptions
 
     recognizer = Recognizer(

@@ -224,6 +224,11 @@ def export_onnx(
             f"int8 weight type must be one of {', '.join(INT8_WEIGHT_TYPES)}, "
             f"not {int8_weight_type!r}"
         )
+    from streamer.extras import TORCH, require
+
+    require(
+        f"exporting the torch model {name or model_dir} to ONNX", TORCH, "torch", "funasr", "onnx"
+    )
     from streamer.model.recognizer import Recognizer, RecognizerOptions
 
     started = time.perf_counter()

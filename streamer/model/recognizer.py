@@ -85,7 +85,9 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 class RecognizerOptions:
     """How to load the model. Validated on construction (raises ConfigError)."""
 
-    model: str = "iic/SenseVoiceSmall"  # hub id, local directory, or random:tiny|small|tagged
+    # hub id, local directory, random:tiny|small|tagged, or "auto": the backend's default
+    # (loading.resolve_model: sherpa-onnx's int8 export on ONNX Runtime, else iic/SenseVoiceSmall)
+    model: str = "auto"
     backend: str = "auto"  # "torch", "onnx", or "auto" (see loading.resolve_backend)
     hub: str = "ms"  # where a hub id comes from: "ms" (ModelScope) or "hf" (Hugging Face)
     device: str = "auto"  # "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N"

@@ -37,6 +37,7 @@ import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE  # every stream is resampled to it before the VAD
 from streamer.errors import ConfigError, ModelError
+from streamer.extras import DISTRIBUTION
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,11 @@ def packaged_model_path() -> Path:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"--vad silero needs the {PACKAGE} package: pip install {PACKAGE}")
+        raise ConfigError(
+            f"--vad silero needs the {PACKAGE} package, which the plain install leaves out: "
+            f"pip install '{DISTRIBUTION}[torch]', or only its ONNX graph (it requires torch, "
+            f"which the VAD does not use): pip install --no-deps {PACKAGE}"
+        )
     for location in spec.submodule_search_locations:
         path = Path(location) / "data" / GRAPH_FILE
         if path.is_file():

@@ -192,6 +192,9 @@ def build_random_model(
     """
     if name not in MODEL_NAMES:
         raise ConfigError(f"unknown random model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    from streamer.extras import TORCH, TORCH_MODULES, require
+
+    require(f"building the random-weight model {name!r}", TORCH, *TORCH_MODULES)
     import torch
 
     from streamer.model.funasr_quiet import import_funasr

@@ -1,0 +1,163 @@
+"""Published SenseVoiceSmall ONNX exports, fetched from Hugging Face and checked.
+
+The CPU server's default model is sherpa-onnx's int8 export of SenseVoiceSmall
+(:data:`PUBLISHED_ONNX_MODEL`, 239 MB): ONNX Runtime runs it as it is, so a first start
+downloads two files and exports nothing. Only the files the server runs are fetched
+(:data:`PUBLISHED_FILES`, not the repository's fp32 graph and test audio), with
+huggingface_hub's own client, so its behaviour applies: the cache (here
+``CACHE_DIR/huggingface`` unless ``HF_HUB_CACHE`` is set), a progress bar, a dropped
+connection resumed where it stopped, ``HF_HUB_OFFLINE=1`` (cache only) and
+``HF_ENDPOINT`` (a mirror).
+
+huggingface_hub names each cached file by the hub's ETag, which is the file's SHA-256
+for large (LFS) files and its git blob id for small ones; :func:`fetch_published` checks
+each file against it once (remembered beside the cache) and deletes a file that does not
+match, so the next start downloads it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from pathlib import Path
+
+from streamer.errors import ModelError
+from streamer.extras import missing
+
+logger = logging.getLogger(__name__)
+
+PUBLISHED_ONNX_MODEL = "csukuangfj/sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-07-17"
+PUBLISHED_FILES = ("model.int8.onnx", "tokens.txt")  # what the server runs of it
+PUBLISHED_PREFIX = "sherpa-onnx-sense-voice-"  # the names of sherpa-onnx's SenseVoice repos
+HASH_CHUNK_BYTES = 1 << 20
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
+
+
+def is_published(model: str) -> bool:
+    """True for a Hugging Face id of one of sherpa-onnx's SenseVoice exports."""
+    owner, _, name = model.partition("/")
+    return bool(owner) and "/" not in name and name.startswith(PUBLISHED_PREFIX)
+
+
+def hub_cache(cache_dir: Path) -> Path:
+    """Where huggingface_hub keeps the downloads: ``$HF_HUB_CACHE`` or under ours."""
+    env = os.environ.get("HF_HUB_CACHE")
+    return Path(env).expanduser() if env else cache_dir / "huggingface"
+
+
+def fetch_published(model: str, cache_dir: Path) -> Path:
+    """The local directory of published export ``model`` with :data:`PUBLISHED_FILES`,
+    downloaded once and checked; ModelError saying what to do when it cannot be had."""
+    if missing("huggingface_hub"):
+        raise ModelError(
+            f"fetching {model} needs huggingface_hub: pip install huggingface-hub "
+            "(or download the files elsewhere and pass their directory as --model)"
+        )
+    from huggingface_hub import hf_hub_download
+
+    cache = hub_cache(cache_dir)
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    paths = []
+    for filename in PUBLISHED_FILES:
+        try:
+            path = Path(
+                hf_hub_download(
+                    model,
+                    filename,
+                    cache_dir=str(cache),
+                    endpoint=endpoint,
+                    local_files_only=offline,
+                )
+            )
+        except Exception as error:  # huggingface_hub raises its own tree and httpx's
+            raise _fetch_error(model, filename, endpoint, offline, error) from None
+        _check(path, cache)
+        paths.append(path)
+    directory = paths[0].parent
+    logger.info("published model %s: %s", model, directory)
+    return directory
+
+
+def _fetch_error(
+    model: str, filename: str, endpoint: str, offline: bool, error: Exception
+) -> ModelError:
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    fallback = (
+        "download the files elsewhere (huggingface-cli download "
+        f"{model} {' '.join(PUBLISHED_FILES)}) and pass their directory as --model"
+    )
+    if isinstance(error, LocalEntryNotFoundError):
+        if offline:
+            return ModelError(
+                f"{model}/{filename} is not in the local cache and HF_HUB_OFFLINE is set: "
+                f"start once without it (or with HF_ENDPOINT set to a mirror), or {fallback}"
+            )
+        return ModelError(
+            f"cannot download {model}/{filename}: {endpoint} cannot be reached and the file "
+            f"is not cached ({_reason(error)}). Set HF_ENDPOINT to a mirror, or {fallback}"
+        )
+    if isinstance(error, RepositoryNotFoundError):
+        return ModelError(f"{endpoint} has no model {model} (404); check the id")
+    if isinstance(error, EntryNotFoundError):
+        return ModelError(f"{endpoint}: model {model} has no file {filename} (404)")
+    return ModelError(f"downloading {model}/{filename} from {endpoint} failed: {_reason(error)}")
+
+
+def _reason(error: BaseException) -> str:
+    cause = error.__cause__ or error.__context__
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if cause is not None and str(cause).strip():
+        text += f" ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
+    return text
+
+
+def _check(path: Path, cache: Path) -> None:
+    """ModelError (and the file deleted) when ``path`` does not match the hub's ETag."""
+    blob = path.resolve()
+    etag = blob.name
+    memo = cache / ".verified" / etag
+    if memo.exists():
+        return
+    if _SHA256.fullmatch(etag):
+        actual = _sha256(blob)
+    elif _GIT_SHA1.fullmatch(etag):
+        actual = _git_blob_sha1(blob)
+    else:
+        logger.warning("%s: the hub gave no checksum (ETag %r); not checked", path, etag)
+        return
+    if actual != etag:
+        for stale in (path, blob):
+            stale.unlink(missing_ok=True)
+        raise ModelError(
+            f"{path.name} downloaded from the hub is corrupt (its checksum is {actual[:12]}..., "
+            f"the hub says {etag[:12]}...); it was deleted: start again to download it again"
+        )
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.touch()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _git_blob_sha1(path: Path) -> str:
+    digest = hashlib.sha1(usedforsecurity=False)
+    digest.update(b"blob %d\0" % path.stat().st_size)
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
