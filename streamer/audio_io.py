@@ -96,6 +96,8 @@ def load_audio(
     is not audio, or needs ffmpeg and ffmpeg is not installed.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory; give an audio file (wav, flac, ogg, mp3, ...)")
     if not path.is_file():
         raise ConfigError(f"audio file not found: {path}")
     if path.suffix.lower() in RAW_SUFFIXES:

@@ -131,3 +131,8 @@ def test_mono_and_resample_helpers() -> None:
     signal = np.zeros(48000, dtype=np.float32)
     assert resample(signal, 48000, 16000).size == 16000
     assert resample(signal, 16000, 16000) is signal
+
+
+def test_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory; give an audio file"):
+        load_audio(tmp_path)

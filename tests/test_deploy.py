@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import tomllib
 import urllib.error
 import urllib.request
@@ -121,21 +122,33 @@ async def test_probe_paths_are_answered_by_the_server(make_server) -> None:  # n
     assert await asyncio.to_thread(http_status, server.http_url + liveness["path"]) == 200
     assert readiness["path"] == "/readyz" and liveness["path"] == "/healthz"
     # the image's HEALTHCHECK command, run here against the same server: it asks the
-    # liveness path on STREAMER_PORT and fails when nothing answers
+    # liveness path on the port of PID 1's command line (--port), else STREAMER_PORT, and
+    # fails when nothing answers
     healthcheck = re.search(r"^HEALTHCHECK .*?CMD (\[.*?\])$", DOCKERFILE, re.M | re.S)
     assert healthcheck and liveness["path"] in healthcheck.group(1)
     command = json.loads(healthcheck.group(1))
-    assert command[0] == "python"
+    assert command[0] == "python" and command[-1] == "/proc/1/cmdline"
 
-    def run_check(port: int) -> int:
-        env = {**os.environ, "STREAMER_PORT": str(port)}
-        argv = [sys.executable, *command[1:]]
-        return subprocess.run(argv, env=env, capture_output=True, timeout=30).returncode
+    def run_check(cmdline: list[str], env_port: int | None) -> int:
+        with tempfile.NamedTemporaryFile("wb", suffix=".cmdline") as proc_cmdline:
+            proc_cmdline.write(b"\0".join(arg.encode() for arg in cmdline) + b"\0")
+            proc_cmdline.flush()
+            env = {k: v for k, v in os.environ.items() if k != "STREAMER_PORT"}
+            if env_port is not None:
+                env["STREAMER_PORT"] = str(env_port)
+            argv = [sys.executable, *command[1:-1], proc_cmdline.name]
+            return subprocess.run(argv, env=env, capture_output=True, timeout=30).returncode
 
-    assert await asyncio.to_thread(run_check, server.port) == 0
+    serve = ["/opt/venv/bin/python", "/opt/venv/bin/streamer", "serve", "--host", "0.0.0.0"]
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))  # bound, not listening: connection refused
-        assert await asyncio.to_thread(run_check, unused.getsockname()[1]) != 0
+        closed = unused.getsockname()[1]
+        port = server.port
+        assert await asyncio.to_thread(run_check, serve, port) == 0
+        assert await asyncio.to_thread(run_check, [*serve, "--port", str(port)], closed) == 0
+        assert await asyncio.to_thread(run_check, [*serve, f"--port={port}"], None) == 0
+        assert await asyncio.to_thread(run_check, serve, closed) != 0
+        assert await asyncio.to_thread(run_check, [*serve, "--port", str(closed)], port) != 0
 
 
 def test_shutdown_fits_in_the_termination_grace_period() -> None:

@@ -7,6 +7,7 @@ expected finals, and at 10 dB SNR white noise it finds every utterance boundary.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -287,3 +288,27 @@ def test_transcribe_command(tagged_model_dir, speech_cache, tmp_path, capsys) ->
         "the quick brown fox jumps over the lazy dog",
         "hello there",
     ]
+
+
+def test_transcribe_at_log_level_warning_logs_no_info(
+    tagged_model_dir, speech_cache, tmp_path, capsys
+) -> None:
+    """At its default it tells the loading stages (seconds to a minute); at an explicit
+    --log-level warning it prints the transcript and nothing else."""
+    import soundfile as sf
+
+    from streamer.cli import main
+
+    hello = synth.speak("hello there", "en", cache_dir=speech_cache)
+    wav = tmp_path / "hello.wav"
+    sf.write(wav, hello, 16000, subtype="PCM_16")
+    model = ["--model", str(tagged_model_dir), "--backend", "onnx", "--no-warmup"]
+    try:
+        assert main(["transcribe", str(wav), *model, "--log-level", "warning"]) == 0
+        quiet = capsys.readouterr()
+        assert quiet.out.strip() == "hello there"
+        assert "INFO" not in quiet.err, quiet.err
+        assert main(["transcribe", str(wav), *model]) == 0
+        assert "model ready after" in capsys.readouterr().err
+    finally:
+        logging.getLogger("streamer.model.loading").setLevel(logging.NOTSET)

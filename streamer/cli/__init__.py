@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
+    level = getattr(args, "log_level", "info") or "warning"  # None: transcribe's own default
+    configure_logging(level, getattr(args, "log_format", "text"))
     try:
         return int(args.func(args) or 0)
     except (ModelError, ConfigError) as error:

@@ -45,7 +45,9 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     )
     _add_model_arguments(p)
     _add_logging_arguments(p)
-    p.set_defaults(func=_cmd_transcribe, log_level="warning")
+    # None: warnings, plus the loading stages (a model takes seconds to a minute to load);
+    # an explicit --log-level (or STREAMER_LOG_LEVEL) is obeyed as given
+    p.set_defaults(func=_cmd_transcribe, log_level=None)
 
 
 def _cmd_transcribe(args: argparse.Namespace) -> int:
@@ -57,8 +59,9 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
     options = _recognizer_options(args)
     preflight(options)
     classifier_factory = _classifier_factory(args.vad)
-    # loading takes seconds to a minute: say what is happening even at --log-level warning
-    logging.getLogger("streamer.model.loading").setLevel(logging.INFO)
+    # by default, say what is happening while the model loads; else obey --log-level
+    stages = logging.INFO if args.log_level is None else logging.NOTSET
+    logging.getLogger("streamer.model.loading").setLevel(stages)
     recognizer = load_recognizer(options, LoadProgress())
     out = sys.stdout
     status = 0

@@ -155,6 +155,9 @@ def ensure_random_model(name: str, cache_dir: Path, *, seed: int = 0) -> Path:
     target = models_dir / random_model_dir_name(name, seed)
     if (target / MARKER_FILE).exists():
         return target
+    from streamer.extras import TORCH, TORCH_MODULES, require
+
+    require(f"building the random-weight model {name!r}", TORCH, *TORCH_MODULES)
     models_dir.mkdir(parents=True, exist_ok=True)
     logger.warning(
         "random model %r is not cached yet: building it in %s (%s; once per cache)",
