@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from streamer.cli import ENV_PREFIX, build_parser
+from streamer.core.capacity import CapacityOptions
 from streamer.core.protocol import StreamOptions
 from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
@@ -32,10 +33,18 @@ RENAMED: dict[str, Any] = {
     "model_process": DEFAULT_MODEL_PROCESS,  # the worker's
     "max_batch_audio_s": WorkerOptions().max_batch_audio_s,  # the worker's (None: auto)
     "model_restarts": WorkerOptions().max_restarts,  # the worker's
+    "capacity_admission": CapacityOptions().enabled,
 }
 # flags that set no option field
 NOT_OPTIONS = {"help", "func", "vad", "log_level", "log_format", "no_uvloop", "cache_dir"}
-OWNERS = (ServerOptions, ConnectionLimits, SessionOptions, SegmenterOptions, RecognizerOptions)
+OWNERS = (
+    ServerOptions,
+    ConnectionLimits,
+    SessionOptions,
+    SegmenterOptions,
+    RecognizerOptions,
+    CapacityOptions,
+)
 
 
 def subparser(name: str) -> argparse.ArgumentParser:

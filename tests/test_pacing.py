@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from websockets.asyncio.client import connect
 
-from streamer.core.pacing import InputPacer, PacingLimits
+from streamer.core.pacing import BudgetLimits, InputBudget, InputPacer, PacingLimits
 from streamer.errors import ConfigError
 from streamer.server.server import ConnectionLimits
 
@@ -95,3 +95,36 @@ async def test_a_server_reads_a_flood_of_tiny_frames_at_its_rate_and_loses_none(
         if line.startswith("streamer_input_paced_seconds_total ")
     )
     assert paced > 1.0
+
+
+def test_a_flood_within_each_connections_limit_is_held_to_the_total_budget() -> None:
+    budget = InputBudget(BudgetLimits(max_messages_per_s=1000, max_bytes_per_s=1e9), 0.0, 9)
+    limits = PacingLimits(max_messages_per_s=1000, max_bytes_per_s=1e9)
+    flooders = [InputPacer(limits, 0.0, budget) for _ in range(8)]
+    healthy = InputPacer(limits, 0.0, budget)
+    read = [0.0] * 8  # when each flooder may read next
+    healthy_waits = []
+    for step in range(1, 1001):  # 10 s in 10 ms steps
+        now = step / 100
+        for i, pacer in enumerate(flooders):
+            while read[i] <= now:  # reads as fast as it is allowed
+                read[i] = now + pacer.charge(now, 2)
+        healthy_waits.append(healthy.charge(now, 640))  # 100 frames a second
+    # the flooders together were held near the total (1000 a second, after the bursts)
+    assert budget.throttled_s > 0 and budget.waits > 0
+    assert sum(p.waits for p in flooders) > 0
+    assert all(w == 0.0 for w in healthy_waits)  # well within its share (111 a second)
+
+
+def test_a_budget_within_its_rates_holds_nobody_back() -> None:
+    budget = InputBudget(BudgetLimits(max_messages_per_s=1000, max_bytes_per_s=1e9), 0.0, 2)
+    pacers = [InputPacer(PacingLimits(max_messages_per_s=1e6), 0.0, budget) for _ in range(2)]
+    # one connection alone may use the whole budget: 900 a second, for 10 s
+    waits = [pacers[0].charge(i / 900, 1) for i in range(9000)]
+    assert max(waits) == 0.0 and budget.waits == 0
+
+
+@pytest.mark.parametrize("limits", [{"max_messages_per_s": 0}, {"max_bytes_per_s": -1}])
+def test_impossible_budgets_are_refused(limits: dict) -> None:
+    with pytest.raises(ConfigError):
+        BudgetLimits(**limits)

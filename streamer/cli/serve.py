@@ -207,6 +207,45 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         g,
+        "--max-total-input-messages-per-s",
+        server.max_total_input_messages_per_s,
+        _within(float, 1),
+        help="read all clients' messages together no faster than this: past it, clients "
+        "beyond their share of it wait (many small floods cannot take the loop) [%(default)s]",
+    )
+    _flag(
+        g,
+        "--max-total-input-bytes-per-s",
+        server.max_total_input_bytes_per_s,
+        _within(float, 1000),
+        help="likewise for all clients' bytes together [%(default)s]",
+    )
+    _flag(
+        g,
+        "--capacity-admission",
+        server.capacity.enabled,
+        _bool,
+        action=argparse.BooleanOptionalAction,
+        help="refuse new sessions (503 saturated) while the model would fall behind, "
+        "by --max-final-lag-ms and --max-final-load [%(default)s]",
+    )
+    _flag(
+        g,
+        "--max-final-lag-ms",
+        server.capacity.max_final_lag_ms,
+        _within(float, 1),
+        help="a final queued longer than this makes the server saturated [%(default)s]",
+    )
+    _flag(
+        g,
+        "--max-final-load",
+        server.capacity.max_final_load,
+        _within(float, 0.01, 1.0),
+        help="the most share of the workers' time the finals may take with one more "
+        "session (measured per session over 15 s) [%(default)s]",
+    )
+    _flag(
+        g,
         "--max-batch",
         None,
         _max_batch,
@@ -329,6 +368,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _server_options(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
+    from streamer.core.capacity import CapacityOptions
     from streamer.server.server import ConnectionLimits, ServerOptions
 
     default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
@@ -357,6 +397,13 @@ def _server_options(args: argparse.Namespace) -> Any:
             write_timeout_s=args.write_timeout_s,
             max_input_messages_per_s=args.max_input_messages_per_s,
             max_input_bytes_per_s=args.max_input_bytes_per_s,
+        ),
+        max_total_input_messages_per_s=args.max_total_input_messages_per_s,
+        max_total_input_bytes_per_s=args.max_total_input_bytes_per_s,
+        capacity=CapacityOptions(
+            max_final_lag_ms=args.max_final_lag_ms,
+            max_final_load=args.max_final_load,
+            enabled=args.capacity_admission,
         ),
         shutdown_grace_s=args.shutdown_grace_s,
         drain_s=args.drain_s,

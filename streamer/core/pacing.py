@@ -46,11 +46,18 @@ class PacingLimits:
 class InputPacer:
     """What one connection has been read, against :class:`PacingLimits`."""
 
-    def __init__(self, limits: PacingLimits, now_s: float) -> None:
+    def __init__(
+        self, limits: PacingLimits, now_s: float, budget: InputBudget | None = None
+    ) -> None:
         self.limits = limits
+        self.budget = budget  # the server's total, shared with the other connections
         # each rate's virtual clock: when the input read so far would be "due" at that rate
         self._messages_due_s = now_s
         self._bytes_due_s = now_s
+        # the same at the connection's fair share of the budget (it waits for these only
+        # while the budget's total is over)
+        self._fair_messages_due_s = now_s
+        self._fair_bytes_due_s = now_s
         self.throttled_s = 0.0  # waits asked for so far (how much the client was slowed)
         self.waits = 0  # how many
 
@@ -61,8 +68,78 @@ class InputPacer:
         self._messages_due_s = max(self._messages_due_s, now_s) + 1 / limits.max_messages_per_s
         self._bytes_due_s = max(self._bytes_due_s, now_s) + nbytes / limits.max_bytes_per_s
         wait_s = max(self._messages_due_s, self._bytes_due_s) - now_s - limits.burst_s
+        budget = self.budget
+        if budget is not None:
+            fair_messages_per_s, fair_bytes_per_s = budget.fair_share()
+            self._fair_messages_due_s = max(self._fair_messages_due_s, now_s) + (
+                1 / fair_messages_per_s
+            )
+            self._fair_bytes_due_s = max(self._fair_bytes_due_s, now_s) + (
+                nbytes / fair_bytes_per_s
+            )
+            if budget.charge(now_s, nbytes) > 0:
+                fair_s = max(self._fair_messages_due_s, self._fair_bytes_due_s) - now_s
+                fair_wait_s = fair_s - budget.limits.burst_s
+                if fair_wait_s > wait_s and fair_wait_s > NO_WAIT_S:
+                    budget.throttled_s += fair_wait_s
+                    budget.waits += 1
+                    wait_s = fair_wait_s
         if wait_s <= NO_WAIT_S:
             return 0.0
         self.throttled_s += wait_s
         self.waits += 1
         return wait_s
+
+
+DEFAULT_TOTAL_MESSAGES_PER_S = 4000.0
+DEFAULT_TOTAL_BYTES_PER_S = 8_000_000.0  # 250 real-time 16 kHz int16 streams
+
+
+@dataclass(frozen=True)
+class BudgetLimits:
+    """The most the server reads per second from all its connections together."""
+
+    max_messages_per_s: float = DEFAULT_TOTAL_MESSAGES_PER_S
+    max_bytes_per_s: float = DEFAULT_TOTAL_BYTES_PER_S
+    burst_s: float = DEFAULT_BURST_S  # the total may run this far ahead of each rate
+
+    def __post_init__(self) -> None:
+        if self.max_messages_per_s <= 0 or self.max_bytes_per_s <= 0:
+            raise ConfigError("the total input rate limits must be positive")
+        if self.burst_s < 0:
+            raise ConfigError("burst_s must not be negative")
+
+
+class InputBudget:
+    """The server's total input budget, shared by every connection's :class:`InputPacer`.
+
+    Per-connection limits bound one client; many clients each within theirs can still
+    take the event loop (12 clients of 2-byte frames at 1000 a second each kept
+    ``/readyz`` from answering for 36 s). The budget counts what all connections read.
+    While the total keeps to its rates (and burst) nobody waits for it; once it is over,
+    a connection waits only if it runs ahead of its fair share (the total rate divided by
+    the connections open), so the flooders are slowed and a client reading less than its
+    share (a real-time stream) is read as before.
+    """
+
+    def __init__(self, limits: BudgetLimits, now_s: float, connections: int = 1) -> None:
+        self.limits = limits
+        self.connections = connections  # open connections: the caller keeps it current
+        self._messages_due_s = now_s
+        self._bytes_due_s = now_s
+        self.throttled_s = 0.0  # waits the budget asked for so far
+        self.waits = 0
+
+    def charge(self, now_s: float, nbytes: int) -> float:
+        """Count one message of ``nbytes`` read at ``now_s``; how far (seconds) the total
+        is beyond its burst (0.0 within it)."""
+        limits = self.limits
+        self._messages_due_s = max(self._messages_due_s, now_s) + 1 / limits.max_messages_per_s
+        self._bytes_due_s = max(self._bytes_due_s, now_s) + nbytes / limits.max_bytes_per_s
+        over_s = max(self._messages_due_s, self._bytes_due_s) - now_s - limits.burst_s
+        return over_s if over_s > NO_WAIT_S else 0.0
+
+    def fair_share(self) -> tuple[float, float]:
+        """One connection's share of the rates: (messages, bytes) per second."""
+        n = max(1, self.connections)
+        return self.limits.max_messages_per_s / n, self.limits.max_bytes_per_s / n

@@ -94,6 +94,14 @@ class JobQueue:
             self.partials[session_id] = item
         return superseded
 
+    def oldest_final_submitted(self) -> float | None:
+        """When the oldest waiting final was submitted (None: no final waits). A
+        speculative partial counts: it is the final of a segment that may have ended."""
+        waiting = [q.submitted for q in self.partials.values() if q.job.speculative]
+        if self.finals:
+            waiting.append(self.finals[0].submitted)
+        return min(waiting, default=None)
+
     def retry_first(self, item: Queued) -> None:
         """A final the failed model did not decode: first in line, to be decoded alone."""
         item.retried = True

@@ -310,6 +310,8 @@ class WorkerPool:
             sum(s.queued_partials for s in each),
             any(s.busy for s in each),
             self.restarting,
+            sum(s.final_decode_ms_total for s in each),
+            max((s.oldest_final_age_ms for s in each), default=0.0),
         )
 
     def loads(self) -> list[WorkerLoad]:

@@ -144,6 +144,9 @@ class WorkerStats:
     queued_partials: int
     busy: bool
     restarting: str | None = None  # why the model is being loaded again, or None
+    # for capacity (core/capacity.py); a speculative decode counts as the final it will be
+    final_decode_ms_total: float = 0.0  # time spent decoding finals so far
+    oldest_final_age_ms: float = 0.0  # how long the oldest queued final has waited
 
 
 __all__ = ["ModelWorker", "ResultCallback", "WorkerOptions", "WorkerStats", "select_batch"]
@@ -182,6 +185,7 @@ class ModelWorker:
         self.load_error: BaseException | None = None
         self.recognizer: SpeechRecognizer | None = None
         self.on_decoded = on_decoded  # metrics hook, called for every decode
+        self._final_decode_ms_total = 0.0  # guarded by _lock (read by stats())
         # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
         self._running: list[Queued] | None = None
         self._running_since = 0.0
@@ -238,12 +242,16 @@ class ModelWorker:
         return None if device is None else str(device)
 
     def stats(self) -> WorkerStats:
+        now = time.perf_counter()
         with self._lock:
+            oldest = self._queue.oldest_final_submitted()
             return WorkerStats(
                 len(self._queue.finals),
                 len(self._queue.partials),
                 self._running is not None,
                 self.restarting,
+                self._final_decode_ms_total,
+                0.0 if oldest is None else (now - oldest) * 1000,
             )
 
     # -- queue -----------------------------------------------------------------
@@ -565,6 +573,9 @@ class ModelWorker:
         return decode_job(self.recognizer, item.job, queue_ms=queue_ms)
 
     def _answer(self, item: Queued, result: DecodeResult) -> None:
+        if (item.job.kind == "final" or item.job.speculative) and not result.dropped:
+            with self._lock:  # a batch's time, shared by its jobs
+                self._final_decode_ms_total += result.decode_ms / max(1, result.batch_size)
         if self.on_decoded is not None and not result.dropped:
             try:
                 self.on_decoded(result)

@@ -19,11 +19,14 @@ from typing import Protocol
 
 from websockets.http11 import Request, Response
 
+from streamer.core.capacity import LAGGING, CapacityEstimator, LoadSample
+from streamer.core.pacing import InputBudget
 from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session
 from streamer.core.vad import FrameClassifier
 from streamer.errors import CLOSE_INTERNAL_ERROR, ProtocolError
 from streamer.model.pool import WorkerPool
+from streamer.model.worker import WorkerStats
 from streamer.server.http import Endpoint, single_header, token_matches
 from streamer.server.metrics import Metrics
 from streamer.server.options import ServerOptions
@@ -65,6 +68,10 @@ class Admission:
         self.failure: str | None = None  # why the model failed; the process must restart
         self.failed = asyncio.Event()
         metrics.sessions_capacity.set(options.max_sessions)
+        # whether the model keeps up: fed by the server's probe (observe_capacity)
+        self.capacity = CapacityEstimator(options.capacity)
+        # every connection's reader is charged to it (the event loop's total input work)
+        self.input_budget = InputBudget(options.budget, asyncio.get_running_loop().time())
 
     @property
     def ready(self) -> bool:
@@ -97,7 +104,21 @@ class Admission:
         if self.full:
             limit = self.options.max_sessions
             return "server_full", f"the server is at its limit of {limit} sessions"
+        saturated = self.saturated
+        if saturated is not None:
+            why = "finals are waiting" if saturated == LAGGING else "the model is busy"
+            return (
+                "saturated",
+                f"the server is at capacity ({why}): one more session would slow the others; "
+                "retry later or on another server",
+            )
         return None
+
+    @property
+    def saturated(self) -> str | None:
+        """Why the model could not serve one more session in real time (the capacity
+        estimate's reason), or None."""
+        return self.capacity.refusal(len(self.connections))
 
     def refuse(
         self, status: http.HTTPStatus, code: str, message: str, endpoint: Endpoint
@@ -141,6 +162,35 @@ class Admission:
             return self.refuse(http.HTTPStatus.SERVICE_UNAVAILABLE, *refusal, endpoint)
         return None
 
+    def observe_capacity(self, now_s: float, stats: WorkerStats) -> None:
+        """One sample of the workers (a few times a second): the capacity estimate, its
+        metrics, and a log line when the server becomes saturated or recovers."""
+        was = self.capacity.current.saturated
+        sample = LoadSample(
+            now_s,
+            stats.final_decode_ms_total,
+            stats.oldest_final_age_ms,
+            len(self.connections),
+            max(1, len(self.worker.workers)),
+        )
+        capacity = self.capacity.observe(sample)
+        self.metrics.final_load.set(capacity.final_load)
+        if capacity.saturated == was:
+            return
+        self.metrics.saturated.set(0 if capacity.saturated is None else 1)
+        details = capacity.as_dict()
+        if capacity.saturated is None:
+            logger.info("no longer saturated: admitting new sessions (%s)", details)
+            return
+        if was is None:
+            self.metrics.saturations_total.labels(capacity.saturated).inc()
+        logger.warning(
+            "saturated (%s): refusing new sessions while the model would fall behind; %d open (%s)",
+            capacity.saturated,
+            len(self.connections),
+            details,
+        )
+
     def new_session(self, stream: StreamOptions, session_id: str | None = None) -> Session:
         """A session with the server's options, its VAD and a fresh id."""
         session_options = replace(self.options.session, model_name=self.worker.model_name)
@@ -155,12 +205,14 @@ class Admission:
         """Count an open connection until :meth:`untrack`; it hears a failure or a
         shutdown that is already under way."""
         self.connections.add(connection)
+        self.input_budget.connections = len(self.connections)
         self.no_connections.clear()
         self.metrics.sessions_total.labels(protocol_name).inc()
         self.metrics.sessions_active.labels(protocol_name).inc()
 
     def untrack(self, connection: Tracked, protocol_name: str) -> None:
         self.connections.discard(connection)
+        self.input_budget.connections = len(self.connections)
         if not self.connections:
             self.no_connections.set()
         self.metrics.sessions_active.labels(protocol_name).dec()

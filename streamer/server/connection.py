@@ -51,7 +51,7 @@ from websockets.exceptions import ConnectionClosed
 from streamer.core import protocol
 from streamer.core.audio import BYTES_PER_SAMPLE
 from streamer.core.jobs import DecodeResult
-from streamer.core.pacing import InputPacer
+from streamer.core.pacing import InputBudget, InputPacer
 from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechStart
 from streamer.core.session import State
 from streamer.core.wire import OutFrame, WireAdapter
@@ -103,6 +103,7 @@ class Connection:
         worker: WorkerPool | ModelWorker,
         metrics: Metrics,
         limits: ConnectionLimits,
+        budget: InputBudget | None = None,
     ) -> None:
         self.ws = ws
         self.adapter = adapter
@@ -133,7 +134,7 @@ class Connection:
         self._speech_started: dict[int, float] = {}  # segment_id -> perf_counter()
         self._skipped_seen = 0
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._pacer = InputPacer(limits.pacing, self._loop.time())
+        self._pacer = InputPacer(limits.pacing, self._loop.time(), budget)
 
     # -- glue between the session and the world --------------------------------
 
@@ -514,7 +515,9 @@ async def serve_websocket(admission: Admission, ws: ServerConnection, endpoint: 
     session = admission.new_session(stream, session_id)
     adapter = negotiation.make_adapter(session)
     adapter.start()
-    connection = Connection(ws, adapter, admission.worker, metrics, options.limits)
+    connection = Connection(
+        ws, adapter, admission.worker, metrics, options.limits, admission.input_budget
+    )
     admission.track(connection, endpoint.name)
     peer = ws.remote_address[0] if ws.remote_address else "?"
     forwarded = ws.request.headers.get("X-Forwarded-For") if ws.request else None

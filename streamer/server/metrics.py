@@ -152,6 +152,26 @@ class Metrics:
             "pacing limits (--max-input-messages-per-s, --max-input-bytes-per-s)",
             registry=r,
         )
+        self.input_budget_paced_seconds_total = Counter(
+            "streamer_input_budget_paced_seconds",
+            "Of those, time readers waited because all clients together sent more than the "
+            "total input budget (--max-total-input-messages-per-s, ...-bytes-per-s)",
+            registry=r,
+        )
+        self.saturated = Gauge(
+            "streamer_saturated",
+            "1 while new sessions are refused because the model would fall behind "
+            "(--max-final-lag-ms, --max-final-load)",
+            registry=r,
+        )
+        self.saturations_total = Counter(
+            "streamer_saturations", "Times the server became saturated", ["reason"], registry=r
+        )
+        self.final_load = Gauge(
+            "streamer_final_load",
+            "Share of the workers' time spent decoding finals (over the capacity window)",
+            registry=r,
+        )
         self.model_ready = Gauge(
             "streamer_model_ready", "1 once the model is warmed up", registry=r
         )

@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamer.core.audio import BYTES_PER_SAMPLE, SAMPLE_RATE
-from streamer.core.pacing import DEFAULT_MAX_BYTES_PER_S, DEFAULT_MAX_MESSAGES_PER_S, PacingLimits
+from streamer.core.capacity import CapacityOptions
+from streamer.core.pacing import (
+    DEFAULT_MAX_BYTES_PER_S,
+    DEFAULT_MAX_MESSAGES_PER_S,
+    DEFAULT_TOTAL_BYTES_PER_S,
+    DEFAULT_TOTAL_MESSAGES_PER_S,
+    BudgetLimits,
+    PacingLimits,
+)
 from streamer.core.protocol import StreamOptions
 from streamer.core.session import SessionOptions
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS
@@ -91,6 +99,11 @@ class ServerOptions:
     funasr_port: int | None = None  # FunASR runtime protocol (docs/funasr.md); None: off
     wyoming_port: int | None = None  # Wyoming, Home Assistant's protocol (docs/wyoming.md)
     wyoming_insecure: bool = False  # serve Wyoming (which has no auth) despite a token
+    # all clients together are read no faster than this: streamer.core.pacing.InputBudget
+    max_total_input_messages_per_s: float = DEFAULT_TOTAL_MESSAGES_PER_S
+    max_total_input_bytes_per_s: float = DEFAULT_TOTAL_BYTES_PER_S
+    # new sessions are refused while the model would fall behind: streamer.core.capacity
+    capacity: CapacityOptions = field(default_factory=CapacityOptions)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -104,6 +117,11 @@ class ServerOptions:
                 "Wyoming clients cannot send a token: with --token, serve --wyoming-port only "
                 "on a trusted network and confirm with --wyoming-insecure (docs/wyoming.md)"
             )
+        _ = self.budget  # validates the total rates (raises ConfigError)
+
+    @property
+    def budget(self) -> BudgetLimits:
+        return BudgetLimits(self.max_total_input_messages_per_s, self.max_total_input_bytes_per_s)
 
     @property
     def session_memory_bound_bytes(self) -> int:

@@ -184,7 +184,7 @@ class Routes:
     def readiness(self) -> Response:
         """``/readyz`` once the model is ready: 200 only while a new session is admitted."""
         admission = self.admission
-        counts = {
+        counts: dict[str, object] = {
             "sessions": len(admission.connections),
             "max_sessions": admission.options.max_sessions,
         }
@@ -193,6 +193,9 @@ class Routes:
             status = "draining"
         elif admission.full:
             status = "full"
+        elif (saturated := admission.saturated) is not None:
+            status = "saturated"  # a balancer routes elsewhere while the model is behind
+            counts |= {"reason": saturated, **admission.capacity.current.as_dict()}
         if status != "ready":  # about admission alone: the workers are listed when ready
             return unavailable_response({"status": status, **counts}, RETRY_AFTER_S)
         return json_response(

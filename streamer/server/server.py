@@ -413,6 +413,7 @@ class StreamingServer:
 
     async def _watch_loop_lag(self) -> None:
         loop = asyncio.get_running_loop()
+        budget_paced_s = 0.0  # of the input budget's waits, counted in the metrics
         while True:
             before = loop.time()
             await asyncio.sleep(LOOP_LAG_PROBE_S)
@@ -422,6 +423,10 @@ class StreamingServer:
             self.metrics.observe_workers(self.worker.loads())
             self.metrics.queue_depth.labels("final").set(stats.queued_finals)
             self.metrics.queue_depth.labels("partial").set(stats.queued_partials)
+            self.admission.observe_capacity(loop.time(), stats)
+            paced_s = self.admission.input_budget.throttled_s
+            self.metrics.input_budget_paced_seconds_total.inc(paced_s - budget_paced_s)
+            budget_paced_s = paced_s
 
     async def _handle(self, ws: ServerConnection) -> None:
         path = urlsplit(ws.request.path).path if ws.request is not None else ""

@@ -28,7 +28,7 @@ from streamer.core.compat.wyoming import (
     sessionless_answer,
 )
 from streamer.core.jobs import DecodeResult
-from streamer.core.pacing import InputPacer
+from streamer.core.pacing import InputBudget, InputPacer
 from streamer.core.protocol import Error, Final, Partial, ServerMessage
 from streamer.core.session import State
 from streamer.core.wire import OutFrame
@@ -69,6 +69,7 @@ class WyomingConnection:
         metrics: Metrics,
         limits: ConnectionLimits,
         first_bytes: bytes = b"",
+        budget: InputBudget | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -87,7 +88,7 @@ class WyomingConnection:
         self._closing = False
         # --max-input-bytes-per-s per read (a read holds many events; the byte rate
         # bounds them); the idle timeout does not run while we wait
-        self._pacer = InputPacer(limits.pacing, self._loop.time())
+        self._pacer = InputPacer(limits.pacing, self._loop.time(), budget)
         self._first_bytes = first_bytes  # what the listener read before the session
         self._eof = False  # the client closed its side: the input ends with the backlog
         self._gone = False
@@ -368,6 +369,7 @@ class WyomingListener:
             admission.metrics,
             admission.options.limits,
             first_bytes,
+            admission.input_budget,
         )
         admission.track(connection, WyomingAdapter.name)
         self._open.add(connection)
