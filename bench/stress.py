@@ -36,6 +36,7 @@ from bench.latency.poller import Poller
 from streamer.client.connection import ClientOptions, Received, StreamingClient
 from streamer.client.streaming import stream_file
 from streamer.core.protocol import Error, Final, StreamOptions
+from streamer.errors import ConnectionRefusedByServer
 from streamer.testkit import speech as synth
 
 logger = logging.getLogger("bench.stress")
@@ -52,6 +53,7 @@ ATTACKS = (
     "sigterm",
     "hung",
     "restart",
+    "admission",
 )
 HANG_ENV = "STRESS_HANG_AFTER_DECODES"  # the injected recognizer hangs after N decodes
 
@@ -373,6 +375,92 @@ async def attack_tiny_frames(server: Server, pcm: np.ndarray, reference: list[st
     )
 
 
+async def realtime_client(url: str, pcm: np.ndarray, started: asyncio.Event | None = None) -> dict:
+    """One real-time session (partials on, as a caption client): each final's latency
+    (received minus when its last sample was sent), or the code it was refused with."""
+    try:
+        client = await StreamingClient.connect(ClientOptions(url=url, ping_interval_s=20.0))
+    except ConnectionRefusedByServer as refused:
+        if started is not None:
+            started.set()
+        return {"refused": refused.reason or str(refused.status), "latencies": []}
+    latencies: list[float] = []
+    t0 = time.monotonic()
+
+    async def read() -> None:
+        async for message in client.messages():
+            if isinstance(message, Final) and message.text:
+                latencies.append(time.monotonic() - (t0 + message.end_ms / 1000))
+
+    reader = asyncio.create_task(read())
+    if started is not None:
+        started.set()
+    step = 1600  # 100 ms frames, sent on the real-time clock
+    try:
+        for i in range(0, pcm.size, step):
+            await client.send_audio(pcm[i : i + step])
+            await asyncio.sleep(max(0.0, t0 + (i + step) / 16000 - time.monotonic()))
+        await client.stop()
+        await asyncio.wait_for(reader, 120)
+    finally:
+        await client.close()
+    return {"refused": None, "latencies": latencies}
+
+
+def p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95)) if values else float("nan")
+
+
+async def attack_admission(server: Server, pcm: np.ndarray, joiners: int = 10) -> Row:
+    """A real-time client alone, then again while ``joiners`` real-time clients join:
+    those the server cannot serve are refused, /readyz says so, the first keeps its
+    latency."""
+    await asyncio.sleep(20.0)  # the reference runs' load leaves the capacity window
+    alone = await realtime_client(server.url, pcm)
+    probes: list[tuple[int, str]] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        while not done.is_set():
+            try:
+                status, body, _ = await asyncio.to_thread(http_get, f"{server.http}/readyz", 5.0)
+                probes.append((status, orjson.loads(body).get("status", "?")))
+            except Exception:  # a probe that failed to answer is recorded as such
+                probes.append((0, "no answer"))
+            await asyncio.sleep(0.5)
+
+    prober = asyncio.create_task(probe())
+    first_started = asyncio.Event()
+    first = asyncio.create_task(realtime_client(server.url, pcm, first_started))
+    await first_started.wait()
+    await asyncio.sleep(5.0)  # the server is busy with the first client
+
+    async def join(i: int) -> dict:
+        await asyncio.sleep(i * 1.0)  # one a second
+        return await realtime_client(server.url, pcm[: pcm.size * 2 // 3])
+
+    others = await asyncio.gather(*[join(i) for i in range(joiners)])
+    loaded = await first
+    done.set()
+    await prober
+    admitted = [o for o in others if o["refused"] is None]
+    refused = sorted({o["refused"] for o in others if o["refused"] is not None})
+    ratio = p95(loaded["latencies"]) / p95(alone["latencies"])
+    saturated = sum(1 for _, status in probes if status == "saturated")
+    ok = ratio <= 1.3 and saturated > 0 and len(admitted) < joiners
+    return Row(
+        f"a real-time client alone, then with {joiners} real-time clients joining one a second",
+        "those it cannot serve refused (503 saturated); /readyz says saturated; the first "
+        "client's final p95 within 1.3x of alone",
+        f"first client final p95 {p95(alone['latencies']):.2f} s alone, "
+        f"{p95(loaded['latencies']):.2f} s with the others ({ratio:.2f}x); admitted "
+        f"{len(admitted)}/{joiners} (their p95 "
+        f"{p95([x for o in admitted for x in o['latencies']]):.2f} s), refused {refused}; "
+        f"/readyz saturated in {saturated}/{len(probes)} probes",
+        ok,
+    )
+
+
 def metric_value(server: Server, name: str) -> float:
     """A sample of the server's /metrics (0.0 when absent)."""
     _, body, _ = http_get(f"{server.http}/metrics")
@@ -606,6 +694,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
     log.unlink(missing_ok=True)
     long_pcm = long_speech(speech_cache, args.minutes)
     short_pcm = long_speech(speech_cache, 0.5)
+    admission_pcm = long_speech(speech_cache, 1.0)
     flags = [
         *args.model_args,
         "--idle-timeout-s",
@@ -640,6 +729,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
     await step("http", lambda: attack_http(server))
     await step("flood", lambda: attack_flood(server, args))
     await step("tiny", lambda: attack_tiny_frames(server, short_pcm, short_reference))
+    await step("admission", lambda: attack_admission(server, admission_pcm))
     await step("blocked", lambda: attack_blocked_writer_then_sigterm(server, args))
     await step("sigterm", lambda: attack_sigterm_with_blocked_client(server, args))
     server.stop()

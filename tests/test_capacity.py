@@ -89,6 +89,13 @@ def test_a_loaded_server_recovers_when_sessions_end() -> None:
     assert estimator.current.saturated is None
 
 
+def test_the_load_of_sessions_gone_refuses_no_new_one() -> None:
+    estimator = CapacityEstimator(CapacityOptions(max_final_load=0.5, window_s=10))
+    run(estimator, 20, load=0.9, sessions=1)  # one unpaced client, say
+    assert estimator.current.saturated == LOADED and estimator.refusal(1) == LOADED
+    assert estimator.refusal(0) is None  # it has left: the next one is admitted
+
+
 def test_nothing_is_projected_from_too_short_a_window_or_from_no_sessions() -> None:
     estimator = CapacityEstimator(CapacityOptions(max_final_load=0.5, window_s=10))
     run(estimator, 1, load=1.0, sessions=1)  # 1 s of a 10 s window
@@ -167,7 +174,7 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
         await ws.send(speech(2).tobytes())
         deadline = time.monotonic() + 10
         while (status := await asyncio.to_thread(http_get, readyz))[0] == 200:
-            assert time.monotonic() < deadline, "never saturated"
+            assert time.monotonic() < deadline, f"never saturated: {status}"
             await asyncio.sleep(0.05)
         code, body, headers = status
         assert (code, body["status"], body["reason"]) == (503, "saturated", LAGGING)

@@ -268,3 +268,28 @@ def test_the_job_queue_keeps_its_discipline_without_a_thread():
     # alone even with room for a batch: it may be what broke the model
     assert queue.take(max_batch=8, max_padding_ratio=100.0, max_batch_samples=None) == [retried]
     assert queue.drop_session("d") == 2 and not queue and answered == []
+
+
+def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
+    """What admission goes by (core/capacity.py): time spent on finals (a speculative
+    decode is a final), and how long the oldest waiting one has waited."""
+    import dataclasses
+    import time
+
+    worker, recognizer, results, collect = gated
+    worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
+    assert recognizer.started.wait(5)
+    assert worker.stats().oldest_final_age_ms == 0.0  # a partial waits for nobody
+    speculative = dataclasses.replace(job("a", "partial", 2), speculative=True)
+    worker.submit(speculative, collect)
+    time.sleep(0.2)
+    worker.submit(job("b", "final", 3), collect)
+    stats = worker.stats()
+    assert stats.oldest_final_age_ms >= 200  # the speculative one, which came first
+    assert stats.final_decode_ms_total == 0.0
+    release_all(recognizer, worker, 3)
+    stats = worker.stats()
+    assert stats.oldest_final_age_ms == 0.0
+    decoded = [r for r in results if r.job.kind == "final" or r.job.speculative]
+    assert len(decoded) == 2
+    assert stats.final_decode_ms_total == pytest.approx(sum(r.decode_ms for r in decoded))

@@ -473,6 +473,12 @@ class StreamingClient:
         async for item in self.received():
             yield item.message
 
+    @property
+    def close_code(self) -> int | None:
+        """The code of the server's close frame (None before it came, or without one)."""
+        received = self._connection.protocol.close_rcvd
+        return None if received is None else received.code
+
     async def close(self) -> None:
         """Close the connection (waits up to ``close_timeout_s`` for the server)."""
         if self._keepalive is not None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from streamer.audio_io import load_audio
 from streamer.client.connection import (
+    RETRYABLE_CLOSE_CODES,
     ClientOptions,
     StreamingClient,
     _retryable,
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+COVERED_SLACK_MS = 5.0  # end.audio_ms may round; less than this short is not a truncation
 
 
 def chunk_bounds(
@@ -173,6 +176,24 @@ async def run_session(
     return client.stop_sent
 
 
+def _truncation(
+    timeline: Timeline, total_samples: int, client: StreamingClient
+) -> ServerClosed | None:
+    """The session ended normally (``end``), but did it cover all the audio sent? None
+    when it did; else the error to report (with the server's close code) or retry."""
+    end = timeline.end()
+    if end is None:
+        return None
+    sent_ms = total_samples * 1000 / timeline.sample_rate
+    if end.audio_ms >= sent_ms - COVERED_SLACK_MS:
+        return None
+    return ServerClosed(
+        client.close_code,
+        f"the server ended the session after {end.audio_ms / 1000:.1f} s of the "
+        f"{sent_ms / 1000:.1f} s sent: the transcription is incomplete",
+    )
+
+
 def _with_rate(options: ClientOptions, sample_rate: int) -> ClientOptions:
     if options.stream.sample_rate == sample_rate:
         return options
@@ -251,6 +272,13 @@ async def stream_file(
             if not _retryable(exc) or timeline.reconnects >= options.max_reconnects:
                 raise
             complete, error = False, exc
+        if complete and (truncated := _truncation(timeline, pcm.size, client)) is not None:
+            # the server ended (`end`) before it read all we sent: a graceful restart
+            if truncated.code not in RETRYABLE_CLOSE_CODES:
+                raise truncated
+            if timeline.reconnects >= options.max_reconnects:
+                raise ServerClosed(truncated.code, f"{truncated.reason}; no reconnection left")
+            complete, error = False, truncated
         if complete:
             break
         if timeline.reconnects >= options.max_reconnects:

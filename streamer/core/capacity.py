@@ -128,9 +128,10 @@ class CapacityEstimator:
 
     def refusal(self, sessions: int) -> str | None:
         """Why a new session is refused with ``sessions`` open now (LAGGING, LOADED), or
-        None. Sessions admitted since the last sample count at the mean session's cost."""
+        None. Sessions admitted since the last sample count at the mean session's cost;
+        with none open, the load measured is of sessions gone and refuses nothing."""
         current = self.current
-        return self._reason(current, max(sessions, current.sessions), current.saturated)
+        return self._reason(current, sessions, current.saturated)
 
     def _reason(self, capacity: Capacity, sessions: int, was: str | None) -> str | None:
         o = self.options
