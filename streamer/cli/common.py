@@ -19,6 +19,10 @@ from streamer.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "STREAMER_"
+# an empty value of these is refused, not taken as unset: an empty STREAMER_TOKEN (an
+# unset shell variable in `docker run -e STREAMER_TOKEN="$TOKEN"`, a missing optional
+# Secret) must not serve every client unauthenticated
+NOT_EMPTY = frozenset({"token"})
 VADS = ("webrtc", "silero")  # --vad choices
 
 
@@ -33,6 +37,12 @@ def _env(
     argparse does for a bad flag."""
     variable = ENV_PREFIX + name.upper().replace("-", "_")
     value = os.environ.get(variable)
+    if value == "" and name in NOT_EMPTY:
+        sys.stderr.write(
+            f"streamer: error: {variable} is set but empty; set it to the token, or unset "
+            "it to serve without authentication\n"
+        )
+        raise SystemExit(2)
     if value is None or value == "":
         return default
     try:

@@ -188,6 +188,11 @@ class StreamingServer:
         except OSError as error:
             raise _listen_error(o.host, o.port, "--port", error) from error
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
+        if o.token is None:
+            logger.warning(
+                "no token set: every client is served without authentication (set --token "
+                "or STREAMER_TOKEN unless a proxy in front authenticates them)"
+            )
         scheme = "wss" if ssl_context else "ws"
         logger.info(
             "listening on %s://%s:%d%s (sessions wait for the model to be ready)",
