@@ -100,6 +100,7 @@ def test_config_reads_what_the_clients_send_and_ignores_the_rest():
     assert parse_config({"svs_lang": "zh-CN"}).language == "zh"
     assert parse_config({"svs_lang": "klingon"}).language == "auto"
     assert parse_config({"wav_format": "PCM"}).mode == "2pass"  # what the html5 demo sends
+    assert parse_config({"audio_fs": 16000.0}).sample_rate == 16000
     assert len(parse_config({"wav_name": "x" * 10_000}).wav_name) == 256
 
 
@@ -109,6 +110,7 @@ def test_config_reads_what_the_clients_send_and_ignores_the_rest():
         ({"audio_fs": 11025}, UnsupportedSampleRate),
         ({"audio_fs": "fast"}, InvalidOption),
         ({"audio_fs": True}, InvalidOption),
+        ({"audio_fs": 16000.7}, InvalidOption),  # not 16000 Hz
         ({"wav_format": "mp4"}, InvalidOption),
     ],
 )

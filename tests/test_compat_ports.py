@@ -296,9 +296,27 @@ async def test_wyoming_unpaced_long_stream_is_back_pressured(make_ports_server):
     assert max(depths) <= 2  # reading paused instead of queueing the whole stream
 
 
+@pytest.mark.parametrize(
+    ("offered", "is_final"),
+    [(["binary"], True), (None, False)],
+    ids=["funasr-python (is_final true)", "html5 demo (the C++ server's is_final false)"],
+)
+async def test_the_offline_result_has_the_clients_dialect(make_ports_server, offered, is_final):
+    """FunASR's Python clients offer "binary" and stop at the first is_final true; the
+    html5 demo (a browser: no subprotocol) finishes its file mode on the C++ server's
+    is_final false."""
+    server = make_ports_server()
+    async with connect(funasr_uri(server), subprotocols=offered) as ws:
+        await ws.send(json.dumps(FIRST | {"mode": "offline", "wav_format": "PCM"}))
+        await ws.send(np.concatenate([silence(300), tone(800), silence(900)]).tobytes())
+        await ws.send(json.dumps({"is_speaking": False}))
+        last = orjson.loads(await asyncio.wait_for(ws.recv(), 20))
+    assert (last["mode"], last["text"], last["is_final"]) == ("offline", "audio 1300 ms", is_final)
+
+
 async def test_shutdown_finishes_open_utterances_in_both_protocols(make_ports_server):
     server = make_ports_server(load=lambda: FakeRecognizer(delay_s=0.05))
-    ws = await connect(funasr_uri(server))
+    ws = await connect(funasr_uri(server), subprotocols=["binary"])  # funasr-python's dialect
     await ws.send(json.dumps(FIRST | {"mode": "offline"}))
     await ws.send(np.concatenate([silence(300), tone(1500)]).tobytes())
     wyoming = await Wyoming.open(server)

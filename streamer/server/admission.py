@@ -175,15 +175,14 @@ class Admission:
         )
         capacity = self.capacity.observe(sample)
         self.metrics.final_load.set(capacity.final_load)
-        if capacity.saturated == was:
-            return
+        if (capacity.saturated is None) == (was is None):
+            return  # no change (or only of the reason): one line per episode
         self.metrics.saturated.set(0 if capacity.saturated is None else 1)
         details = capacity.as_dict()
         if capacity.saturated is None:
             logger.info("no longer saturated: admitting new sessions (%s)", details)
             return
-        if was is None:
-            self.metrics.saturations_total.labels(capacity.saturated).inc()
+        self.metrics.saturations_total.labels(capacity.saturated).inc()
         logger.warning(
             "saturated (%s): refusing new sessions while the model would fall behind; %d open (%s)",
             capacity.saturated,

@@ -15,6 +15,7 @@ import http
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
+from functools import partial
 from urllib.parse import parse_qsl
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -38,12 +39,19 @@ SUBPROTOCOL = "binary"  # what FunASR's Python clients ask for
 
 
 def _negotiate(request: Request, query: Mapping[str, str], defaults: StreamOptions) -> Negotiation:
-    """The stream options come from the first JSON frame (the query only carries a token)."""
-    return Negotiation(defaults, _adapter)
+    """The stream options come from the first JSON frame (the query only carries a token).
+
+    The dialect comes from the subprotocol: FunASR's Python clients offer ``binary`` and
+    want the offline result with ``is_final: true``; the html5 demo (a browser, which
+    offers none) waits in file mode for the C++ server's ``is_final: false``."""
+    offered = request.headers.get("Sec-WebSocket-Protocol", "")
+    python_client = SUBPROTOCOL in (p.strip() for p in offered.split(","))
+    return Negotiation(defaults, partial(_adapter, offline_final=python_client))
 
 
-def _adapter(session: Session) -> FunAsrAdapter:
-    return FunAsrAdapter(session, open_decoder=open_decoder)  # compressed wav_format
+def _adapter(session: Session, *, offline_final: bool = True) -> FunAsrAdapter:
+    # compressed wav_format
+    return FunAsrAdapter(session, open_decoder=open_decoder, offline_final=offline_final)
 
 
 def _binary_if_offered(offered: Sequence[str]) -> str | None:

@@ -134,6 +134,8 @@ def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
         try:
             if isinstance(audio_fs, bool):  # JSON true is not 1 Hz
                 raise TypeError(audio_fs)
+            if isinstance(audio_fs, float) and not audio_fs.is_integer():
+                raise ValueError(audio_fs)  # 16000.7 Hz is not 16000 Hz
             rate = int(audio_fs)
         except (TypeError, ValueError):
             raise InvalidOption(f"audio_fs must be a number of Hz, got {audio_fs!r}") from None
@@ -281,6 +283,7 @@ class _Item:
     body: dict[str, Any]
     from_final: bool = False  # it carries (the end of) an utterance
     message: ServerMessage | None = None  # the core message it translates (for metrics)
+    last: bool = False  # it answers an end of input (sent even when empty)
 
 
 @dataclass
@@ -296,10 +299,20 @@ class FunAsrAdapter(WireAdapter):
 
     name = "funasr"
 
-    def __init__(self, session: Session, open_decoder: DecoderFactory | None = None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        open_decoder: DecoderFactory | None = None,
+        *,
+        offline_final: bool = True,
+    ) -> None:
         super().__init__(session)
         self._open_decoder = open_decoder
         self._input: AudioInput | None = None  # a compressed file being decoded
+        # the offline result's is_final: funasr-python (and funasr-client) stop at the
+        # first true; the C++ server sends false, which FunASR's html5 demo waits for in
+        # file mode (docs/funasr.md, "Two dialects")
+        self.offline_final = offline_final
         self.config: FunAsrConfig | None = None  # set by the first JSON frame
         self._wav_name = DEFAULT_WAV_NAME  # the first JSON frame's, even one refused
         self._frames: list[OutFrame] = []
@@ -448,7 +461,7 @@ class FunAsrAdapter(WireAdapter):
             self._answer_rounds(items)  # those whose audio held no utterance
         frames, self._frames = self._frames, []
         for item in items:
-            if item.body.get("is_final") or item.body.get("text"):
+            if item.body.get("is_final") or item.body.get("text") or item.last:
                 frames.append(OutFrame(orjson.dumps(item.body), message=item.message))
         return frames
 
@@ -529,7 +542,7 @@ class FunAsrAdapter(WireAdapter):
     def _send_last(self, items: list[_Item], *, ack: bool) -> None:
         """The one ``is_final: true`` message that answers an end of input."""
         if self._mode == "offline":
-            items.append(_Item(self._offline_result(final=True)))
+            items.append(_Item(self._offline_result(final=self.offline_final), last=True))
         elif items and items[-1].from_final and not items[-1].body["is_final"]:
             items[-1].body["is_final"] = True  # the utterance the end of input closed
         else:
