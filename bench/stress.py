@@ -54,6 +54,7 @@ ATTACKS = (
     "hung",
     "restart",
     "admission",
+    "floods",
 )
 HANG_ENV = "STRESS_HANG_AFTER_DECODES"  # the injected recognizer hangs after N decodes
 
@@ -317,17 +318,19 @@ async def attack_flood(server: Server, args: argparse.Namespace) -> Row:
     )
 
 
-def tiny_frames_client(url: str, seconds: float) -> int:
-    """``python -m bench.stress tiny-frames URL SECONDS``: 1-byte binary frames as fast as
-    one process can send them (in its own process, so that it does not slow the canary)."""
+def tiny_frames_client(url: str, seconds: float, frame_bytes: int = 1) -> int:
+    """``python -m bench.stress tiny-frames URL SECONDS [BYTES]``: BYTES-byte (1) binary
+    frames as fast as one process can send them (in its own process, so that it does not
+    slow the canary)."""
 
     async def flood() -> int:
         sent = 0
+        frame = b"\x00" * frame_bytes
         ws = await connect(url, ping_interval=None, max_queue=None)
         with contextlib.suppress(TimeoutError, ConnectionClosed):  # closed: by a limit
             async with asyncio.timeout(seconds):  # sends block once TCP pushes back
                 while True:
-                    await ws.send(b"\x00")
+                    await ws.send(frame)
                     sent += 1
         ws.transport.abort()
         return sent
@@ -458,6 +461,66 @@ async def attack_admission(server: Server, pcm: np.ndarray, joiners: int = 10) -
         f"{p95([x for o in admitted for x in o['latencies']]):.2f} s), refused {refused}; "
         f"/readyz saturated in {saturated}/{len(probes)} probes",
         ok,
+    )
+
+
+async def attack_floods(server: Server, pcm: np.ndarray, flooders: int = 8) -> Row:
+    """``flooders`` clients sending 2-byte frames as fast as they can (each within its own
+    --max-input-messages-per-s), beside a real-time client: the total input budget keeps
+    the loop for the real-time client and the probes."""
+    seconds = pcm.size / 16000
+    alone = await realtime_client(server.url, pcm)
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.stress",
+            "tiny-frames",
+            server.url,
+            str(seconds + 10),
+            "2",
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        for _ in range(flooders)
+    ]
+    probes: dict[str, list[float]] = {"/readyz": [], "/healthz": []}
+    done = asyncio.Event()
+
+    async def probe(path: str) -> None:
+        while not done.is_set():
+            started = time.monotonic()
+            try:
+                status, _, _ = await asyncio.to_thread(http_get, f"{server.http}{path}", 10.0)
+            except Exception:  # no answer within 10 s
+                status = 0
+            probes[path].append(time.monotonic() - started if status in (200, 503) else 99.0)
+            await asyncio.sleep(0.5)
+
+    probers = [asyncio.create_task(probe(path)) for path in probes]
+    await asyncio.sleep(3.0)  # the floods are under way
+    with PeakRss(server) as rss:
+        flooded = await realtime_client(server.url, pcm)
+    done.set()
+    await asyncio.gather(*probers)
+    sent = 0
+    for process in processes:
+        out, _ = await asyncio.wait_for(process.communicate(), seconds + 60)
+        sent += int(out or 0)
+    paced = metric_value(server, "streamer_input_budget_paced_seconds_total")
+    readyz_max = max(probes["/readyz"], default=99.0)
+    healthz_max = max(probes["/healthz"], default=99.0)
+    p95_flooded = p95(flooded["latencies"])
+    ok = p95_flooded <= 1.5 and readyz_max < 1.0 and flooded["refused"] is None
+    return Row(
+        f"{flooders} clients sending 2-byte frames as fast as they can, beside a real-time client",
+        "the real-time client's final p95 <= 1.5 s; /readyz answers within 1 s throughout",
+        f"{sent} frames sent; real-time client final p95 {p95(alone['latencies']):.2f} s alone, "
+        f"{p95_flooded:.2f} s flooded ({len(flooded['latencies'])} finals); /readyz max "
+        f"{readyz_max * 1000:.0f} ms, /healthz max {healthz_max * 1000:.0f} ms over "
+        f"{len(probes['/readyz'])} probes each; budget paced {paced:.1f} s",
+        ok,
+        None,
+        rss.peak_mb,
     )
 
 
@@ -730,6 +793,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
     await step("flood", lambda: attack_flood(server, args))
     await step("tiny", lambda: attack_tiny_frames(server, short_pcm, short_reference))
     await step("admission", lambda: attack_admission(server, admission_pcm))
+    await step("floods", lambda: attack_floods(server, long_speech(speech_cache, 0.5)))
     await step("blocked", lambda: attack_blocked_writer_then_sigterm(server, args))
     await step("sigterm", lambda: attack_sigterm_with_blocked_client(server, args))
     server.stop()
@@ -780,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve-injected"]:
         return serve_injected()
     if argv[:1] == ["tiny-frames"]:
-        return tiny_frames_client(argv[1], float(argv[2]))
+        return tiny_frames_client(argv[1], float(argv[2]), *map(int, argv[3:4]))
     p = argparse.ArgumentParser(
         prog="python -m bench.stress",
         description=__doc__,

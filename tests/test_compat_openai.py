@@ -391,3 +391,41 @@ def test_a_server_limit_sends_the_transcripts_first() -> None:
     assert h.types()[-2:] == ["conversation.item.input_audio_transcription.completed", "error"]
     assert h.sent[-1]["error"]["code"] == "session_expired"
     assert h.session.close_code == 1008
+
+
+WRONG_TYPES = [
+    # (the update's session object, the param named): a field of the wrong JSON type
+    ({"input_audio_format": {"x": 1}}, "session.input_audio_format"),  # was a TypeError
+    ({"input_audio_format": ["pcm16"]}, "session.input_audio_format"),
+    ({"input_audio_format": 16}, "session.input_audio_format"),
+    ({"audio": {"input": {"format": {"type": {"a": 1}}}}}, "session.audio.input.format.type"),
+    ({"audio": {"input": {"format": {"type": ["audio/pcm"]}}}}, "session.audio.input.format.type"),
+    ({"audio": 5}, "session.audio"),
+    ({"audio": {"input": []}}, "session.audio.input"),
+    ({"audio": {"input": {"noise_reduction": "near"}}}, "session.audio.input.noise_reduction"),
+    ({"input_audio_noise_reduction": 1}, "session.input_audio_noise_reduction"),
+    ({"type": ["transcription"]}, "session.type"),
+    ({"turn_detection": {"type": ["server_vad"]}}, "turn_detection.type"),
+    ({"turn_detection": {"type": "server_vad", "threshold": "high"}}, "turn_detection.threshold"),
+    ({"turn_detection": {"prefix_padding_ms": [300]}}, "turn_detection.prefix_padding_ms"),
+    ({"turn_detection": {"create_response": "yes"}}, "turn_detection.create_response"),
+    ({"input_audio_transcription": {"language": ["en"]}}, "transcription.language"),
+    ({"input_audio_transcription": {"model": 5}}, "transcription.model"),
+    ({"input_audio_transcription": {"prompt": {"p": 1}}}, "transcription.prompt"),
+    ({"include": "item.input_audio_transcription.logprobs"}, "session.include"),
+]
+
+
+@pytest.mark.parametrize(("session", "param"), WRONG_TYPES)
+def test_a_field_of_the_wrong_json_type_is_invalid_value_and_the_session_goes_on(
+    session, param
+) -> None:
+    h = harness()
+    h.text({"type": "session.update", "session": session})
+    error = h.sent[-1]
+    assert error["type"] == "error"
+    assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", param)
+    assert h.session.close_code is None
+    h.text(GA_UPDATE)  # the session goes on
+    append(h, bursts().tobytes())
+    assert len(completed(h)) == 2

@@ -121,37 +121,66 @@ class UpdateRejected(ProtocolError):
         self.param = param
 
 
+_JSON_TYPES = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    float: "a number",
+    bool: "true or false",
+}
+
+
+def _typed(value: object, kind: type, param: str, example: str = "") -> Any:
+    """``value`` when it is JSON null or of ``kind`` (a float is any number); else the
+    update is refused (a list where a string belongs must not reach a dict lookup)."""
+    if value is None:
+        return None
+    if kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        hint = f" such as {example}" if example else ""
+        raise UpdateRejected(
+            f"{param} must be {_JSON_TYPES[kind]}{hint}, got {value!r}"[:200], param
+        )
+    return value
+
+
 def parse_update(session: object, base: TranscriptionConfig) -> TranscriptionConfig:
     """``session`` of a GA ``session.update`` or a beta ``transcription_session.update``
-    over ``base``; unknown fields are ignored. Raises :class:`UpdateRejected`."""
+    over ``base``; unknown fields are ignored, a known one of the wrong JSON type is
+    refused. Raises :class:`UpdateRejected`."""
     if not isinstance(session, dict):
         raise UpdateRejected("'session' must be an object", "session")
-    kind = session.get("type")
+    kind = _typed(session.get("type"), str, "session.type")
     if kind not in (None, "transcription"):
         raise UpdateRejected(
             f"only transcription sessions are served (session.type {kind!r})", "session.type"
         )
     changes: dict[str, Any] = {}
-    audio_in = (
-        session.get("audio", {}).get("input") if isinstance(session.get("audio"), dict) else None
-    )
-    if isinstance(audio_in, dict):  # GA
-        fmt, transcription = audio_in.get("format"), audio_in.get("transcription")
-        if isinstance(fmt, dict):
+    audio = _typed(session.get("audio"), dict, "session.audio", '{"input": {...}}')
+    audio_in = None if audio is None else _typed(audio.get("input"), dict, "session.audio.input")
+    if audio_in is not None:  # GA
+        fmt = _typed(
+            audio_in.get("format"),
+            dict,
+            "session.audio.input.format",
+            '{"type": "audio/pcm", "rate": 24000}',
+        )
+        transcription = audio_in.get("transcription")
+        if fmt is not None:
             changes.update(_ga_format(fmt))
-        elif fmt is not None:
-            raise UpdateRejected(
-                'audio.input.format must be an object such as {"type": "audio/pcm", "rate": 24000}',
-                "session.audio.input.format",
-            )
         if "turn_detection" in audio_in:
             changes["turn_detection"] = _turn_detection(audio_in["turn_detection"])
         if "noise_reduction" in audio_in:
-            changes["noise_reduction"] = audio_in["noise_reduction"]
+            changes["noise_reduction"] = _typed(
+                audio_in["noise_reduction"], dict, "session.audio.input.noise_reduction"
+            )
     else:  # beta
         transcription = session.get("input_audio_transcription")
         if "input_audio_format" in session:
-            beta_format = session["input_audio_format"]
+            beta_format = _typed(session["input_audio_format"], str, "session.input_audio_format")
             if beta_format not in BETAFORMATS:
                 raise UpdateRejected(
                     f"input_audio_format {beta_format!r} is not supported "
@@ -163,34 +192,33 @@ def parse_update(session: object, base: TranscriptionConfig) -> TranscriptionCon
         if "turn_detection" in session:
             changes["turn_detection"] = _turn_detection(session["turn_detection"])
         if "input_audio_noise_reduction" in session:
-            changes["noise_reduction"] = session["input_audio_noise_reduction"]
-    if transcription is not None and not isinstance(transcription, dict):
-        raise UpdateRejected(
-            'transcription must be an object such as {"language": "en"}', "transcription"
-        )
-    if isinstance(transcription, dict):
+            changes["noise_reduction"] = _typed(
+                session["input_audio_noise_reduction"], dict, "session.input_audio_noise_reduction"
+            )
+    transcription = _typed(transcription, dict, "transcription", '{"language": "en"}')
+    if transcription is not None:
         for name in ("model", "language", "prompt"):
             if name in transcription:
-                value = transcription[name]
-                changes[name] = value if isinstance(value, str) or name != "prompt" else ""
-    if isinstance(session.get("include"), list):
-        changes["include"] = session["include"]
+                value = _typed(transcription[name], str, f"transcription.{name}")
+                changes[name] = "" if name == "prompt" and value is None else value
+    if "include" in session:
+        changes["include"] = _typed(session["include"], list, "session.include") or []
     return replace(base, **changes)
 
 
 def _ga_format(fmt: dict[str, Any]) -> dict[str, Any]:
-    kind = fmt.get("type", "audio/pcm")
+    param = "session.audio.input.format.type"
+    kind = _typed(fmt.get("type", "audio/pcm"), str, param) or "audio/pcm"
     if kind not in FORMATS:
         raise UpdateRejected(
-            f"audio format {kind!r} is not supported (supported: {', '.join(FORMATS)})",
-            "session.audio.input.format.type",
+            f"audio format {kind!r} is not supported (supported: {', '.join(FORMATS)})", param
         )
     if kind != "audio/pcm":
         return {"format_type": kind, "rate": G711_SAMPLE_RATE}
     rate = common.lenient_int(fmt.get("rate", PCM_SAMPLE_RATE))
     if rate not in protocol.SUPPORTED_SAMPLE_RATES:
         raise UpdateRejected(
-            f"audio/pcm rate {fmt.get('rate')!r} is not supported (use {PCM_SAMPLE_RATE})",
+            f"audio/pcm rate {fmt.get('rate')!r} is not supported (use {PCM_SAMPLE_RATE})"[:200],
             "session.audio.input.format.rate",
         )
     return {"format_type": kind, "rate": rate}
@@ -201,7 +229,7 @@ def _turn_detection(value: object) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise UpdateRejected("turn_detection must be an object or null", "turn_detection")
-    kind = value.get("type", "server_vad")  # the API's default
+    kind = _typed(value.get("type"), str, "turn_detection.type") or "server_vad"  # the default
     if kind not in _VAD_TYPES:  # a typo must not turn the session into manual commits
         raise UpdateRejected(
             f"turn_detection.type {kind!r} is not supported (supported: "
@@ -211,9 +239,13 @@ def _turn_detection(value: object) -> dict[str, Any] | None:
     silence_ms = value.get("silence_duration_ms")
     if silence_ms is not None and common.lenient_int(silence_ms) is None:
         raise UpdateRejected(
-            f"turn_detection.silence_duration_ms must be a number of ms, got {silence_ms!r}",
+            f"turn_detection.silence_duration_ms must be a number of ms, got {silence_ms!r}"[:200],
             "turn_detection.silence_duration_ms",
         )
+    for name in ("threshold", "prefix_padding_ms"):
+        _typed(value.get(name), float, f"turn_detection.{name}")
+    for name in ("create_response", "interrupt_response"):
+        _typed(value.get(name), bool, f"turn_detection.{name}")
     return {**value, "type": kind}
 
 
