@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.model.worker import ModelWorker
-from tests.fakes import DyingRecognizer, FakeRecognizer, HangingRecognizer
+from tests.fakes import Answers, DyingRecognizer, FakeRecognizer, HangingRecognizer
 
 
 class GatedRecognizer(FakeRecognizer):
@@ -293,3 +294,27 @@ def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
     decoded = [r for r in results if r.job.kind == "final" or r.job.speculative]
     assert len(decoded) == 2
     assert stats.final_decode_ms_total == pytest.approx(sum(r.decode_ms for r in decoded))
+
+
+def test_a_burst_of_failing_partials_is_logged_once_without_a_traceback(caplog):
+    """Each growing partial of a bad segment fails the same way: one line for the burst,
+    one count when it ends, no traceback; a final that fails keeps its traceback."""
+    recognizer = FakeRecognizer(fail_when=lambda pcm: int(pcm[0]) < 100)
+    worker = ModelWorker(lambda: recognizer)
+    worker.start()
+    assert worker.ready.wait(10)
+    answers = Answers()
+    with caplog.at_level(logging.INFO, logger="streamer.model"):
+        for tag in range(1, 11):  # ten failing partials of one segment, one after another
+            worker.submit(job("s", "partial", tag), answers)
+            answers.wait(tag)
+        worker.submit(job("s", "partial", 200), answers)  # one that works ends the burst
+        answers.wait(11)
+        worker.submit(job("s", "final", 7), answers)  # a final that fails
+        answers.wait(12)
+    worker.stop()
+    failed = [r for r in caplog.records if "decode failed" in r.getMessage()]
+    assert len(failed) == 2  # the burst's first partial, and the final
+    assert not failed[0].exc_info and failed[1].exc_info
+    (counted,) = [r for r in caplog.records if "10 partial decodes failed" in r.getMessage()]
+    assert counted.levelname == "WARNING"

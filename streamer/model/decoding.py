@@ -457,22 +457,71 @@ def decode_jobs(recognizer: SpeechRecognizer, jobs: Sequence[DecodeJob]) -> list
     )
 
 
+class PartialFailures:
+    """Failing partial decodes logged once per burst, not a traceback each.
+
+    A segment's partials are decoded again and again as it grows, so one bad input fails
+    them all (16 tracebacks in 14.5 s were seen). The first failure of a session's burst
+    is logged in one line (its traceback at DEBUG); the next ones are counted; the
+    session's next decode that works (or its final) ends the burst with one line saying
+    how many failed. Used by one thread (the worker's).
+    """
+
+    def __init__(self) -> None:
+        self._failed: dict[str, int] = {}  # session_id -> partial decodes failed in a row
+
+    def failed(self, job: DecodeJob) -> bool:
+        """Count a failed partial decode of ``job``; True when it starts a burst (log it)."""
+        count = self._failed.get(job.session_id, 0)
+        self._failed[job.session_id] = count + 1
+        return count == 0
+
+    def ended(self, job: DecodeJob) -> None:
+        """A decode of ``job``'s session worked, or its final was tried: the burst ends."""
+        count = self._failed.pop(job.session_id, 0)
+        if count > 1:
+            logger.warning(
+                "session %s: %d partial decodes failed in a row (the first is logged above)",
+                job.session_id,
+                count,
+            )
+
+
 def decode_job(
-    recognizer: SpeechRecognizer, job: DecodeJob, *, queue_ms: float = 0.0
+    recognizer: SpeechRecognizer,
+    job: DecodeJob,
+    *,
+    queue_ms: float = 0.0,
+    partial_failures: PartialFailures | None = None,
 ) -> DecodeResult:
     """Decode one job: a transcript, or ``DecodeFailure.DECODE_FAILED`` when it raised.
 
-    The failure is logged here with its traceback; its text travels in ``detail`` only.
+    The failure is logged here with its traceback (a burst of failing partials once,
+    with ``partial_failures``); its text travels in ``detail`` only.
     """
     started = time.perf_counter()
     try:
         (transcript,) = decode_jobs(recognizer, [job])
     except Exception as exc:  # one bad decode must not stop the worker
         where = f"session {job.session_id}, segment {job.segment_id}, {job.kind}"
+        counted = partial_failures is not None and job.kind == "partial"
         if isinstance(exc, ModelProcessGone):  # the worker logs what it does about it
             logger.warning("decode failed (%s): %s", where, exc)
+        elif counted and partial_failures is not None:
+            if partial_failures.failed(job):  # the first of a burst: one line (and at
+                # DEBUG its traceback); the final of the segment keeps its traceback
+                logger.error(
+                    "decode failed (%s): %s: %s; the session's next failing partials are "
+                    "counted, not logged",
+                    where,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=logger.isEnabledFor(logging.DEBUG),
+                )
         else:
             logger.exception("decode failed (%s)", where)
+        if job.kind == "final" and partial_failures is not None:
+            partial_failures.ended(job)
         return DecodeResult(
             job=job,
             failure=DecodeFailure.DECODE_FAILED,
@@ -481,4 +530,6 @@ def decode_job(
             decode_ms=(time.perf_counter() - started) * 1000,
         )
     decode_ms = (time.perf_counter() - started) * 1000
+    if partial_failures is not None:
+        partial_failures.ended(job)
     return DecodeResult(job=job, transcript=transcript, queue_ms=queue_ms, decode_ms=decode_ms)

@@ -55,7 +55,7 @@ from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
-from streamer.model.decoding import decode_job, decode_jobs
+from streamer.model.decoding import PartialFailures, decode_job, decode_jobs
 from streamer.model.job_queue import JobQueue, Queued, ResultCallback, select_batch
 
 logger = logging.getLogger(__name__)
@@ -186,6 +186,7 @@ class ModelWorker:
         self.recognizer: SpeechRecognizer | None = None
         self.on_decoded = on_decoded  # metrics hook, called for every decode
         self._final_decode_ms_total = 0.0  # guarded by _lock (read by stats())
+        self._partial_failures = PartialFailures()  # the worker thread's alone
         # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
         self._running: list[Queued] | None = None
         self._running_since = 0.0
@@ -570,7 +571,9 @@ class ModelWorker:
     def _decode_one(self, item: Queued) -> DecodeResult:
         assert self.recognizer is not None
         queue_ms = (time.perf_counter() - item.submitted) * 1000
-        return decode_job(self.recognizer, item.job, queue_ms=queue_ms)
+        return decode_job(
+            self.recognizer, item.job, queue_ms=queue_ms, partial_failures=self._partial_failures
+        )
 
     def _answer(self, item: Queued, result: DecodeResult) -> None:
         if (item.job.kind == "final" or item.job.speculative) and not result.dropped:
