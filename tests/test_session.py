@@ -595,3 +595,26 @@ def test_an_error_burst_answers_once_and_reports_the_count_when_it_ends() -> Non
     assert (summary.code, summary.suppressed) == ("bad_message", 2)
     assert other.code == "unexpected_message"
     assert burst.end() == [] and burst.code is None  # no repeat: nothing to report
+
+
+def test_an_immediate_finalize_keeps_every_sample_sent() -> None:
+    """Deepgram's Finalize and OpenAI's commit end the segment now: its final holds the
+    samples of the frame not yet complete too (8-32 ms used to be cut off the end)."""
+    session = make_session(partials=False)
+    session.start()
+    pcm = np.concatenate([silence(300), tone(1000)])[:-123]  # not a whole number of frames
+    feed(session, pcm, respond=False)
+    session.jobs_to_submit()  # partials, speculations: not what this test looks at
+    session.finalize(at_pause=False)
+    (final,) = [job for job in session.jobs_to_submit() if job.kind == "final"]
+    assert final.end_sample == pcm.size
+    assert np.array_equal(final.pcm, pcm[final.start_sample :])
+    raw = "<|en|><|NEUTRAL|><|Speech|><|woitn|>one"
+    t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)
+    session.decode_finished(DecodeResult(job=final, transcript=t, decode_ms=1))
+    # the stream goes on: the next audio is framed as before, and stop still works
+    feed(session, np.concatenate([silence(500), tone(600), silence(900)]))
+    session.stop()
+    answer(session)
+    messages = session.messages_to_send()
+    assert session.state is State.ENDED and types(messages).count("final") == 2

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from streamer.errors import ConfigError
 
 DEFAULT_MAX_FINAL_LAG_MS = 1000.0
-DEFAULT_MAX_FINAL_LOAD = 0.35  # bench/RESULTS.md, "Capacity-aware admission"
+DEFAULT_MAX_FINAL_LOAD = 0.25  # bench/RESULTS.md, "Capacity-aware admission"
 DEFAULT_WINDOW_S = 15.0
 DEFAULT_RECOVER_RATIO = 0.7
 MIN_WINDOW_FRACTION = 0.3  # no projection until this much of the window is measured

@@ -44,6 +44,10 @@ class PcmFramer:
         """Samples received but not yet part of a complete frame."""
         return int(self._pending.size)
 
+    def pending(self) -> np.ndarray:
+        """A copy of the samples not yet part of a complete frame (they stay pending)."""
+        return self._pending.copy()
+
     def push_bytes(self, data: bytes) -> list[np.ndarray]:
         """Add little-endian s16 bytes; returns the frames they completed."""
         return list(self.push_bytes_block(data))

@@ -110,6 +110,7 @@ class Session:
         self._held: list[ServerMessage] = []  # messages of segments after the next final
         self._next_final_id = 0
         self._pending_finals: set[int] = set()
+        self._finalize_tail: np.ndarray | None = None  # an immediate finalize's last samples
         self._end_close_code = CLOSE_NORMAL
         self._server_stopped = False  # shutdown/expire: late client input is dropped quietly
         self._burst = ErrorBurst()  # one answer per burst of the same non-fatal error
@@ -246,8 +247,16 @@ class Session:
             raise UnexpectedMessage("finalize after stop is ignored")
         if at_pause:
             self._handle_events(self._segmenter.finalize())
-        else:
-            self._handle_events(self._segmenter.flush("finalize"))
+            return
+        # every sample sent so far is in the final, also those of the frame not yet
+        # complete (they stay in the framer for the stream's next frame as well)
+        tail = self._framer.pending()
+        end_sample = self._buffer.end_sample + tail.size
+        self._finalize_tail = tail
+        try:
+            self._handle_events(self._segmenter.flush("finalize", end_sample=end_sample))
+        finally:
+            self._finalize_tail = None
 
     def stop(self) -> None:
         """End of stream: finish every open segment, then ``end`` (raises after a stop)."""
@@ -409,7 +418,7 @@ class Session:
                 session_id=self.session_id,
                 segment_id=event.segment_id,
                 kind="final",
-                pcm=self._buffer.slice(event.start_sample, event.end_sample),
+                pcm=self._final_pcm(event),
                 start_sample=event.start_sample,
                 end_sample=event.end_sample,
                 language=self.stream.language,
@@ -417,6 +426,15 @@ class Session:
                 reason=event.reason,
             )
         )
+
+    def _final_pcm(self, event: SegmentEnd) -> np.ndarray:
+        """The segment's audio; past the buffer, the samples of an immediate finalize's
+        incomplete frame."""
+        buffered_end = self._buffer.end_sample
+        if event.end_sample <= buffered_end or self._finalize_tail is None:
+            return self._buffer.slice(event.start_sample, event.end_sample)
+        head = self._buffer.slice(event.start_sample, buffered_end)
+        return np.concatenate([head, self._finalize_tail[: event.end_sample - buffered_end]])
 
     def _stop(self) -> None:
         if self._resampler is not None:
