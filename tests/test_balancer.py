@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,7 +85,12 @@ def nginx_config(upstream_ports: list[int], listen_port: int) -> str:
     block = re.sub(r"^    server \S+ [^;\n]*;\n", "", upstream.group(0), flags=re.M)
     block = block.replace("\n}", "\n" + servers + "}")
     text = text.replace(upstream.group(0), block)
-    return _replace_once(text, r"^    listen 80;$", f"    listen 127.0.0.1:{listen_port};", re.M)
+    return _replace_once(
+        text,
+        r"^    listen 80 default_server;$",
+        f"    listen 127.0.0.1:{listen_port} default_server;",
+        re.M,
+    )
 
 
 @contextlib.contextmanager
@@ -141,6 +147,8 @@ def haproxy_config(upstream_ports: list[int], listen_port: int, stats: Path) -> 
     text = _replace_once(text, r"stats socket \S+", f"stats socket {stats}")
     # 2 file descriptors per connection: stay under this machine's limit
     text = _replace_once(text, r"^    maxconn \d+$", "    maxconn 1000", re.M)
+    if os.geteuid() != 0:  # only root can change user
+        text = _replace_once(text, r"^    user haproxy\n    group haproxy\n", "", re.M)
     # no syslog daemon here: log to stdout, which the test keeps in a file
     return _replace_once(text, r"^    log /dev/log (\w+)$", r"    log stdout format raw \1", re.M)
 
@@ -206,6 +214,94 @@ def make_fake_server(make_server):  # noqa: F811
 
 async def _hold_session(url: str) -> StreamingClient:
     return await StreamingClient.connect(ClientOptions(url=url))
+
+
+# -- nginx: the site file in the distribution's own layout --------------------------------
+
+DEBIAN_NGINX = Path("/etc/nginx")
+needs_debian_nginx = pytest.mark.skipif(
+    NGINX is None or not (DEBIAN_NGINX / "sites-enabled").is_dir(),
+    reason="needs Debian's or Ubuntu's nginx package (/etc/nginx/sites-enabled)",
+)
+
+
+def _documented_steps() -> list[str]:
+    """The `sudo` steps of deploy/nginx.conf's header (cp, ln, rm)."""
+    steps = re.findall(r"^#   sudo ((?:cp|ln|rm) .+)$", NGINX_CONF.read_text(), re.M)
+    assert [step.split()[0] for step in steps] == ["cp", "ln", "rm"], steps
+    return steps
+
+
+def _run_steps(steps: list[str], root: Path, upstream_port: int, listen_port: int) -> None:
+    """Run ``steps`` in ``root`` (a copy of /etc), then move the sites' port 80 and
+    upstream servers to loopback ports."""
+    for step in steps:
+        command = step.replace("/etc/nginx", str(root / "nginx"))
+        subprocess.run(command, shell=True, check=True, cwd=REPO)
+    for site in (root / "nginx" / "sites-available").iterdir():
+        text = site.read_text()
+        text = re.sub(r"listen 80 ", f"listen 127.0.0.1:{listen_port} ", text)
+        text = re.sub(r"^\s*listen \[::\]:80 .*$", "", text, flags=re.M)
+        text = re.sub(
+            r"^    server \S+:8000 ", f"    server 127.0.0.1:{upstream_port} ", text, flags=re.M
+        )
+        site.write_text(text)
+
+
+def _debian_nginx(tmp_path: Path) -> list[str]:
+    """The installed /etc/nginx copied to ``tmp_path/etc``, its absolute paths, logs and
+    pid moved there; returns the nginx command line that runs it."""
+    root = tmp_path / "etc"
+    shutil.copytree(DEBIAN_NGINX, root / "nginx", symlinks=True)
+    for link in (root / "nginx" / "sites-enabled").iterdir():  # absolute links into /etc
+        if link.is_symlink():
+            target = os.readlink(link).replace("/etc/nginx", str(root / "nginx"))
+            link.unlink()
+            link.symlink_to(target)
+    main = root / "nginx" / "nginx.conf"
+    text = main.read_text().replace("/etc/nginx", str(root / "nginx"))
+    text = re.sub(r"^user .*;$", "user root;" if os.geteuid() == 0 else "", text, flags=re.M)
+    text = re.sub(r"^pid .*;$", f"pid {tmp_path}/nginx.pid;", text, flags=re.M)
+    text = re.sub(r"/var/log/nginx/", f"{tmp_path}/", text)
+    temp = "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n"
+                   for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))  # fmt: skip
+    text = text.replace("http {\n", "http {\n" + temp, 1)
+    main.write_text(text)
+    return [NGINX, "-p", str(tmp_path), "-c", str(main), "-e", str(tmp_path / "error.log")]
+
+
+@needs_debian_nginx
+async def test_the_site_file_works_in_the_distributions_nginx(make_server, tmp_path: Path) -> None:  # noqa: F811
+    server = make_server(FakeRecognizer, max_sessions=2)
+    port = _free_port()
+    argv = _debian_nginx(tmp_path)
+    cp, ln, rm = _documented_steps()
+    # without the last step, Debian's own site is a second default server on the port
+    _run_steps([cp, ln], tmp_path / "etc", server.port, port)
+    both = subprocess.run([*argv, "-t"], capture_output=True, text=True, timeout=30)
+    assert both.returncode != 0 and "duplicate default server" in both.stderr
+    _run_steps([rm], tmp_path / "etc", server.port, port)
+    checked = subprocess.run([*argv, "-t"], capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr
+    process = subprocess.Popen([*argv, "-g", "daemon off;"], stdin=subprocess.DEVNULL)
+    try:
+        _wait_listening(port, process, tmp_path / "error.log")
+
+        def page(host: str) -> str:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Host": host})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.read().decode()
+
+        for host in ("asr.example.com", "localhost"):
+            body = await asyncio.to_thread(page, host)
+            assert "<title>SenseVoice live captions</title>" in body, host
+            assert "Welcome to nginx" not in body
+        session = await _hold_session(f"ws://127.0.0.1:{port}/v1/asr")  # the upgrade passes
+        assert session.ready.session_id
+        await session.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(10)
 
 
 # -- nginx: a refused handshake is retried on the other server ----------------------------

@@ -252,3 +252,14 @@ def test_nginx_upgrades_every_websocket_path() -> None:
         assert line in body, line
     assert re.search(r"proxy_next_upstream [^;]*http_503", body)
     assert "least_conn;" in nginx
+
+
+def test_haproxy_runs_unprivileged_with_a_connection_limit_it_can_reach() -> None:
+    config = (REPO / "deploy" / "haproxy.cfg").read_text()
+    globals_ = config.split("\ndefaults", 1)[0]
+    assert re.search(r"^    user haproxy$", globals_, re.M)
+    assert re.search(r"^    group haproxy$", globals_, re.M)
+    (maxconn,) = (int(v) for v in re.findall(r"^    maxconn (\d+)$", globals_, re.M))
+    # HAProxy needs 2 fds per session and sets its own limit as root; stay far below
+    # the kernel's default nr_open (1048576) and explain raising it
+    assert 1000 <= maxconn <= 10000
