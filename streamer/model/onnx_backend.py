@@ -258,6 +258,8 @@ def onnx_model_dir(directory: Path, *, quantized: bool) -> OnnxModelDir:
         return OnnxModelDir(directory, "streamer", _require(graph), tokenizer, cmvn)
     if (directory / TOKENS_FILE).is_file() and not (directory / CMVN_FILE).is_file():
         graph = directory / (INT8_FILE if quantized else FP32_FILE)
+        if not graph.is_file() and (directory / INT8_FILE).is_file():
+            graph = directory / INT8_FILE  # sherpa-onnx's int8 releases ship only this one
         tokenizer = PieceTableTokenizer(read_tokens_txt(directory / TOKENS_FILE))
         return OnnxModelDir(directory, "sherpa-onnx", _require(graph), tokenizer, None)
     if (directory / CMVN_FILE).is_file():
