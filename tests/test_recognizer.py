@@ -373,3 +373,13 @@ def test_gpu_half_precision_decodes(tagged_model_dir: Path, speech_cache: Path, 
 
 def test_languages_constant() -> None:
     assert set(OPTION_LANGUAGES) <= set(LANGUAGES)
+
+
+def test_the_tagged_model_is_not_called_meaningless(
+    cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from streamer.model.files import model_source
+
+    caplog.set_level(logging.WARNING, logger="streamer.model")
+    model_source("random:tagged", "ms", cache_dir)
+    assert "trained on two clips" in caplog.text and "meaningless" not in caplog.text

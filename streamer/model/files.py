@@ -77,12 +77,20 @@ def model_source(model: str, hub: str, cache_dir: Path) -> Path | str:
     if model.startswith(RANDOM_PREFIX):
         from streamer.testkit.models import ensure_random_model
 
-        directory = ensure_random_model(model[len(RANDOM_PREFIX) :], cache_dir)
-        logger.warning(
-            "MODEL %s HAS RANDOM WEIGHTS: every transcript it produces is meaningless. "
-            "Use it for tests and timing only.",
-            model,
-        )
+        name = model[len(RANDOM_PREFIX) :]
+        directory = ensure_random_model(name, cache_dir)
+        if name == "tagged":  # trained, on two clips: not meaningless, but not a real model
+            logger.warning(
+                "model %s is a 1 M-parameter test model trained on two clips: it "
+                "transcribes those and little else. Use it for tests only.",
+                model,
+            )
+        else:
+            logger.warning(
+                "MODEL %s HAS RANDOM WEIGHTS: every transcript it produces is meaningless. "
+                "Use it for tests and timing only.",
+                model,
+            )
         return directory
     path = Path(model).expanduser()
     if path.exists() or looks_like_path(model):

@@ -235,10 +235,21 @@ def export_onnx(
     files = model_files(model_dir)
     digest = digest or source_sha256(files)
     out_dir.mkdir(parents=True, exist_ok=True)
-    recognizer = Recognizer(
-        RecognizerOptions(
-            model=str(model_dir), backend="torch", device="cpu", warmup=False, threads=threads
+    # the torch model is only the export's source: "loaded ... with torch" would read as
+    # the backend that serves
+    loaded_line = _DropMessages("loaded model ")
+    recognizer_logger = logging.getLogger("streamer.model.recognizer")
+    recognizer_logger.addFilter(loaded_line)
+    try:
+        recognizer = Recognizer(
+            RecognizerOptions(
+                model=str(model_dir), backend="torch", device="cpu", warmup=False, threads=threads
+            )
         )
+    finally:
+        recognizer_logger.removeFilter(loaded_line)
+    logger.info(
+        "export: read the torch model in %.1f s; tracing it to ONNX", time.perf_counter() - started
     )
     pieces = recognizer.tokenizer.pieces()
     vocab_size = _export_graph(recognizer, out_dir / FP32_FILE)
@@ -387,8 +398,23 @@ def _quantize(source: Path, target: Path, weight_type: str) -> None:
 
 
 class _RootChatterFilter(logging.Filter):
+    """The quantizer's per-tensor lines, and its advice to run its pre-processing first:
+    shape inference and graph optimisation, which ONNX Runtime does when it loads the
+    graph (ORT_ENABLE_ALL), on a graph traced with its shapes."""
+
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Please consider to run pre-processing"):
+            return False
         return record.levelno >= logging.WARNING
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
 
 
 def _versions() -> dict[str, str]:

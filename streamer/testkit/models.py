@@ -165,7 +165,7 @@ def ensure_random_model(name: str, cache_dir: Path, *, seed: int = 0) -> Path:
         target,
         "minutes of training on 2 cores"
         if name == "tagged"
-        else "20-30 s and 900 MiB on disk"
+        else "about 75 s on 2 cores and 900 MiB on disk"
         if name == "small"
         else "about a second",
     )
