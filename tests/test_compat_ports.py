@@ -5,7 +5,9 @@ notice. The real client libraries with the real model are in ``test_compat_clien
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 
 import numpy as np
 import orjson
@@ -396,3 +398,58 @@ async def test_funasr_client_faster_than_the_model_is_back_pressured_not_killed(
         "streamer_sessions_terminated_total", {"reason": "keepalive_timeout"}
     )
     assert not killed
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        ({"write_timeout_s": 600}, "outbox_full"),  # answers pile up past max_outbox_bytes
+        ({"write_timeout_s": 0.5, "max_outbox_bytes": 64 << 20}, "write_timeout"),
+    ],
+)
+async def test_a_never_reading_wyoming_client_is_bounded_and_closed(
+    make_ports_server, limits, reason
+):
+    """A Wyoming client that floods describe (each answered with a 660-byte info) and
+    reads nothing: the answers wait in the pump's bounded outbox, and past the bound or
+    the write timeout the session is closed and its slot freed, as on a WebSocket (the
+    Wyoming outbox was unbounded: +36 MB in 10 s)."""
+    server = make_ports_server(funasr_port=None, **limits)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.server.listeners["wyoming"].port))
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    describe = encode_event(WyomingEvent("describe"))
+    writer.write(describe)
+    await writer.drain()
+    for _ in range(200):
+        if server.server.session_count == 1:
+            break
+        await asyncio.sleep(0.05)
+    (connection,) = server.server.admission.connections
+    server_sock = connection.writer.transport.get_extra_info("socket")
+    # loopback send buffers grow to megabytes: a small one stands in for a stalled peer
+    server.loop.call_soon_threadsafe(
+        server_sock.setsockopt, socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+    )
+    registry = server.server.metrics.registry
+
+    def terminated() -> float:
+        value = registry.get_sample_value("streamer_sessions_terminated_total", {"reason": reason})
+        return value or 0.0
+
+    with contextlib.suppress(ConnectionError):
+        for _ in range(400):  # at most 400 x 100 describes: 26 MB of answers
+            if terminated():
+                break
+            writer.write(describe * 100)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+    for _ in range(200):
+        if server.server.session_count == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert terminated() == 1
+    assert server.server.session_count == 0  # the slot is free
+    writer.transport.abort()

@@ -3,9 +3,11 @@
 :class:`WyomingListener` accepts connections with the main server's admission rules and
 ``--max-sessions``; :class:`WyomingConnection` moves one socket's bytes through a
 :class:`~streamer.core.compat.wyoming.WyomingAdapter`, decode jobs to the shared worker
-and results back, with the guarantees of the WebSocket connections: bounded reads (the
-parser's line, data and payload limits, and a read-ahead backlog beyond which the socket
-is not read, so TCP pushes back), an idle timeout, a maximum duration, write timeouts.
+and results back through the same :class:`~streamer.server.pump.SessionPump` as the
+WebSocket connections, so with their guarantees: bounded reads (the parser's line, data
+and payload limits, and a read-ahead backlog beyond which the socket is not read, so TCP
+pushes back), a bounded outbox and ``--write-timeout-s`` (a client that does not read is
+closed), input pacing, an idle timeout and a maximum duration.
 ``docs/wyoming.md`` is the user's page.
 """
 
@@ -15,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 
 from streamer import __version__
 from streamer.core.compat.wyoming import (
@@ -27,18 +28,16 @@ from streamer.core.compat.wyoming import (
     encode_event,
     sessionless_answer,
 )
-from streamer.core.jobs import DecodeResult
-from streamer.core.pacing import InputBudget, InputPacer
-from streamer.core.protocol import Error, Final, Partial, ServerMessage
+from streamer.core.pacing import InputBudget
 from streamer.core.session import State
 from streamer.core.wire import OutFrame
 from streamer.errors import ProtocolError
 from streamer.model.pool import WorkerPool
 from streamer.model.worker import ModelWorker
 from streamer.server.admission import Admission
-from streamer.server.connection import note_paced
 from streamer.server.metrics import Metrics
 from streamer.server.options import ConnectionLimits
+from streamer.server.pump import SessionPump
 
 logger = logging.getLogger(__name__)
 
@@ -46,19 +45,14 @@ READ_BYTES = 64 * 1024  # one read from the socket
 # a connection has no session (no --max-sessions slot) until it sends something; one that
 # sends nothing this long is closed: a port scan, a TCP health check, a client that hangs
 FIRST_BYTES_TIMEOUT_S = 10.0
-WRITE_TIMEOUT_S = 10.0  # a client that reads nothing for this long is dropped
 # a refused connection is still answered describe/ping, and read until it closes, this long
 REFUSAL_LINGER_S = 5.0
-BACKLOG_PIECE_BYTES = 32000  # read-ahead is fed to the adapter in pieces of this size
 
 
 class WyomingConnection:
-    """One TCP connection <-> one adapter. :meth:`run` returns when it is over.
-
-    The same design as :class:`streamer.server.connection.Connection` (which is bound
-    to WebSocket frames): input waits in a bounded backlog while the session has
-    ``max_pending_finals`` finals queued, and the socket is not read beyond it.
-    """
+    """One TCP connection <-> one :class:`SessionPump`. :meth:`run` returns when it is
+    over: the pump's limits (pending-finals gate and bounded backlog, bounded outbox,
+    ``--write-timeout-s``, input pacing) hold as on a WebSocket."""
 
     def __init__(
         self,
@@ -73,106 +67,46 @@ class WyomingConnection:
     ) -> None:
         self.reader = reader
         self.writer = writer
-        self.adapter = adapter
         self.session = adapter.session
-        self.worker = worker
-        self.metrics = metrics
         self.limits = limits
         self.log = logging.LoggerAdapter(logger, {"session_id": self.session.session_id})
+        self.pump = SessionPump(
+            adapter,
+            worker,
+            metrics,
+            limits,
+            end_of_input=adapter.end_of_input,
+            log=self.log,
+            budget=budget,
+        )
         self._loop = asyncio.get_running_loop()
-        self._outbox: asyncio.Queue[OutFrame | None] = asyncio.Queue()
-        self._backlog: deque[bytes] = deque()
-        self._backlog_bytes = 0
-        self._backlog_has_room = asyncio.Event()
-        self._backlog_has_room.set()
-        self._closing = False
-        # --max-input-bytes-per-s per read (a read holds many events; the byte rate
-        # bounds them); the idle timeout does not run while we wait
-        self._pacer = InputPacer(limits.pacing, self._loop.time(), budget)
         self._first_bytes = first_bytes  # what the listener read before the session
-        self._eof = False  # the client closed its side: the input ends with the backlog
-        self._gone = False
-        self._audio_ms_seen = 0.0
-        self._speech_started: dict[int, float] = {}
-
-    # -- glue --------------------------------------------------------------------------
-
-    def pump(self) -> None:
-        for frame in self.adapter.drain():
-            self._outbox.put_nowait(frame)
-        for job in self.session.jobs_to_submit():
-            self.worker.submit(job, self._result_from_worker)
-        audio_ms = self.session.audio_ms
-        if audio_ms > self._audio_ms_seen:
-            self.metrics.audio_seconds_total.inc((audio_ms - self._audio_ms_seen) / 1000)
-            self._audio_ms_seen = audio_ms
-        if self.adapter.close_code is not None and not self._closing:
-            self._closing = True
-            self._backlog.clear()
-            self._backlog_bytes = 0
-            self._backlog_has_room.set()
-            self._outbox.put_nowait(None)
-
-    def _receive(self, data: bytes) -> None:
-        for offset in range(0, len(data), BACKLOG_PIECE_BYTES):
-            piece = data[offset : offset + BACKLOG_PIECE_BYTES]
-            self._backlog.append(piece)
-            self._backlog_bytes += len(piece)
-        self._drain_backlog()
-
-    def _drain_backlog(self) -> None:
-        while (
-            self._backlog
-            and self.session.pending_finals < self.limits.max_pending_finals
-            and not self._closing
-        ):
-            piece = self._backlog.popleft()
-            self._backlog_bytes -= len(piece)
-            self.adapter.receive_bytes(piece)
-            self.pump()
-        if self._eof and not self._backlog and not self._closing:
-            self.adapter.end_of_input()
-            self.pump()
-        if self._backlog_bytes < self.limits.max_backlog_bytes:
-            self._backlog_has_room.set()
-        else:
-            self._backlog_has_room.clear()
-
-    def _result_from_worker(self, result: DecodeResult) -> None:
-        # called in the worker thread
-        self._loop.call_soon_threadsafe(self._on_result, result)
-
-    def _on_result(self, result: DecodeResult) -> None:
-        if self._gone:
-            return
-        self.session.decode_finished(result)
-        self.pump()
-        self._drain_backlog()
 
     def expire(self, code: str, message: str, close_code: int | None = None) -> None:
         """A server-side limit or a model failure (TCP has no close code: it is unused)."""
         del close_code
         self.session.expire(code, message)
-        self.pump()
+        self.pump.pump()
 
     def shutdown(self) -> None:
-        self.session.shutdown()
-        self.pump()
+        self.pump.shutdown()
 
     def abort(self) -> None:
         """Drop the connection now (the server's grace period is over)."""
-        self._gone = True
+        self.pump.gone = True
         self.writer.transport.abort()
 
     # -- tasks -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        self.pump()
+        pump = self.pump
+        pump.pump()
         if self._first_bytes:
-            self._receive(self._first_bytes)
+            pump.receive(self._first_bytes)
         sid = self.session.session_id
         writer = asyncio.create_task(self._write(), name=f"wyoming-write-{sid}")
         reader = asyncio.create_task(self._read(), name=f"wyoming-read-{sid}")
+        terminated = asyncio.create_task(pump.terminated.wait(), name=f"wyoming-limit-{sid}")
         limit = self._loop.call_later(
             self.limits.max_session_s,
             self.expire,
@@ -180,23 +114,28 @@ class WyomingConnection:
             "the session reached the server's maximum duration",
         )
         try:
-            done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+            done, _ = await asyncio.wait(
+                {writer, reader, terminated}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done - {terminated}:
                 task.result()
-            input_over = self.session.state is State.STOPPING or (self._eof and self._backlog)
-            if writer not in done and (self._closing or input_over):
-                # The input is over (the client may have half-closed, after audio-stop or
-                # instead of it): deliver the transcript. The worker answers every final
-                # (the backlog then drains); writes time out.
-                await writer
+            input_over = self.session.state is State.STOPPING or (pump.input_ended and pump.backlog)
+            if not pump.terminated.is_set() and writer not in done:
+                if pump.closing or input_over:
+                    # The input is over (the client may have half-closed, after
+                    # audio-stop or instead of it): deliver the transcript. The worker
+                    # answers every final (the backlog then drains); writes time out.
+                    await asyncio.wait({writer, terminated}, return_when=asyncio.FIRST_COMPLETED)
+                    if writer.done():
+                        writer.result()
         finally:
             limit.cancel()
-            client_gone = self._gone  # before: a late result has nowhere to go now
-            self._gone = True
-            for task in (writer, reader):
+            client_gone = pump.gone or pump.terminated.is_set()
+            pump.gone = True  # before: a late result has nowhere to go now
+            for task in (writer, reader, terminated):
                 task.cancel()
-            await asyncio.wait({writer, reader})  # the reader's read is over: ours next
-            self.worker.drop_session(sid)
+            await asyncio.wait({writer, reader, terminated})  # the reader's read is over
+            pump.stop()
             if not client_gone:
                 await linger_close(self.reader, self.writer, self.limits.close_timeout_s)
             if not self.writer.is_closing():
@@ -204,9 +143,10 @@ class WyomingConnection:
 
     async def _read(self) -> None:
         idle_s = self.limits.idle_timeout_s
-        while not self._closing:
-            await self._backlog_has_room.wait()
-            if self._closing:
+        pump = self.pump
+        while not pump.closing:
+            await pump.backlog_has_room.wait()
+            if pump.closing:
                 break
             state = self.session.state
             timeout = idle_s if state in (State.CONFIGURING, State.STREAMING) else None
@@ -219,38 +159,20 @@ class WyomingConnection:
             except ConnectionError:
                 return  # the client is gone
             if not data:  # the client closed, or half-closed (after audio-stop or not)
-                self._eof = True
-                self._drain_backlog()  # ends a started stream once its audio is in
+                pump.end_input()  # ends a started stream once its audio is in
                 return
-            self._receive(data)
-            wait_s = self._pacer.charge(self._loop.time(), len(data))
+            pump.receive(data)
+            wait_s = pump.charge(len(data))
             if wait_s > 0:
-                note_paced(self._pacer, wait_s, self.session.session_id, self.log, self.metrics)
                 await asyncio.sleep(wait_s)
 
-    async def _write(self) -> None:
-        while True:
-            frame = await self._outbox.get()
-            if frame is None:
-                return  # run() closes: a FIN after the last event, not an RST
-            if frame.message is not None:
-                self._account(frame.message)
-            try:
-                self.writer.write(frame.data)
-                async with asyncio.timeout(WRITE_TIMEOUT_S):
-                    await self.writer.drain()
-            except (ConnectionError, TimeoutError):
-                self._gone = True
-                return
+    async def _send(self, frame: OutFrame) -> None:
+        self.writer.write(frame.data)
+        await self.writer.drain()
 
-    def _account(self, message: ServerMessage) -> None:
-        metrics = self.metrics
-        if isinstance(message, Partial):
-            metrics.partials_sent_total.inc()
-        elif isinstance(message, Final):
-            metrics.segments_total.labels(message.reason).inc()
-        elif isinstance(message, Error):
-            metrics.errors_total.labels(message.code).inc()
+    async def _write(self) -> None:
+        # returns after the last event: run() closes (a FIN after it, not an RST)
+        await self.pump.write_all(self._send)
 
 
 class WyomingListener:
