@@ -85,6 +85,7 @@ function showNotice(text, kind = "error") {
   ui.notice.textContent = text;
   ui.notice.dataset.kind = kind;
   ui.notice.hidden = !text;
+  delete ui.notice.dataset.cause;
 }
 
 function toast(text, kind = "warning") {
@@ -109,6 +110,9 @@ function showConnection(state, detail) {
   if (state === "reconnecting" || state === "live") checkServer(); // the badge follows outages
 }
 
+const UNREACHABLE =
+  "The server cannot be reached. Captions go on when it is back (this notice clears itself).";
+
 async function checkServer() {
   try {
     const response = await fetch("readyz", { cache: "no-store" });
@@ -116,9 +120,15 @@ async function checkServer() {
     const status = await response.json().then((body) => body?.status, () => null);
     ui.server.dataset.state = response.ok ? "ready" : "not-ready";
     ui.server.textContent = response.ok ? "server ready" : `server ${status ?? "not ready"}`;
+    // the server answers again: an outage notice (ours, or a Start that failed for it) is stale
+    if (ui.notice.dataset.cause === "unreachable") showNotice("");
   } catch {
     ui.server.dataset.state = "down";
     ui.server.textContent = "server unreachable";
+    if (ui.notice.hidden) {
+      showNotice(UNREACHABLE);
+      ui.notice.dataset.cause = "unreachable";
+    }
   }
 }
 
@@ -180,6 +190,7 @@ function setRunning(running) {
 
 function newRun() {
   showNotice("");
+  view.startRun();
   latency = new LatencyMeter();
   showLatency();
   const current = { stopping: false };
@@ -228,6 +239,7 @@ async function startMicrophone() {
     });
   } catch (err) {
     showNotice(err instanceof SourceError ? err.message : `Microphone failed: ${err}`);
+    if (/server cannot be reached/.test(err?.message ?? "")) ui.notice.dataset.cause = "unreachable";
     await finishRun(current);
     return;
   }

@@ -58,11 +58,24 @@ export async function openMicrophone({ onFrame, onLevel }) {
   }
   // The context runs at the device's native rate; the worklet resamples (see its header).
   const context = new AudioContext({ latencyHint: "interactive" });
+  const workletUrl = new URL("pcm-worklet.js", import.meta.url);
   try {
-    await context.audioWorklet.addModule(new URL("pcm-worklet.js", import.meta.url));
+    await context.audioWorklet.addModule(workletUrl);
   } catch (err) {
     stream.getTracks().forEach((t) => t.stop());
     await context.close();
+    // The worklet's code comes from the server: when it cannot be fetched, the server is
+    // the problem, not the browser.
+    const reachable = await fetch(workletUrl, { method: "HEAD", cache: "no-store" }).then(
+      (response) => response.ok,
+      () => false,
+    );
+    if (!reachable) {
+      throw new SourceError(
+        "The server cannot be reached (it serves this page's audio code): " +
+          "start it again, then press Start.",
+      );
+    }
     throw new SourceError(`This browser cannot run the audio worklet: ${err.message}`);
   }
   const source = context.createMediaStreamSource(stream);

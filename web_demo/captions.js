@@ -73,6 +73,7 @@ export class CaptionView {
   constructor(container) {
     this.container = container;
     this.finals = []; // {session, segmentId, startMs, endMs, text, language, emotion, event}
+    this.runOffsetMs = 0; // where this run's clock starts on the transcript's one timeline
     this.partial = null; // element of the open segment, or null
     this.followTail = true;
     container.addEventListener("scroll", () => {
@@ -125,8 +126,8 @@ export class CaptionView {
     this.partial?.remove();
     this.partial = null;
     const text = (message.text ?? "").trim();
-    const startMs = session.offsetMs + message.start_ms;
-    const endMs = session.offsetMs + message.end_ms;
+    const startMs = this.runOffsetMs + session.offsetMs + message.start_ms;
+    const endMs = this.runOffsetMs + session.offsetMs + message.end_ms;
     if (!text) return; // silence or a failed decode: nothing to caption
     const record = {
       session: session.index,
@@ -161,7 +162,14 @@ export class CaptionView {
     if (this.followTail) this.container.scrollTop = this.container.scrollHeight;
   }
 
+  /** A new Start: its sessions count time from 0 again; on the exported timeline its
+   * audio follows the last final so far, so cues never go backwards. */
+  startRun() {
+    this.runOffsetMs = this.finals.at(-1)?.endMs ?? 0;
+  }
+
   clear() {
+    this.runOffsetMs = 0;
     this.finals = [];
     this.partial = null;
     this.container.replaceChildren();
