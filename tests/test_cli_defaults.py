@@ -156,3 +156,18 @@ def test_a_cache_dir_that_cannot_be_made_is_a_config_error(tmp_path) -> None:
     args = subparser("serve").parse_args(["--cache-dir", str(tmp_path / "new" / "cache")])
     assert _recognizer_options(args).cache_dir == tmp_path / "new" / "cache"
     assert (tmp_path / "new" / "cache").is_dir()
+
+
+def test_serve_help_names_every_variable() -> None:
+    """Every serve flag has its STREAMER_* variable, and --help lists each one."""
+    parser = subparser("serve")
+    text = " ".join(parser.format_help().split())
+    flags = [
+        action.option_strings[0]
+        for action in parser._actions
+        if action.option_strings and action.option_strings[0].startswith("--")
+        and action.dest != "help"
+    ]  # fmt: skip
+    assert len(flags) >= 45, flags
+    missing = [f for f in flags if f"STREAMER_{f[2:].upper().replace('-', '_')}" not in text]
+    assert missing == []

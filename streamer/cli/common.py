@@ -74,6 +74,22 @@ def _within(
     return parse
 
 
+def env_name(flag: str) -> str:
+    """``--max-sessions`` -> ``STREAMER_MAX_SESSIONS``."""
+    return "STREAMER_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _with_variable(help_text: str | None, variable: str) -> str | None:
+    """``help_text`` naming ``variable``, so that ``--help`` lists every one: inside its
+    closing ``[...]`` (``[%(default)s]`` -> ``[STREAMER_X, %(default)s]``) or appended."""
+    if help_text is None or help_text == argparse.SUPPRESS or variable in help_text:
+        return help_text
+    if help_text.endswith("]") and "[" in help_text:
+        at = help_text.rindex("[") + 1
+        return f"{help_text[:at]}{variable}, {help_text[at:]}"
+    return f"{help_text} [{variable}]"
+
+
 def _flag(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     flag: str,
@@ -86,6 +102,7 @@ def _flag(
     name an ``action`` (``store_true``), the flag's value too."""
     if kind is not str and "action" not in kwargs:
         kwargs["type"] = kind
+    kwargs["help"] = _with_variable(kwargs.get("help"), env_name(flag))
     default = _env(flag.lstrip("-"), default, kind, kwargs.get("choices"))
     parser.add_argument(flag, default=default, **kwargs)
 
