@@ -15,6 +15,7 @@
         ├── MalformedMessage            non-JSON or unknown text message (not fatal)
         │   └── MessageTooBig               a frame or line over its size limit
         ├── InvalidOption               an option value is wrong (close 1008)
+        │   └── InvalidHotwords             a hotword phrase or boost is wrong (not fatal)
         ├── UnsupportedSampleRate       sample rate not supported (close 1003)
         ├── UndecodableAudio            audio bytes that are not the declared or detected
         │                                 encoding, or a corrupt container (close 1003)
@@ -41,6 +42,7 @@ __all__ = [
     "MessageTooBig",
     "InvalidOption",
     "UnsupportedSampleRate",
+    "InvalidHotwords",
     "UnexpectedMessage",
     "UndecodableAudio",
     "close_code_for",
@@ -142,6 +144,15 @@ class InvalidOption(ProtocolError):
     """An option has a wrong name, type or value."""
 
     code = "invalid_option"
+
+
+class InvalidHotwords(InvalidOption):
+    """A hotword phrase is empty, too long or cannot be tokenized, a boost is not a
+    number in range, or there are too many phrases. Not fatal where the protocol lets
+    the session go on (a v1 ``config`` message is refused whole; a handshake is refused)."""
+
+    code = "invalid_hotwords"
+    fatal = False
 
 
 class UnsupportedSampleRate(InvalidOption):

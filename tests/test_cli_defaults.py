@@ -36,7 +36,17 @@ RENAMED: dict[str, Any] = {
     "capacity_admission": CapacityOptions().enabled,
 }
 # flags that set no option field
-NOT_OPTIONS = {"help", "func", "vad", "log_level", "log_format", "no_uvloop", "cache_dir"}
+# (--hotwords is a file: SessionOptions.hotwords holds its phrases, () without it)
+NOT_OPTIONS = {
+    "help",
+    "func",
+    "vad",
+    "log_level",
+    "log_format",
+    "no_uvloop",
+    "cache_dir",
+    "hotwords",
+}
 OWNERS = (
     ServerOptions,
     ConnectionLimits,

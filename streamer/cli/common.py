@@ -13,8 +13,10 @@ from typing import Any
 
 import orjson
 
+from streamer.core.hotwords import Hotwords
+from streamer.core.hotwords import parse_file as parse_hotwords_file
 from streamer.core.vad import FrameClassifier
-from streamer.errors import ConfigError
+from streamer.errors import ConfigError, InvalidHotwords
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +236,29 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _flag(
         g,
+        "--hotword-beam",
+        recognizer.hotword_beam,
+        _within(int, 1, 64),
+        help="prefixes the CTC beam search keeps per frame when a session has hotwords, "
+        "on finals (without hotwords decoding is greedy) [%(default)s]",
+    )
+    _flag(
+        g,
+        "--hotword-partial-beam",
+        recognizer.hotword_partial_beam,
+        _within(int, 1, 64),
+        help="the same on partials (at most --hotword-beam) [%(default)s]",
+    )
+    _flag(
+        g,
+        "--hotwords-max-tokens",
+        recognizer.hotwords_max_tokens,
+        _within(int, 1, 256),
+        help="a hotword phrase's most tokens; longer ones are not used and the session "
+        "is told [%(default)s]",
+    )
+    _flag(
+        g,
         "--no-warmup",
         not recognizer.warmup,
         _bool,
@@ -267,6 +292,21 @@ def _add_logging_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def read_hotwords(path: Path | None) -> Hotwords:
+    """``--hotwords FILE``: one ``phrase`` or ``phrase:boost`` a line (ConfigError if
+    unreadable or malformed; the message names the line, never its phrase)."""
+    if path is None:
+        return ()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--hotwords {path} cannot be read: {error}") from None
+    try:
+        return parse_hotwords_file(text, name=str(path))
+    except InvalidHotwords as error:
+        raise ConfigError(f"--hotwords: {error.message}") from None
+
+
 def _recognizer_options(args: argparse.Namespace) -> Any:
     from streamer.model.recognizer import RecognizerOptions
 
@@ -279,6 +319,9 @@ def _recognizer_options(args: argparse.Namespace) -> Any:
         quantize=None if args.quantize == "none" else args.quantize,
         threads=args.threads,
         warmup=not args.no_warmup,
+        hotword_beam=args.hotword_beam,
+        hotword_partial_beam=args.hotword_partial_beam,
+        hotwords_max_tokens=args.hotwords_max_tokens,
     )
     if args.cache_dir is not None:
         try:  # found now, not as a traceback from deep inside the model's loading

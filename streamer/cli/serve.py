@@ -21,6 +21,7 @@ from streamer.cli.common import (
     _positive_or_auto,
     _recognizer_options,
     _within,
+    read_hotwords,
 )
 from streamer.core.protocol import MAX_ENDPOINT_MS, MIN_ENDPOINT_MS, StreamOptions
 from streamer.core.segmenter import SegmenterOptions
@@ -128,6 +129,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         help="decode an utterance during its final pause, so its final is sent the moment "
         "the endpoint is reached [%(default)s]",
+    )
+    _flag(
+        g,
+        "--hotwords",
+        None,
+        Path,
+        metavar="FILE",
+        help="phrases every session favours: one 'phrase' or 'phrase:boost' a line "
+        "(# comments), merged with each session's own (docs/protocol.md, Hotwords)",
     )
     _flag(
         g,
@@ -414,6 +424,7 @@ def _server_options(args: argparse.Namespace) -> Any:
             segmenter=segmenter,
             partial_interval_ms=args.partial_interval_ms,
             speculative_finals=args.speculative_finals,
+            hotwords=read_hotwords(args.hotwords),
         ),
         funasr_port=args.funasr_port,
         wyoming_port=args.wyoming_port,

@@ -8,6 +8,7 @@ from typing import Literal
 
 import numpy as np
 
+from streamer.core.hotwords import Hotwords
 from streamer.core.segmenter import EndReason
 from streamer.core.transcript import Transcript
 
@@ -31,6 +32,7 @@ class DecodeJob:
     # a partial of exactly the audio the segment's final will hold if no speech follows:
     # decoded during the pause, it becomes the final the moment the endpoint is reached
     speculative: bool = False
+    hotwords: Hotwords = ()  # phrases to favour (the server's and the session's); () greedy
 
 
 class DecodeFailure(Enum):

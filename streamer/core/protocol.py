@@ -18,6 +18,8 @@ import orjson
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.containers import ENCODINGS, PCM
+from streamer.core.hotwords import Hotwords
+from streamer.core.hotwords import parse_v1 as parse_hotwords
 from streamer.core.segmenter import EndReason
 from streamer.errors import InvalidOption, MalformedMessage, UnsupportedSampleRate
 
@@ -44,9 +46,18 @@ class StreamOptions:
     endpoint_ms: int = 500  # trailing non-speech that ends an utterance
     words: bool = False  # word timings on partials too (finals always carry them)
     encoding: str = PCM  # binary frames: pcm_s16le, auto, or a container (ENCODINGS)
+    # phrases the decoder favours (core/hotwords.py: "phrase" or {"phrase", "boost"})
+    hotwords: Hotwords = ()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def log_fields(self) -> dict[str, Any]:
+        """:meth:`to_dict` for the log: hotwords as their count (phrases are user data,
+        logged at debug at most)."""
+        fields = self.to_dict()
+        fields["hotwords"] = len(self.hotwords)
+        return fields
 
 
 OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(StreamOptions)) | {"token"}
@@ -104,6 +115,8 @@ def parse_stream_options(
                     f"option 'language' must be one of {', '.join(LANGUAGES)}, got {value!r}"
                 )
             changes[name] = value
+        elif name == "hotwords":
+            changes[name] = parse_hotwords(value, strings=strings)
         elif name in ("itn", "partials", "words"):
             changes[name] = _parse_bool(name, value, strings)
         elif name == "sample_rate":

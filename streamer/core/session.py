@@ -16,7 +16,7 @@ from enum import Enum
 
 import numpy as np
 
-from streamer.core import protocol
+from streamer.core import hotwords, protocol
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.error_burst import ErrorBurst
 from streamer.core.framing import AudioBuffer, PcmFramer, S16Decoder
@@ -52,6 +52,7 @@ from streamer.errors import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
     CLOSE_POLICY_VIOLATION,
+    InvalidHotwords,
     MalformedMessage,
     ProtocolError,
     UnexpectedMessage,
@@ -69,6 +70,7 @@ class SessionOptions:
     partial_interval_ms: int = 300
     speculative_finals: bool = True  # decode a pause's final before its endpoint is reached
     max_text_message_bytes: int = 65536  # larger control messages are rejected
+    hotwords: hotwords.Hotwords = ()  # the server's (--hotwords), merged with each session's
 
 
 class State(Enum):
@@ -191,6 +193,8 @@ class Session:
     def decode_finished(self, result: DecodeResult) -> None:
         """The worker's answer to one of this session's jobs."""
         job = result.job
+        if result.transcript is not None and result.transcript.hotwords_unused:
+            self._hotwords_unused(result.transcript.hotwords_unused)
         if job.kind == "partial":
             self._partial_finished(result)
         else:
@@ -278,6 +282,8 @@ class Session:
 
     def _configure(self, stream: StreamOptions) -> None:
         self.stream = stream
+        self._hotwords = hotwords.merge(self.options.hotwords, stream.hotwords)
+        self._hotwords_told: hotwords.Hotwords | None = None  # the set hotwords_unused named
         # the client's endpoint wins; the segmenter keeps its end padding within it
         seg_options = replace(self.options.segmenter, endpoint_ms=stream.endpoint_ms)
         self._segmenter = Segmenter(seg_options)
@@ -376,6 +382,7 @@ class Session:
                 end_sample=position,
                 language=self.stream.language,
                 itn=self.stream.itn,
+                hotwords=self._hotwords,
                 first=seg.revision == 0,
                 speculative=speculative,
             )
@@ -423,6 +430,7 @@ class Session:
                 end_sample=event.end_sample,
                 language=self.stream.language,
                 itn=self.stream.itn,
+                hotwords=self._hotwords,
                 reason=event.reason,
             )
         )
@@ -594,6 +602,12 @@ class Session:
             held, self._held = self._held, []
             for m in held:
                 self._emit(m)
+
+    def _hotwords_unused(self, why: str) -> None:
+        """Some phrases could not be tokenized: told once per phrase set, not fatal."""
+        if self._hotwords_told != self._hotwords:
+            self._hotwords_told = self._hotwords
+            self._non_fatal(InvalidHotwords(why))
 
     def _non_fatal(self, error: ProtocolError) -> None:
         self._non_fatal_code(error.code, error.message)

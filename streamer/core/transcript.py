@@ -114,6 +114,9 @@ class Transcript:
     token_confidences: tuple[float, ...] = ()
     token_end_frames: tuple[int, ...] = ()
     token_pieces: tuple[str, ...] = ()
+    # why some of the job's hotwords could not be used (counts and reasons, no phrase
+    # text: the tokenizer could not encode them, or they were too long); "" when all were
+    hotwords_unused: str = ""
 
     @classmethod
     def from_raw(
@@ -128,6 +131,7 @@ class Transcript:
         token_confidences: tuple[float, ...] = (),
         token_end_frames: tuple[int, ...] = (),
         token_pieces: tuple[str, ...] = (),
+        hotwords_unused: str = "",
     ) -> Transcript:
         tags = parse_tags(raw)
         return cls(
@@ -145,4 +149,5 @@ class Transcript:
             token_confidences=token_confidences,
             token_end_frames=token_end_frames,
             token_pieces=token_pieces,
+            hotwords_unused=hotwords_unused,
         )

@@ -40,6 +40,7 @@ from streamer.model.sensevoice import (
 if TYPE_CHECKING:
     from streamer.model.features import FeatureCache
     from streamer.model.frontend import Frontend
+    from streamer.model.hotword_graphs import CompiledHotwords, HotwordGraphs
     from streamer.model.recognizer import RecognizerOptions
     from streamer.model.worker import SpeechRecognizer
 
@@ -62,6 +63,9 @@ class Utterance:
     # the waveform's features (frames, 560), computed already (the feature cache's);
     # None: the backend computes them
     features: np.ndarray | None = None
+    # hotwords: the phrases' context graph and the search's beam; None decodes greedily
+    hotwords: CompiledHotwords | None = None
+    beam: int = 1
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,10 @@ class SentencePieceTokenizer:
     def pieces(self) -> list[str]:
         return [self._processor.id_to_piece(i) for i in range(self.size)]
 
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text`` (unknown characters give the unknown piece, id 0)."""
+        return [int(i) for i in self._processor.encode(text)]
+
 
 class PieceTableTokenizer:
     """A list of pieces (sherpa-onnx tokens.txt, FunASR tokens.json), decoded like
@@ -174,6 +182,8 @@ class PieceTableTokenizer:
 
     def __init__(self, pieces: Sequence[str]) -> None:
         self._pieces = list(pieces)
+        self._index: dict[str, int] | None = None  # piece -> id, made at the first encode
+        self._longest = 1
 
     @property
     def size(self) -> int:
@@ -185,6 +195,28 @@ class PieceTableTokenizer:
 
     def pieces(self) -> list[str]:
         return list(self._pieces)
+
+    def encode(self, text: str) -> list[int]:
+        """``text`` as pieces, longest match first, spaces read as ``▁`` and a ``▁``
+        in front (as sentencepiece's dummy prefix); a character no piece covers is
+        the unknown piece (id 0)."""
+        index = self._index
+        if index is None:
+            index = self._index = {piece: i for i, piece in enumerate(self._pieces)}
+            self._longest = max((len(p) for p in self._pieces), default=1)
+        rest = "▁" + text.replace(" ", "▁")
+        ids = []
+        while rest:
+            for size in range(min(self._longest, len(rest)), 0, -1):
+                piece = index.get(rest[:size])
+                if piece is not None:
+                    ids.append(piece)
+                    rest = rest[size:]
+                    break
+            else:
+                ids.append(0)
+                rest = rest[1:]
+        return ids
 
 
 def read_tokens_txt(path: Path) -> list[str]:
@@ -283,6 +315,7 @@ class CtcRecognizer:
     # computes its own (then decode_jobs has no feature cache)
     frontend: Frontend | None = None
     _feature_cache: FeatureCache | None = None
+    _hotword_graphs: HotwordGraphs | None = None
 
     @property
     def name(self) -> str:
@@ -355,8 +388,22 @@ class CtcRecognizer:
             request = Utterance(waveform, language_row(job.language), textnorm_row(job.itn))
             if cache is not None and waveform.size >= MIN_DECODE_SAMPLES:
                 request = replace(request, features=cache.features(job, waveform))
+            if job.hotwords:
+                request = self._with_hotwords(request, job)
             requests.append(request)
         return self._decode_requests(requests, started)
+
+    def _with_hotwords(self, request: Utterance, job: DecodeJob) -> Utterance:
+        """``request`` with the job's phrase set compiled (once per set: cached)."""
+        graphs = self._hotword_graphs
+        if graphs is None:
+            from streamer.model.hotword_graphs import HotwordGraphs
+
+            graphs = HotwordGraphs(self.tokenizer, max_tokens=self.options.hotwords_max_tokens)
+            self._hotword_graphs = graphs
+        full = job.kind == "final" or job.speculative  # a speculative partial may be the final
+        beam = self.options.hotword_beam if full else self.options.hotword_partial_beam
+        return replace(request, hotwords=graphs.compile(job.hotwords), beam=beam)
 
     @property
     def feature_cache(self) -> FeatureCache | None:
@@ -388,7 +435,15 @@ class CtcRecognizer:
             if index not in logits:
                 results.append(empty_transcript(samples))
                 continue
-            tokens = greedy_ctc(logits[index], banned_ids=self.banned_ids)
+            hotwords = request.hotwords
+            if hotwords is None or hotwords.graph is None:
+                tokens = greedy_ctc(logits[index], banned_ids=self.banned_ids)
+            else:
+                from streamer.model.ctc_beam import biased_ctc
+
+                tokens = biased_ctc(
+                    logits[index], hotwords.graph, beam=request.beam, banned_ids=self.banned_ids
+                )
             raw = self.tokenizer.decode(tokens.ids)
             results.append(
                 Transcript.from_raw(
@@ -401,6 +456,7 @@ class CtcRecognizer:
                     token_pieces=self._pieces_of(tokens.ids),
                     audio_ms=samples * 1000 / SAMPLE_RATE,
                     decode_ms=(time.perf_counter() - started) * 1000,
+                    hotwords_unused=hotwords.unused if hotwords is not None else "",
                 )
             )
         return results

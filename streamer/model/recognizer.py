@@ -31,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from streamer.core.hotwords import MAX_PHRASE_TOKENS
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
+from streamer.model.ctc_beam import DEFAULT_BEAM, DEFAULT_PARTIAL_BEAM, MAX_BEAM
 from streamer.model.decoding import (
     CtcRecognizer,
     SentencePieceTokenizer,
@@ -96,6 +98,12 @@ class RecognizerOptions:
     threads: int = 0  # intra-op threads; 0 = one per usable CPU core, at most 8
     warmup: bool = True  # decode 1, 3 and 7 s at start-up so no user pays first-call costs
     cache_dir: Path = field(default_factory=default_cache_dir)  # random models, ONNX exports
+    # hotwords: prefixes the biased CTC search keeps per frame on finals (and on the
+    # speculative partials that become finals), on other partials, and the longest
+    # phrase in tokens (longer ones are not used, and the session is told)
+    hotword_beam: int = DEFAULT_BEAM
+    hotword_partial_beam: int = DEFAULT_PARTIAL_BEAM
+    hotwords_max_tokens: int = MAX_PHRASE_TOKENS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
@@ -122,6 +130,13 @@ class RecognizerOptions:
             raise ConfigError(f"dtype {self.dtype} needs a CUDA device; use fp32 on the CPU")
         if self.dtype != "fp32" and self.backend == "onnx":
             raise ConfigError(f"dtype {self.dtype} runs on the torch backend only")
+        if not 1 <= self.hotword_partial_beam <= self.hotword_beam <= MAX_BEAM:
+            raise ConfigError(
+                f"hotword beams must be 1 <= partial beam <= beam <= {MAX_BEAM}, not "
+                f"{self.hotword_partial_beam} and {self.hotword_beam}"
+            )
+        if not 1 <= self.hotwords_max_tokens <= 256:
+            raise ConfigError(f"hotwords max tokens must be 1..256, not {self.hotwords_max_tokens}")
         if self.quantize not in (None, "int8"):
             raise ConfigError(f"quantize must be int8 or unset, not {self.quantize!r}")
         if self.quantize == "int8" and self.device.startswith("cuda"):
@@ -336,6 +351,7 @@ class _FunasrTokenizer:
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
+        self._encoder: SentencePieceTokenizer | None = None
 
     @property
     def size(self) -> int:
@@ -348,6 +364,14 @@ class _FunasrTokenizer:
         if self.sentencepiece_file is None:
             raise ModelError("this model's tokenizer is not sentencepiece; it has no piece list")
         return SentencePieceTokenizer(self.sentencepiece_file).pieces()
+
+    def encode(self, text: str) -> list[int]:
+        """``text``'s ids by the model's sentencepiece file (what funasr encodes with)."""
+        if self._encoder is None:
+            if self.sentencepiece_file is None:
+                raise ModelError("this model's tokenizer is not sentencepiece; it cannot encode")
+            self._encoder = SentencePieceTokenizer(self.sentencepiece_file)
+        return self._encoder.encode(text)
 
     @property
     def sentencepiece_file(self) -> Path | None:

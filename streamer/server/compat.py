@@ -14,6 +14,7 @@ import http
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
+from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 from websockets.http11 import Request, Response
@@ -46,7 +47,13 @@ def _deepgram_key(request: Request, query: Mapping[str, str]) -> str | None:
 def _deepgram_negotiate(
     request: Request, query: Mapping[str, str], defaults: StreamOptions
 ) -> Negotiation:
-    options = deepgram.parse_listen_query(query, defaults)
+    every = parse_qsl(urlsplit(request.path).query)  # keywords and keyterm repeat
+    options = deepgram.parse_listen_query(
+        query,
+        defaults,
+        keywords=[v for k, v in every if k == "keywords"],
+        keyterms=[v for k, v in every if k == "keyterm"],
+    )
     request_id, created = str(uuid.uuid4()), _now_iso()
 
     def make_adapter(session: Session) -> DeepgramAdapter:

@@ -346,7 +346,7 @@ async def serve_websocket(admission: Admission, ws: ServerConnection, endpoint: 
         session_id,
         peer,
         endpoint.name,
-        ", ".join(f"{k}={v}" for k, v in stream.to_dict().items()),
+        ", ".join(f"{k}={v}" for k, v in stream.log_fields().items()),
     )
     try:
         if admission.failure is not None:

@@ -38,6 +38,7 @@ from streamer.core import protocol
 from streamer.core.compat import common
 from streamer.core.compat.audio import ENCODINGS, AudioDecoder
 from streamer.core.containers import AUTO, PCM, AudioInput, DecoderFactory
+from streamer.core.hotwords import parse_deepgram
 from streamer.core.protocol import (
     End,
     Error,
@@ -80,9 +81,18 @@ class ListenOptions:
     punctuated_words: bool = False  # punctuate or smart_format: words get punctuated_word
 
 
-def parse_listen_query(query: Mapping[str, str], defaults: StreamOptions) -> ListenOptions:
+def parse_listen_query(
+    query: Mapping[str, str],
+    defaults: StreamOptions,
+    *,
+    keywords: Sequence[str] = (),
+    keyterms: Sequence[str] = (),
+) -> ListenOptions:
     """The options of ``GET /v1/listen?...``; raises :class:`InvalidOption` only for
-    audio we cannot decode (an unknown encoding, too many channels, a bad sample rate).
+    audio we cannot decode (an unknown encoding, too many channels, a bad sample rate)
+    and for ``keywords`` (``phrase:intensifier``) or ``keyterm`` values that are not
+    hotwords (:class:`~streamer.errors.InvalidHotwords`). Both are repeatable, so the
+    server passes every value of them (``query`` holds one value per name).
 
     Unknown parameters (``model``, ``diarize``, ``filler_words``...) are ignored;
     ``endpointing`` is clamped to what the segmenter accepts.
@@ -116,6 +126,8 @@ def parse_listen_query(query: Mapping[str, str], defaults: StreamOptions) -> Lis
             "transcript; omit it to transcribe the channels mixed to one"
         )
     changes: dict[str, Any] = {"sample_rate": rate}
+    if keywords or keyterms:
+        changes["hotwords"] = parse_deepgram(keywords, keyterms)
     language = query.get("language")
     if language is not None:
         changes["language"] = common.core_language(language)

@@ -7,7 +7,8 @@ Client → server:
 
 * the first text frame, a JSON object without ``type``: ``mode`` (``2pass``, ``online``,
   ``offline``), ``audio_fs``, ``wav_name``, ``wav_format``, ``svs_lang``, ``svs_itn`` /
-  ``itn``. Everything else (``chunk_size``, ``chunk_interval``, ``hotwords``,
+  ``itn``, ``hotwords`` (a JSON string of phrase -> weight: the weight / 10 is the
+  boost, ``core/hotwords.py``). Everything else (``chunk_size``, ``chunk_interval``,
   ``*_look_back``) is ignored, and so are the fields of later JSON frames;
 * binary frames: PCM s16le mono at ``audio_fs`` (a WAV header at the start is skipped);
 * ``{"is_speaking": false}`` ends the input (``is_end: true`` asks for an acknowledgement).
@@ -48,6 +49,8 @@ from streamer.core import protocol
 from streamer.core.compat.common import core_language, finals_submitted
 from streamer.core.compat.textjoin import AppendOnlyText, separator
 from streamer.core.containers import PCM, AudioInput, DecoderFactory
+from streamer.core.hotwords import Hotwords, as_v1
+from streamer.core.hotwords import parse_funasr as parse_funasr_hotwords
 from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart, Word
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter
@@ -92,6 +95,7 @@ class FunAsrConfig:
     language: str = "auto"  # from svs_lang
     itn: bool | None = None  # from svs_itn (else itn); None keeps the server's default
     container: str = PCM  # PCM, or the container a compressed wav_format names
+    hotwords: Hotwords = ()  # from hotwords (its JSON string of phrase -> weight)
 
 
 def _lenient_bool(value: Any) -> bool | None:
@@ -152,6 +156,7 @@ def parse_config(obj: Mapping[str, Any]) -> FunAsrConfig:
         language=core_language(obj.get("svs_lang")),
         itn=itn,
         container=COMPRESSED_FORMATS.get(form, PCM),
+        hotwords=parse_funasr_hotwords(obj.get("hotwords")),
     )
 
 
@@ -415,6 +420,8 @@ class FunAsrAdapter(WireAdapter):
         }
         if config.itn is not None:
             params["itn"] = config.itn
+        if config.hotwords:
+            params["hotwords"] = as_v1(config.hotwords)
         self.session.configure(params)
         self.config = config
 

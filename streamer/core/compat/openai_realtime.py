@@ -39,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from streamer.core import hotwords
 from streamer.core.compat import common
 from streamer.core.compat.audio import AudioDecoder
 from streamer.core.compat.openai_negotiation import (
@@ -66,7 +67,9 @@ from streamer.core.compat.openai_negotiation import (
 from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter
-from streamer.errors import ProtocolError, UnexpectedMessage
+from streamer.errors import InvalidHotwords, ProtocolError, UnexpectedMessage
+
+_PROMPT_PARAM = "session.audio.input.transcription.prompt"  # its terms are the hotwords
 
 
 @dataclass
@@ -237,6 +240,8 @@ class RealtimeAdapter(WireAdapter):
             "language": common.core_language(config.language),
             "partials": config.server_vad,  # deltas only in server VAD mode
         }
+        if config.prompt.strip():  # a list of terms to favour (docs/openai-realtime.md)
+            params["hotwords"] = hotwords.as_v1(hotwords.parse_prompt(config.prompt))
         td = config.turn_detection
         silence_ms = common.lenient_int(td.get("silence_duration_ms")) if td else None
         if silence_ms is not None:
@@ -361,9 +366,12 @@ class RealtimeAdapter(WireAdapter):
         elif isinstance(message, Final):
             self._final(message)
         elif isinstance(message, Error):
-            # non-fatal ones are benign here (a failed decode has its own .failed event)
+            # non-fatal ones are benign here (a failed decode has its own .failed event),
+            # but for the prompt's terms that the model could not use
             if message.fatal:
                 self._fatal = message
+            elif message.code == InvalidHotwords.code:
+                self._error(message.message, "invalid_value", _PROMPT_PARAM, None)
         elif isinstance(message, End):
             self._complete_commits(everything=True)
             if self._fatal is not None:

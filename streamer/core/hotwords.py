@@ -1,0 +1,201 @@
+"""Hotwords: phrases a session wants recognised, as validated data (I/O-free).
+
+Each protocol names them its own way (v1 ``hotwords``, Deepgram ``keywords`` and
+``keyterm``, FunASR's ``hotwords`` JSON, OpenAI's ``prompt``, the server's
+``--hotwords`` file); this module turns each into one tuple of :class:`Hotword` and
+checks what can be checked without the model. What needs the tokenizer (a phrase it
+cannot encode, one over ``--hotwords-max-tokens`` tokens) is checked where the
+tokenizer lives, by the model worker (:mod:`streamer.model.hotword_graphs`).
+
+A hotword's ``boost`` is the bonus added to a hypothesis's log-probability (natural
+log) for each token of the phrase it has matched, in the CTC beam search
+(:mod:`streamer.model.ctc_beam`); a match that breaks off takes its bonus back.
+Phrases are user data: never log them above debug.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from streamer.errors import InvalidHotwords
+
+DEFAULT_BOOST = 2.0  # bonus per matched token, natural-log probability
+MAX_BOOST = 10.0  # larger boosts are refused: 10 per token already overrides the audio
+MAX_PHRASES = 1000  # per session, and per --hotwords file
+MAX_PHRASE_CHARS = 256  # a phrase's length before tokenizing (tokens are limited later)
+MAX_PHRASE_TOKENS = 32  # default of --hotwords-max-tokens (checked by the model worker)
+FUNASR_WEIGHT_PER_BOOST = 10.0  # FunASR's weight 20 (its clients' example) is boost 2.0
+_SPACES = re.compile(r"\s+")
+_PROMPT_SEPARATORS = re.compile(r"[,;\n，；、]")
+
+
+@dataclass(frozen=True)
+class Hotword:
+    """One phrase to favour, and how strongly."""
+
+    phrase: str  # whitespace-normalised, 1..MAX_PHRASE_CHARS characters
+    boost: float = DEFAULT_BOOST  # bonus per matched token (log-probability), 0..MAX_BOOST
+
+
+Hotwords = tuple[Hotword, ...]
+
+
+def hotword(
+    phrase: Any, boost: Any = DEFAULT_BOOST, *, where: str = "hotword", clamp: bool = False
+) -> Hotword:
+    """A checked :class:`Hotword`; raises :class:`InvalidHotwords` saying ``where``.
+
+    With ``clamp``, a boost over :data:`MAX_BOOST` is taken as MAX_BOOST (protocols
+    whose weights have no upper bound: Deepgram's intensifiers, FunASR's weights)."""
+    if not isinstance(phrase, str):
+        raise InvalidHotwords(f"{where}: a phrase must be a string")
+    text = _SPACES.sub(" ", phrase).strip()
+    if not text:
+        raise InvalidHotwords(f"{where}: the phrase is empty")
+    if len(text) > MAX_PHRASE_CHARS:
+        raise InvalidHotwords(f"{where}: a phrase has at most {MAX_PHRASE_CHARS} characters")
+    return Hotword(text, _boost(boost, where, clamp))
+
+
+def _boost(value: Any, where: str, clamp: bool) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise InvalidHotwords(f"{where}: the boost must be a number") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidHotwords(f"{where}: the boost must be a number")
+    boost = float(value)
+    if clamp and boost > MAX_BOOST:
+        boost = MAX_BOOST
+    if not math.isfinite(boost) or not 0.0 <= boost <= MAX_BOOST:
+        raise InvalidHotwords(f"{where}: the boost must be within 0..{MAX_BOOST:g}")
+    return boost
+
+
+def _checked(words: Iterable[Hotword], source: str) -> Hotwords:
+    """Duplicates merged (the last boost wins), at most MAX_PHRASES."""
+    unique: dict[str, Hotword] = {}
+    for word in words:
+        unique.pop(word.phrase, None)
+        unique[word.phrase] = word
+        if len(unique) > MAX_PHRASES:
+            raise InvalidHotwords(f"{source}: at most {MAX_PHRASES} phrases per session")
+    return tuple(unique.values())
+
+
+def phrase_with_boost(text: str, *, where: str = "hotword", clamp: bool = False) -> Hotword:
+    """``phrase`` or ``phrase:boost`` (Deepgram's ``keywords``, the ``--hotwords`` file,
+    v1's URL query). A phrase cannot itself hold a colon: what follows the last one
+    must be a number."""
+    phrase, colon, boost = text.rpartition(":")
+    if not colon:
+        return hotword(text, where=where)
+    return hotword(phrase, boost, where=where, clamp=clamp)
+
+
+def parse_v1(value: Any, *, strings: bool = False) -> Hotwords:
+    """Protocol v1's ``hotwords``: in a ``config`` message a list of phrases or
+    ``{"phrase": ..., "boost": ...}`` objects; in the URL query (``strings``) a
+    comma-separated list of ``phrase`` or ``phrase:boost``."""
+    if strings and isinstance(value, str):
+        items: list[Any] = [item for item in value.split(",") if item.strip()]
+        if not items:
+            return ()
+        return _checked(
+            (phrase_with_boost(item, where=f"hotwords[{i}]") for i, item in enumerate(items)),
+            "hotwords",
+        )
+    if not isinstance(value, list):
+        raise InvalidHotwords("option 'hotwords' must be a list of phrases or {phrase, boost}")
+    words = []
+    for i, item in enumerate(value):
+        where = f"hotwords[{i}]"
+        if isinstance(item, Mapping):
+            unknown = set(item) - {"phrase", "boost"}
+            if unknown or "phrase" not in item:
+                raise InvalidHotwords(f"{where}: an object has 'phrase' and optionally 'boost'")
+            if isinstance(item.get("boost"), str):
+                raise InvalidHotwords(f"{where}: the boost must be a number")
+            words.append(hotword(item["phrase"], item.get("boost", DEFAULT_BOOST), where=where))
+        else:
+            words.append(hotword(item, where=where))
+    return _checked(words, "hotwords")
+
+
+def as_v1(words: Hotwords) -> list[dict[str, Any]]:
+    """The ``config`` form of ``words`` (what ``ready`` reports)."""
+    return [{"phrase": w.phrase, "boost": w.boost} for w in words]
+
+
+def parse_deepgram(keywords: Sequence[str], keyterms: Sequence[str]) -> Hotwords:
+    """Deepgram's repeatable ``keywords=phrase:boost`` (boost optional) and
+    ``keyterm=phrase`` (the default boost). The intensifier is the boost, at most
+    MAX_BOOST; Deepgram's negative ones (suppression) are refused: the search only adds
+    bonuses."""
+    words = [
+        phrase_with_boost(k, where=f"keywords[{i}]", clamp=True) for i, k in enumerate(keywords)
+    ]
+    words += [hotword(k, where=f"keyterm[{i}]") for i, k in enumerate(keyterms)]
+    return _checked(words, "keywords")
+
+
+def parse_funasr(value: Any) -> Hotwords:
+    """FunASR's ``hotwords``: a JSON string of phrase -> weight (``{"阿里巴巴": 20}``),
+    maybe empty. The weight divided by :data:`FUNASR_WEIGHT_PER_BOOST` is the boost (at
+    most MAX_BOOST)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return ()
+    try:
+        table = orjson.loads(value) if isinstance(value, str) else value
+    except orjson.JSONDecodeError:
+        table = None
+    if not isinstance(table, dict):
+        raise InvalidHotwords('hotwords must be a JSON object of phrase: weight ({"phrase": 20})')
+    words = []
+    for i, (phrase, weight) in enumerate(table.items()):
+        where = f"hotwords[{i}]"
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise InvalidHotwords(f"{where}: the weight must be a number")
+        words.append(hotword(phrase, weight / FUNASR_WEIGHT_PER_BOOST, where=where, clamp=True))
+    return _checked(words, "hotwords")
+
+
+def parse_prompt(prompt: str) -> Hotwords:
+    """OpenAI's transcription ``prompt`` read as a list of terms: split at commas,
+    semicolons and line breaks, each term a phrase with the default boost."""
+    terms = [t for t in _PROMPT_SEPARATORS.split(prompt) if t.strip()]
+    return _checked(
+        (hotword(t, where=f"prompt term {i + 1}") for i, t in enumerate(terms)), "prompt"
+    )
+
+
+def parse_file(text: str, *, name: str = "hotwords file") -> Hotwords:
+    """A ``--hotwords`` file: one ``phrase`` or ``phrase:boost`` a line; blank lines and
+    lines starting with ``#`` are skipped. Raises InvalidHotwords naming the line."""
+    words = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        words.append(phrase_with_boost(line, where=f"{name}:{number}"))
+    return _checked(words, name)
+
+
+def merge(server: Hotwords, session: Hotwords) -> Hotwords:
+    """The server's phrases and the session's: a phrase in both takes the session's
+    boost. The session's are limited on their own; the server's file likewise."""
+    if not server:
+        return session
+    own = {w.phrase for w in session}
+    return tuple(w for w in server if w.phrase not in own) + session
+
+
+def active(words: Hotwords) -> Hotwords:
+    """The phrases that change decoding: a boost of 0 is no bias at all (greedy)."""
+    return tuple(w for w in words if w.boost > 0)
