@@ -142,13 +142,15 @@ async def _stream_realtime(conn: Any, pcm24: bytes, count: int) -> list[Any]:
     return got
 
 
-async def openai_ga(port: int, pcm24: bytes, count: int) -> list[Any]:
+async def openai_ga(
+    port: int, pcm24: bytes, count: int, session: dict[str, Any] = GA_SESSION
+) -> list[Any]:
     """``AsyncOpenAI(base_url=http://.../v1).realtime.connect(intent=transcription)``."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(api_key=API_KEY, base_url=f"http://127.0.0.1:{port}/v1")
     async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
-        await conn.session.update(session=GA_SESSION)
+        await conn.session.update(session=session)  # type: ignore[arg-type]
         return await _stream_realtime(conn, pcm24, count)
 
 

@@ -47,6 +47,7 @@ from websockets.exceptions import (
 )
 from websockets.protocol import Event
 
+from streamer.core.hotwords import as_query as hotwords_query
 from streamer.core.protocol import (
     PATH,
     ConfigMessage,
@@ -141,7 +142,9 @@ def session_url(options: ClientOptions) -> str:
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     defaults = StreamOptions()
     for name, value in dataclasses.asdict(options.stream).items():
-        if value != getattr(defaults, name):
+        if name == "hotwords" and options.stream.hotwords:
+            query[name] = hotwords_query(options.stream.hotwords)
+        elif value != getattr(defaults, name):
             query[name] = str(value).lower() if isinstance(value, bool) else str(value)
     return urlunsplit(parts._replace(query=urlencode(query)))
 

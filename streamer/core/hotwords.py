@@ -134,6 +134,16 @@ def as_v1(words: Hotwords) -> list[dict[str, Any]]:
     return [{"phrase": w.phrase, "boost": w.boost} for w in words]
 
 
+def as_query(words: Hotwords) -> str:
+    """The URL-query form of ``words`` (``phrase:boost,...``), which :func:`parse_v1`
+    reads back; raises InvalidHotwords for a phrase with a comma or a colon (send those
+    in a ``config`` message)."""
+    for i, word in enumerate(words):
+        if "," in word.phrase or ":" in word.phrase:
+            raise InvalidHotwords(f"hotwords[{i}]: a URL's phrase cannot hold ',' or ':'")
+    return ",".join(f"{w.phrase}:{w.boost:g}" for w in words)
+
+
 def parse_deepgram(keywords: Sequence[str], keyterms: Sequence[str]) -> Hotwords:
     """Deepgram's repeatable ``keywords=phrase:boost`` (boost optional) and
     ``keyterm=phrase`` (the default boost). The intensifier is the boost, at most

@@ -200,7 +200,8 @@ class RealtimeAdapter(WireAdapter):
             try:
                 self.session.configure(self._stream_params(config))
             except ProtocolError as error:
-                self._error(error.message, "invalid_value", None, event_id)
+                param = _PROMPT_PARAM if isinstance(error, InvalidHotwords) else None
+                self._error(error.message, "invalid_value", param, event_id)
                 return
             self.config = replace(
                 config, turn_detection=self._effective_turn_detection(config.turn_detection)

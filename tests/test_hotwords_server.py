@@ -1,0 +1,240 @@
+"""Hotwords end to end: each protocol's field reaching the decoder, on real servers.
+
+random:tiny's logits are near flat, so a boosted phrase surfaces exactly when biasing
+works: it is in the finals with it and never without. The real deepgram-sdk and
+funasr-client send the fields (tests/compat_clients.py has the SDK's query).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import soxr
+import websockets
+
+from streamer.client.connection import ClientOptions
+from streamer.client.streaming import transcribe
+from streamer.core.capacity import CapacityOptions
+from streamer.core.context_graph import ContextGraph
+from streamer.core.hotwords import Hotword
+from streamer.core.jobs import DecodeJob
+from streamer.core.protocol import StreamOptions
+from streamer.core.session import SessionOptions
+from streamer.model.ctc_beam import biased_ctc
+from streamer.model.decoding import (
+    Utterance,
+    as_waveform,
+    greedy_ctc,
+    language_row,
+    textnorm_row,
+)
+from streamer.model.loading import load_recognizer
+from streamer.model.process import ProcessRecognizer
+from streamer.model.recognizer import RecognizerOptions
+from streamer.server.server import ServerOptions
+from streamer.testkit import speech as synth
+from tests import compat_clients as clients
+from tests.server_fixtures import ServerThread, recognizer_loader
+
+UNLIMITED = CapacityOptions(enabled=False)
+PHRASE = "kubernetes"  # spelt by random:tiny's vocabulary (ASCII + CJK pieces)
+BOOST = 5.0
+
+
+@pytest.fixture(scope="module")
+def speech(speech_cache: Path) -> np.ndarray:
+    texts = ("the quick brown fox jumps over the lazy dog", "hello there")
+    clips = [("en", t, synth.speak(t, "en", cache_dir=speech_cache)) for t in texts]
+    pcm, _ = synth.join_with_silence(clips, 1200)
+    return np.concatenate([pcm, np.zeros(16000, np.int16)])
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path):
+    # sessions back to back at full speed: the load admission would refuse some
+    options = ServerOptions(funasr_port=0, capacity=UNLIMITED)
+    thread = ServerThread(recognizer_loader(tiny_model_dir), options).start()
+    yield thread
+    thread.shutdown()
+
+
+async def v1_finals(url: str, pcm: np.ndarray, **stream) -> list[tuple[str, float, float]]:
+    options = ClientOptions(url=url, stream=StreamOptions(**stream))
+    result = await transcribe(options, pcm, 16000, speed=None)
+    return [(f.text, f.start_ms, f.end_ms) for f in result.finals]
+
+
+def texts(finals: list[tuple[str, float, float]]) -> list[str]:
+    return [text for text, _, _ in finals]
+
+
+def spans(finals: list[tuple[str, float, float]]) -> list[tuple[float, float]]:
+    return [(start, end) for _, start, end in finals]
+
+
+@pytest.fixture(scope="module")
+def greedy(server, speech) -> list[tuple[str, float, float]]:
+    finals = asyncio.run(v1_finals(server.url, speech))
+    assert len(finals) == 2 and all(finals)
+    assert not any(PHRASE in text for text in texts(finals))
+    return finals
+
+
+async def test_v1_config_hotwords_reach_the_finals(server, speech, greedy) -> None:
+    boosted = await v1_finals(server.url, speech, hotwords=(Hotword(PHRASE, BOOST),))
+    assert any(PHRASE in text for text in texts(boosted))
+    assert spans(boosted) == spans(greedy)  # segmentation is the VAD's: unchanged
+    zero = await v1_finals(server.url, speech, hotwords=(Hotword(PHRASE, 0.0),))
+    assert zero == greedy  # a boost of 0 is the greedy text
+
+
+async def test_v1_query_hotwords_and_a_bad_one(server, speech, greedy) -> None:
+    # the client sends its stream options as a config message; here the URL carries them
+    url = f"{server.url}?hotwords={PHRASE}:{BOOST}"
+    boosted = await v1_finals(url, speech)
+    assert any(PHRASE in text for text in texts(boosted))
+    async with websockets.connect(f"{server.url}?hotwords={PHRASE}:lots") as ws:
+        error = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert (error["type"], error["code"]) == ("error", "invalid_hotwords")
+        assert PHRASE not in error["message"]
+
+
+async def test_a_phrase_the_model_cannot_spell_is_told_and_the_others_used(server, speech) -> None:
+    messages = []
+    async with websockets.connect(server.url) as ws:
+        await ws.recv()  # ready
+        config = {"type": "config", "hotwords": ["阿里巴巴", {"phrase": PHRASE, "boost": BOOST}]}
+        await ws.send(orjson.dumps(config).decode())
+        data = speech.tobytes()
+        for i in range(0, len(data), 32000):
+            await ws.send(data[i : i + 32000])
+        await ws.send('{"type":"stop"}')
+        async for raw in ws:
+            messages.append(orjson.loads(raw))
+    errors = [m for m in messages if m["type"] == "error"]
+    assert [(e["code"], e["fatal"]) for e in errors] == [("invalid_hotwords", False)]
+    assert errors[0]["message"].startswith("1 of 2 hotwords are not used")
+    assert any(PHRASE in m["text"] for m in messages if m["type"] == "final")
+
+
+async def test_deepgram_sdk_keywords_and_keyterm(server, speech, greedy) -> None:
+    for query in ({"keywords": f"{PHRASE}:{BOOST:g}"}, {"keyterm": PHRASE}):
+        messages = await clients.deepgram_sdk_async(server.port, speech.tobytes(), **query)
+        finals = clients.deepgram_finals(messages)
+        assert any(PHRASE in text for text in finals), query
+    plain = clients.deepgram_finals(await clients.deepgram_sdk_async(server.port, speech.tobytes()))
+    assert not any(PHRASE in text for text in plain)
+
+
+async def test_deepgram_bad_keyword_is_a_400_at_the_handshake(server) -> None:
+    url = f"ws://127.0.0.1:{server.port}/v1/listen?keywords={PHRASE}:-4"
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await websockets.connect(url, additional_headers={"Authorization": "Token k"})
+    assert refused.value.response.status_code == 400
+    body = orjson.loads(refused.value.response.body)
+    assert body["err_code"] == "INVALID_HOTWORDS"
+
+
+async def funasr_finals(server: ServerThread, pcm: np.ndarray, **config) -> list[str]:
+    from funasr_client import async_funasr_client
+
+    uri = f"ws://127.0.0.1:{server.server.listeners['funasr'].port}/"
+    got = []
+    async with async_funasr_client(
+        uri, mode="offline", wav_name="w", audio_fs=16000, blocking=True, **config
+    ) as client:
+        data = pcm.tobytes()
+        for i in range(0, len(data), 1920):
+            await client.send(data[i : i + 1920])
+        await client.signal_close()
+        async with asyncio.timeout(30):
+            async for message in client.stream():
+                got.append(message["text"])
+    return got
+
+
+async def test_funasr_client_hotwords(server, speech) -> None:
+    boosted = await funasr_finals(server, speech, hotwords={PHRASE: BOOST * 10})
+    assert any(PHRASE in text for text in boosted)
+    plain = await funasr_finals(server, speech)
+    assert plain and not any(PHRASE in text for text in plain)
+
+
+async def test_openai_realtime_prompt_terms(server, speech) -> None:
+    pcm24 = soxr.resample(speech, 16000, 24000).astype(np.int16).tobytes()
+
+    async def transcripts(prompt: str) -> list[str]:
+        session = copy.deepcopy(clients.GA_SESSION)
+        session["audio"]["input"]["transcription"]["prompt"] = prompt
+        events = await clients.openai_ga(server.port, pcm24, 2, session)
+        assert "error" not in [e.type for e in events]
+        return clients.openai_transcripts(events)
+
+    assert any(PHRASE in t for t in await transcripts(f"hello world, {PHRASE}"))
+    assert not any(PHRASE in t for t in await transcripts(""))
+
+
+async def test_server_wide_hotwords_reach_every_session(tiny_model_dir, speech, greedy) -> None:
+    session = SessionOptions(hotwords=(Hotword(PHRASE, BOOST),))
+    options = ServerOptions(session=session, capacity=UNLIMITED)
+    thread = ServerThread(recognizer_loader(tiny_model_dir), options).start()
+    try:
+        boosted = await v1_finals(thread.url, speech)
+        assert any(PHRASE in text for text in texts(boosted))
+        # a session's own boost 0 for the same phrase overrides the server's
+        assert await v1_finals(thread.url, speech, hotwords=(Hotword(PHRASE, 0.0),)) == greedy
+    finally:
+        thread.shutdown()
+
+
+# -- the recognizer: both backends, and the model in a process of its own -------------------
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_both_backends_and_the_no_hotword_path(tiny_model_dir, cache_dir, speech, backend):
+    options = RecognizerOptions(
+        model=str(tiny_model_dir), backend=backend, device="cpu", threads=1,
+        cache_dir=cache_dir, warmup=False,
+    )  # fmt: skip
+    recognizer = load_recognizer(options)
+    pcm = speech[: 3 * 16000]
+
+    def final(hotwords=()) -> DecodeJob:
+        return DecodeJob("s", 0, "final", pcm, 0, pcm.size, "auto", True, hotwords=hotwords)
+
+    (plain,) = recognizer.decode_jobs([final()])
+    (zero,) = recognizer.decode_jobs([final((Hotword(PHRASE, 0.0),))])
+    (boosted,) = recognizer.decode_jobs([final((Hotword(PHRASE, BOOST),))])
+    assert zero.token_ids == plain.token_ids and zero.token_frames == plain.token_frames
+    assert PHRASE not in plain.text and PHRASE in boosted.text
+    # word timings come from the search's path: every token has its frames, in order
+    assert len(boosted.token_frames) == len(boosted.token_ids) == len(boosted.token_end_frames)
+    assert list(boosted.token_frames) == sorted(boosted.token_frames)
+    # and the search with no bonus on the same logits is the greedy path, token for token
+    request = Utterance(as_waveform(pcm), language_row("auto"), textnorm_row(True))
+    (logits,) = recognizer._logits([request])
+    unbiased = biased_ctc(logits, ContextGraph([], []), banned_ids=recognizer.banned_ids)
+    assert unbiased == greedy_ctc(logits, banned_ids=recognizer.banned_ids)
+    assert unbiased.ids == plain.token_ids
+
+
+def test_hotwords_cross_into_the_model_process(tiny_model_dir, cache_dir, speech) -> None:
+    options = RecognizerOptions(
+        model=str(tiny_model_dir), device="cpu", threads=1, cache_dir=cache_dir, warmup=False
+    )
+    remote = ProcessRecognizer(partial(load_recognizer, options))
+    try:
+        pcm = speech[: 3 * 16000]
+        job = DecodeJob("s", 0, "final", pcm, 0, pcm.size, "auto", True)
+        (plain,) = remote.decode_jobs([job])
+        (boosted,) = remote.decode_jobs([replace(job, hotwords=(Hotword(PHRASE, BOOST),))])
+        assert PHRASE not in plain.text and PHRASE in boosted.text
+    finally:
+        remote.close()
