@@ -215,6 +215,27 @@ async def test_admission_limit_503(make_fake_server):
     await b.close()
 
 
+async def test_a_session_frees_its_slot_when_end_is_sent(make_fake_server):
+    """The client hears `end` and connects again at once: the slot is already free (the
+    close handshake that follows must not hold it)."""
+    server = make_fake_server(FakeRecognizer, max_sessions=1)
+    refused = 0
+    for _ in range(20):
+        try:
+            ws = await connect(server.url)
+        except InvalidStatus:
+            refused += 1
+            await asyncio.sleep(0.2)
+            continue
+        assert (await recv_json(ws))["type"] == "ready"
+        await ws.send('{"type":"stop"}')
+        while (await recv_json(ws))["type"] != "end":
+            pass
+        # no close handshake awaited: reconnect the moment `end` arrives
+        ws.transport.abort()
+    assert refused == 0
+
+
 async def test_token_auth(make_fake_server):
     server = make_fake_server(FakeRecognizer, token="s3cret")
     for url, headers in (

@@ -42,7 +42,7 @@ import logging
 import secrets
 import socket
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import cast
 from urllib.parse import parse_qsl, urlsplit
 
@@ -91,6 +91,9 @@ class Connection:
         self.limits = limits
         self.log = logging.LoggerAdapter(logger, {"session_id": self.session.session_id})
         self.pump = SessionPump(adapter, worker, metrics, limits, log=self.log, budget=budget)
+        # called once the session's last message (``end``) is written, before the close
+        # handshake: the client may connect again at once, and its slot must be free
+        self.on_ended: Callable[[], None] = lambda: None
         self._loop = asyncio.get_running_loop()
         self._paused_since: float | None = None  # loop time the reader paused, if it is
         self._paused_total_s = 0.0  # time paused by back-pressure before _paused_since
@@ -238,6 +241,7 @@ class Connection:
 
     async def _write(self) -> None:
         if await self.pump.write_all(self._send):
+            self.on_ended()
             adapter = self.pump.adapter
             await self._close(adapter.close_code or 1000, adapter.close_reason)
 
@@ -337,6 +341,15 @@ async def serve_websocket(admission: Admission, ws: ServerConnection, endpoint: 
         ws, adapter, admission.worker, metrics, options.limits, admission.input_budget
     )
     admission.track(connection, endpoint.name)
+    tracked = True
+
+    def release() -> None:  # at `end` (Connection.on_ended), else when the connection is over
+        nonlocal tracked
+        if tracked:
+            tracked = False
+            admission.untrack(connection, endpoint.name)
+
+    connection.on_ended = release
     peer = ws.remote_address[0] if ws.remote_address else "?"
     forwarded = ws.request.headers.get("X-Forwarded-For") if ws.request else None
     if forwarded:  # behind a proxy (deploy/nginx.conf); logged, never trusted for limits
@@ -357,7 +370,7 @@ async def serve_websocket(admission: Admission, ws: ServerConnection, endpoint: 
     except Exception:
         connection.log.exception("session %s failed", session_id)
     finally:
-        admission.untrack(connection, endpoint.name)
+        release()
         stats = session.stats
         connection.log.info(
             "session %s closed: %d segments, %.1f s audio, %d partials (%d skipped), %s",
