@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from streamer.testkit.speech import SAMPLE_RATE
+
+needs_ffmpeg = pytest.mark.skipif(
+    shutil.which("ffmpeg") is None, reason="needs ffmpeg (scripts/test.sh installs it)"
+)
 
 # ffmpeg arguments per container; Ogg pages of 100 ms (ffmpeg's default is 1 s), as a
 # live Ogg producer writes them

@@ -15,7 +15,9 @@ from streamer.core.containers import AUTO, PCM, AudioInput, sniff
 from streamer.errors import UndecodableAudio
 from streamer.media import ContainerDecoder, open_decoder
 from tests.clips import LIBRIVOX, load_wav
-from tests.containers_audio import encode, slices
+from tests.containers_audio import encode, needs_ffmpeg, slices
+
+pytestmark = needs_ffmpeg
 
 
 @pytest.fixture(scope="module")

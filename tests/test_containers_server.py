@@ -19,11 +19,14 @@ from websockets.asyncio.client import connect
 
 from streamer.testkit.speech import speak
 from tests.clips import LIBRIVOX, load_wav
-from tests.containers_audio import encode, slices
+from tests.containers_audio import encode, needs_ffmpeg, slices
 from tests.server_fixtures import messages_until_close
 
 SLICE_S = 0.25
 PCM_CHUNK_S = 0.04
+
+
+pytestmark = needs_ffmpeg
 
 
 @pytest.fixture(scope="module")
