@@ -91,7 +91,7 @@ class InputPacer:
         return wait_s
 
 
-DEFAULT_TOTAL_MESSAGES_PER_S = 4000.0
+DEFAULT_TOTAL_MESSAGES_PER_S = 2000.0  # bench/RESULTS.md, "A total input budget"
 DEFAULT_TOTAL_BYTES_PER_S = 8_000_000.0  # 250 real-time 16 kHz int16 streams
 
 
