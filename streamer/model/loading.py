@@ -26,13 +26,16 @@ from streamer.errors import ConfigError, ModelError
 from streamer.extras import TORCH, TORCH_MODULES, missing, require
 from streamer.model.decoding import CtcRecognizer
 from streamer.model.files import RANDOM_PREFIX, looks_like_path, model_files
-from streamer.model.published import PUBLISHED_ONNX_MODEL, is_published
+from streamer.model.published import (
+    AUTO_MODEL,
+    DEFAULT_TORCH_MODEL,
+    PUBLISHED_ONNX_MODEL,
+    is_published,
+)
 from streamer.model.recognizer import Recognizer, RecognizerOptions
 
 logger = logging.getLogger(__name__)
 
-AUTO_MODEL = "auto"  # RecognizerOptions.model: the default model of the backend that serves
-DEFAULT_TORCH_MODEL = "iic/SenseVoiceSmall"  # through funasr, from ModelScope (--hub ms)
 
 HEARTBEAT_S = 5.0  # a stage that takes longer than this says so every HEARTBEAT_S
 

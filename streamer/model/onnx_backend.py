@@ -52,7 +52,12 @@ from streamer.model.onnx_export import (
     cached_export,
     read_manifest,
 )
-from streamer.model.published import fetch_published, is_published
+from streamer.model.published import (
+    AUTO_MODEL,
+    PUBLISHED_ONNX_MODEL,
+    fetch_published,
+    is_published,
+)
 from streamer.model.sensevoice import FEATURE_DIM, LID_ROWS, QUERY_FRAMES, TEXTNORM_ROWS
 
 if TYPE_CHECKING:
@@ -200,7 +205,7 @@ class OnnxRecognizer(CtcRecognizer):
 
 def locate_onnx_model(options: RecognizerOptions) -> OnnxModelDir:
     """The ONNX directory ``options.model`` names, exporting a torch model once if needed."""
-    model = options.model
+    model = PUBLISHED_ONNX_MODEL if options.model == AUTO_MODEL else options.model
     if is_published(model):  # runs as published: its int8 graph, nothing to export
         return onnx_model_dir(fetch_published(model, options.cache_dir), quantized=True)
     quantized = options.quantize == "int8"

@@ -28,6 +28,8 @@ from streamer.extras import missing
 
 logger = logging.getLogger(__name__)
 
+AUTO_MODEL = "auto"  # RecognizerOptions.model: the default model of the backend that serves
+DEFAULT_TORCH_MODEL = "iic/SenseVoiceSmall"  # torch's default, through funasr (ModelScope)
 PUBLISHED_ONNX_MODEL = "csukuangfj/sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-07-17"
 PUBLISHED_FILES = ("model.int8.onnx", "tokens.txt")  # what the server runs of it
 PUBLISHED_PREFIX = "sherpa-onnx-sense-voice-"  # the names of sherpa-onnx's SenseVoice repos

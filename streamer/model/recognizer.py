@@ -25,7 +25,7 @@ import re
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ from streamer.model.files import (
 )
 from streamer.model.frontend import Cmvn, Frontend
 from streamer.model.funasr_quiet import import_funasr, quiet_funasr
+from streamer.model.published import AUTO_MODEL, DEFAULT_TORCH_MODEL
 from streamer.model.sensevoice import (
     EMO_UNKNOWN_ID,
     FRONTEND_CONF,
@@ -169,6 +170,8 @@ class Recognizer(CtcRecognizer):
 
     def __init__(self, options: RecognizerOptions | None = None) -> None:
         self.options = options or RecognizerOptions()
+        if self.options.model == AUTO_MODEL:  # torch's default (loading.resolve_model)
+            self.options = replace(self.options, model=DEFAULT_TORCH_MODEL)
         if self.options.backend == "onnx":
             raise ConfigError("Recognizer is the torch backend; load_recognizer() picks ONNX")
         started = time.perf_counter()
