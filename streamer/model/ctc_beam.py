@@ -111,7 +111,12 @@ def biased_ctc(
     bonus = graph.bonus_vector(logp.shape[1])
     bonus[blank_id] = 0.0
     plain = _top(audio, beam + 1)
-    boosted = _top(audio + bonus, beam + 1)
+    boosted_ids = np.flatnonzero(bonus)  # only the phrases' tokens gain from a bonus
+    if boosted_ids.size > beam + 1:
+        ranks = _top(audio[:, boosted_ids] + bonus[boosted_ids], beam + 1)
+        boosted = boosted_ids[ranks]
+    else:
+        boosted = np.broadcast_to(boosted_ids, (audio.shape[0], boosted_ids.size))
     candidates = np.concatenate([plain, boosted], axis=1)
 
     # the prefix trie: (parent key, token) -> key
@@ -132,11 +137,17 @@ def biased_ctc(
 
     for offset in range(audio.shape[0]):
         t = query_frames + offset
-        row = logp[t]
-        row_list = row.tolist()
-        p_blank = row_list[blank_id]
         tokens = set(candidates[offset].tolist())
         tokens.discard(blank_id)
+        # only the log-probabilities this frame can use, as Python floats (a whole row
+        # of the real vocabulary is 25,055 of them)
+        needed = tokens | {blank_id} | {h.last for h in hyps}
+        for h in hyps:
+            if h.state != ROOT:
+                needed.update(graph.children(h.state))
+        wanted = list(needed)
+        row_list = dict(zip(wanted, logp[t, wanted].tolist(), strict=True))
+        p_blank = row_list[blank_id]
         out: dict[int, _Prefix] = {}
         for h in hyps:
             # blank: the prefix stays
@@ -159,7 +170,7 @@ def biased_ctc(
             if h.state != ROOT:
                 nexts = graph.children(h.state)
                 if len(nexts) > _MATCH_CANDIDATES:
-                    nexts = sorted(nexts, key=lambda c: row_list[c], reverse=True)
+                    nexts = sorted(nexts, key=row_list.__getitem__, reverse=True)
                     nexts = nexts[:_MATCH_CANDIDATES]
                 extra = tokens.union(nexts)
             best_from_blank = h.blank >= h.token
