@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import wave
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -43,6 +44,9 @@ from streamer.testkit import speech as synth
 from tests import compat_clients as clients
 from tests.server_fixtures import ServerThread, recognizer_loader
 
+RECORDED = Path(
+    "/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav"
+)
 UNLIMITED = CapacityOptions(enabled=False)
 PHRASE = "kubernetes"  # spelt by random:tiny's vocabulary (ASCII + CJK pieces)
 BOOST = 5.0
@@ -217,12 +221,26 @@ def test_both_backends_and_the_no_hotword_path(tiny_model_dir, cache_dir, speech
     # word timings come from the search's path: every token has its frames, in order
     assert len(boosted.token_frames) == len(boosted.token_ids) == len(boosted.token_end_frames)
     assert list(boosted.token_frames) == sorted(boosted.token_frames)
-    # and the search with no bonus on the same logits is the greedy path, token for token
-    request = Utterance(as_waveform(pcm), language_row("auto"), textnorm_row(True))
-    (logits,) = recognizer._logits([request])
-    unbiased = biased_ctc(logits, ContextGraph([], []), banned_ids=recognizer.banned_ids)
-    assert unbiased == greedy_ctc(logits, banned_ids=recognizer.banned_ids)
-    assert unbiased.ids == plain.token_ids
+    # and the search with no bonus on the same logits is the greedy path, token for
+    # token, on this speech and on recorded speech (a LibriVox reading)
+    with wave.open(str(RECORDED)) as recording:
+        recorded = np.frombuffer(recording.readframes(recording.getnframes()), np.int16)
+    for audio in (pcm, recorded):
+        request = Utterance(as_waveform(audio), language_row("auto"), textnorm_row(True))
+        (logits,) = recognizer._logits([request])
+        unbiased = biased_ctc(logits, ContextGraph([], []), banned_ids=recognizer.banned_ids)
+        assert unbiased == greedy_ctc(logits, banned_ids=recognizer.banned_ids)
+        assert len(unbiased.ids) > 20
+    banned = recognizer.banned_ids
+    assert biased_ctc(logits, ContextGraph([], []), banned_ids=banned).ids == plain_of(
+        recognizer, recorded
+    )
+
+
+def plain_of(recognizer, pcm: np.ndarray) -> tuple[int, ...]:
+    job = DecodeJob("r", 1, "final", pcm, 0, pcm.size, "auto", True)
+    (transcript,) = recognizer.decode_jobs([job])
+    return transcript.token_ids
 
 
 def test_hotwords_cross_into_the_model_process(tiny_model_dir, cache_dir, speech) -> None:
