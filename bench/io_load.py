@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from streamer.model.interface import RecognizerBase
+
 REPO = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 logger = logging.getLogger("bench.io_load")
@@ -48,7 +50,7 @@ logger = logging.getLogger("bench.io_load")
 # -- the server, with the test-double recognizer ------------------------------------
 
 
-class InstantRecognizer:
+class InstantRecognizer(RecognizerBase):
     """TEST DOUBLE: answers at once, about 3 words per second of audio."""
 
     name = "instant-test-double"

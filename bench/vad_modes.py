@@ -25,6 +25,7 @@ from streamer.core.segmenter import SegmentEnd, Segmenter, SegmenterOptions
 from streamer.core.session import SessionOptions
 from streamer.core.transcript import Transcript
 from streamer.core.vad import FrameClassifier, frame_energy, webrtc_classifier
+from streamer.model.interface import RecognizerBase
 from streamer.offline import transcribe_pcm
 from streamer.testkit import speech as synth
 
@@ -37,7 +38,7 @@ SNRS_DB = (20, 10, 5)
 CPU_REPEATS = 3  # CPU costs are the least of this many runs (the machine may be shared)
 
 
-class _Echo:
+class _Echo(RecognizerBase):
     name = "echo"
 
     def decode(self, pcm, *, language="auto", use_itn=True):

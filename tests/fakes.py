@@ -9,6 +9,7 @@ import numpy as np
 
 from streamer.core.jobs import DecodeResult
 from streamer.core.transcript import Transcript
+from streamer.model.interface import RecognizerBase
 
 
 def loudness_classifier(threshold: float = 500.0):
@@ -29,7 +30,7 @@ def silence(ms: int, rate: int = 16000) -> np.ndarray:
     return np.zeros(rate * ms // 1000, dtype=np.int16)
 
 
-class FakeRecognizer:
+class FakeRecognizer(RecognizerBase):
     """Answers with the audio length; can be slowed down or made to fail."""
 
     name = "fake"

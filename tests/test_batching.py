@@ -14,6 +14,7 @@ from streamer.core.transcript import Transcript
 from streamer.core.words import transcript_words
 from streamer.errors import ConfigError
 from streamer.model.decoding import CtcRecognizer
+from streamer.model.interface import RecognizerBase
 from streamer.model.onnx_backend import OnnxRecognizer
 from streamer.model.onnx_export import cached_export
 from streamer.model.recognizer import MIN_DECODE_SAMPLES, Recognizer, RecognizerOptions
@@ -198,7 +199,8 @@ class BatchingFake(FakeRecognizer):
     """Decodes batches as its utterances alone; records the tags of every call; can be
     held busy (``gate``) and made to fail on one tag."""
 
-    batch_exact = True
+    batch_exact = True  # type: ignore[assignment]
+    batches = True
 
     def __init__(self, fail_tag: int | None = None, gated: bool = False) -> None:
         super().__init__(fail_when=lambda pcm: fail_tag is not None and pcm[0] == fail_tag)
@@ -225,14 +227,19 @@ class BatchingFake(FakeRecognizer):
             self.gate.acquire(timeout=10)
 
 
-class Recording:
+class Recording(RecognizerBase):
     """A real recognizer that records the size of every batch it decodes."""
 
     def __init__(self, inner: CtcRecognizer) -> None:
         self.inner = inner
         self.sizes: list[int] = []
         self.name = inner.name
-        self.batch_exact = inner.batch_exact
+        self.batches = True
+        self.exact = inner.batch_exact
+
+    @property
+    def batch_exact(self) -> bool:
+        return self.exact
 
     def decode(self, pcm, *, language="auto", use_itn=True):
         self.sizes.append(1)

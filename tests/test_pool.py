@@ -21,6 +21,7 @@ from streamer.core.jobs import DecodeFailure, DecodeJob
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
 from streamer.model import loading
+from streamer.model.interface import RecognizerBase
 from streamer.model.pool import (
     WorkerHooks,
     WorkerPool,
@@ -38,7 +39,7 @@ from tests.server_fixtures import recognizer_loader
 GUARD_S = 30.0  # how long a test waits for something that should happen at once
 
 
-class Gate:
+class Gate(RecognizerBase):
     """A recognizer that blocks every decode until :meth:`open` (then answers at once)."""
 
     name = "gate"
@@ -348,8 +349,11 @@ async def test_two_workers_give_the_finals_of_one(tiny_model_dir: Path, speech_c
 def test_auto_is_shown_as_the_device_the_worker_loaded_on() -> None:
     """--device auto: /readyz and the per-worker metrics name the device the model went
     to once loaded, and the "auto" series of the loading time goes."""
-    gate = Gate()
-    gate.device = "cpu"  # type: ignore[attr-defined]
+
+    class CpuGate(Gate):
+        device = "cpu"  # where the model went (the recognizer says so once loaded)
+
+    gate = CpuGate()
     loaded = threading.Event()
 
     def load() -> Gate:

@@ -27,6 +27,7 @@ import numpy as np
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, DecodeError, ModelError, ModelProcessGone
+from streamer.model.interface import RecognizerBase
 from streamer.model.sensevoice import (
     BLANK_ID,
     LANGUAGES,
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
     from streamer.model.features import FeatureCache
     from streamer.model.frontend import Frontend
     from streamer.model.hotword_graphs import CompiledHotwords, HotwordGraphs
+    from streamer.model.interface import SpeechRecognizer
     from streamer.model.recognizer import RecognizerOptions
-    from streamer.model.worker import SpeechRecognizer
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ def empty_transcript(samples: int) -> Transcript:
 # --- the shared recognizer ------------------------------------------------------------------
 
 
-class CtcRecognizer:
+class CtcRecognizer(RecognizerBase):
     """The decode path every backend shares; a backend implements :meth:`_logits`.
 
     Not thread-safe: decode from one thread at a time (the model worker's).
@@ -316,6 +317,7 @@ class CtcRecognizer:
     frontend: Frontend | None = None
     _feature_cache: FeatureCache | None = None
     _hotword_graphs: HotwordGraphs | None = None
+    batches = True  # decode_batch is one padded model call
 
     @property
     def name(self) -> str:

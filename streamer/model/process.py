@@ -46,6 +46,7 @@ import numpy as np
 from streamer.core.jobs import DecodeJob
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, DecodeError, ModelError, ModelProcessGone
+from streamer.model.interface import RecognizerBase
 from streamer.model.loading import LoadProgress
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 RecognizerLoader = Callable[[LoadProgress], Any]  # picklable; builds the child's recognizer
 
 
-class ProcessRecognizer:
+class ProcessRecognizer(RecognizerBase):
     """A recognizer running in a child process. Construct it in the model worker's
     thread (it blocks until the child has loaded the model, relaying its loading stages
     to ``progress``); raises the child's :class:`ModelError` or :class:`ConfigError`.
@@ -72,6 +73,7 @@ class ProcessRecognizer:
     # the worker may kill it and build another (a fresh process ends a stuck call and
     # frees its device): see ModelWorker's restarts
     restartable = True
+    batches = True  # the child's decode_jobs takes the whole batch
 
     def __init__(self, load: RecognizerLoader, progress: LoadProgress | None = None) -> None:
         context = multiprocessing.get_context("spawn")
@@ -346,12 +348,11 @@ def _child_main(
             "ready",
             {
                 "name": recognizer.name,
-                "device": str(getattr(recognizer, "device", "cpu")),
-                "batch_exact": bool(getattr(recognizer, "batch_exact", False)),
+                "device": str(recognizer.device or "cpu"),
+                "batch_exact": bool(recognizer.batch_exact),
             },
         )
     )
-    forget = getattr(recognizer, "forget_session", None)
     while True:
         try:
             message = conn.recv()
@@ -361,8 +362,7 @@ def _child_main(
         if kind == "stop":
             return
         if kind == "forget":
-            if forget is not None:
-                forget(message[1])
+            recognizer.forget_session(message[1])
             continue
         _, request, jobs = message
         started = time.perf_counter()

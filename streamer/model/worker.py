@@ -45,17 +45,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeGuard
-
-import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
-from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
 from streamer.model.decoding import PartialFailures, decode_job, decode_jobs
+from streamer.model.interface import SpeechRecognizer
 from streamer.model.job_queue import JobQueue, Queued, ResultCallback, select_batch
 
 logger = logging.getLogger(__name__)
@@ -81,33 +78,6 @@ RESTART_WINDOW_S = 600.0
 # a restart that has not loaded the model after this long fails the worker (the watchdog's,
 # so only with decode_timeout_s); the model is cached by then, so this is a hang
 RESTART_TIMEOUT_S = 300.0
-
-
-class SpeechRecognizer(Protocol):
-    """What the worker needs of a recognizer (:class:`streamer.model.recognizer.Recognizer`)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def decode(
-        self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True
-    ) -> Transcript: ...
-
-
-class BatchRecognizer(SpeechRecognizer, Protocol):
-    """A recognizer that decodes several utterances in one call
-    (:class:`streamer.model.decoding.CtcRecognizer`); others are decoded at batch 1."""
-
-    @property
-    def batch_exact(self) -> bool: ...
-
-    def decode_batch(
-        self,
-        pcms: Sequence[np.ndarray],
-        *,
-        languages: Sequence[str],
-        use_itns: Sequence[bool],
-    ) -> list[Transcript]: ...
 
 
 @dataclass(frozen=True)
@@ -149,7 +119,14 @@ class WorkerStats:
     oldest_final_age_ms: float = 0.0  # how long the oldest queued final has waited
 
 
-__all__ = ["ModelWorker", "ResultCallback", "WorkerOptions", "WorkerStats", "select_batch"]
+__all__ = [
+    "ModelWorker",
+    "ResultCallback",
+    "SpeechRecognizer",
+    "WorkerOptions",
+    "WorkerStats",
+    "select_batch",
+]
 
 
 class ModelWorker:
@@ -239,7 +216,7 @@ class ModelWorker:
     def device(self) -> str | None:
         """Where the loaded model runs ("cpu", "cuda:0"); None until it is loaded (or
         where the recognizer does not say)."""
-        device = getattr(self.recognizer, "device", None)
+        device = self.recognizer.device if self.recognizer is not None else None
         return None if device is None else str(device)
 
     def stats(self) -> WorkerStats:
@@ -279,9 +256,8 @@ class ModelWorker:
         what the recognizer keeps for it."""
         with self._lock:
             dropped = self._queue.drop_session(session_id)
-        forget = getattr(self.recognizer, "forget_session", None)
-        if forget is not None:
-            forget(session_id)  # its cached features
+        if self.recognizer is not None:
+            self.recognizer.forget_session(session_id)  # its cached features
         if dropped:
             logger.debug("dropped %d queued jobs of departed session %s", dropped, session_id)
         return dropped
@@ -322,7 +298,7 @@ class ModelWorker:
             self.ready.set()
         self.max_batch = _resolve_max_batch(self.options.max_batch, self.recognizer)
         audio_s = self.options.max_batch_audio_s
-        if audio_s is None and str(getattr(self.recognizer, "device", "cpu")) == "cpu":
+        if audio_s is None and str(self.recognizer.device or "cpu") == "cpu":
             audio_s = CPU_MAX_BATCH_AUDIO_S
         self._max_batch_samples = None if audio_s is None else int(audio_s * SAMPLE_RATE)
         logger.info(
@@ -355,10 +331,9 @@ class ModelWorker:
                 if not late:
                     for item, result in answers:
                         self._answer(item, result)
-            close = getattr(self.recognizer, "close", None)
-            if close is not None and self._stopping:
+            if self._stopping:
                 # a model process: asked to exit from this thread, whose end would kill it
-                close()
+                self.recognizer.close()
         except BaseException:  # whatever it was, the server must not go on silently
             logger.exception("the model worker thread died")
             self._fail("the model worker thread died")
@@ -413,7 +388,8 @@ class ModelWorker:
     def _may_restart(self) -> bool:
         """Whether a failed model may be started again: it runs in a process of its own
         (``restartable``) and the restart budget is not spent."""
-        if self.options.max_restarts == 0 or not getattr(self.recognizer, "restartable", False):
+        recognizer = self.recognizer
+        if self.options.max_restarts == 0 or recognizer is None or not recognizer.restartable:
             return False
         horizon = time.monotonic() - RESTART_WINDOW_S
         return sum(1 for t in self._restart_times if t > horizon) < self.options.max_restarts
@@ -497,9 +473,7 @@ class ModelWorker:
                 self.restarts += 1
             self._lock.notify_all()
         if late:
-            close = getattr(recognizer, "close", None)
-            if close is not None:
-                close()
+            recognizer.close()
             return False
         logger.warning(
             "the model is running again after %.1f s (%s)",
@@ -532,10 +506,9 @@ class ModelWorker:
 
     def _kill_model(self) -> None:
         """End a model process at once (a stuck call cannot be interrupted otherwise)."""
-        kill = getattr(self.recognizer, "kill", None)
-        if kill is not None:
+        if self.recognizer is not None:
             try:
-                kill()
+                self.recognizer.kill()
             except Exception:
                 logger.exception("ending the model process failed")
 
@@ -545,7 +518,7 @@ class ModelWorker:
             return [self._decode_one(batch[0])]
         started = time.perf_counter()
         recognizer = self.recognizer
-        assert recognizer is not None and _batches(recognizer)
+        assert recognizer is not None and recognizer.batches
         try:
             transcripts = decode_jobs(recognizer, [item.job for item in batch])
         except Exception as exc:  # find the bad job: only that one gets an error
@@ -590,17 +563,13 @@ class ModelWorker:
             logger.exception("result callback failed")
 
 
-def _batches(recognizer: SpeechRecognizer) -> TypeGuard[BatchRecognizer]:
-    return callable(getattr(recognizer, "decode_batch", None))
-
-
 def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> int:
     """The jobs per call: ``requested``, or automatic (exact batches only); 1 where the
     recognizer cannot batch."""
-    if not _batches(recognizer):
+    if not recognizer.batches:
         return 1
     if requested is not None:
-        if requested > 1 and not getattr(recognizer, "batch_exact", False):
+        if requested > 1 and not recognizer.batch_exact:
             logger.warning(
                 "max_batch %d on %s: batched results are not token-identical to batch 1 "
                 "(int8 quantizes each batch as one tensor; bench/RESULTS.md)",
@@ -610,15 +579,15 @@ def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> i
         return requested
     # on 2 CPU cores batching did not raise capacity (finals wait for partials' batches),
     # so automatic batching is for accelerators, and only where batches are exact
-    exact = bool(getattr(recognizer, "batch_exact", False))
-    on_cpu = str(getattr(recognizer, "device", "cpu")) == "cpu"
+    exact = recognizer.batch_exact
+    on_cpu = str(recognizer.device or "cpu") == "cpu"
     return DEFAULT_MAX_BATCH if exact and not on_cpu else 1
 
 
 def _process_gone(recognizer: SpeechRecognizer | None) -> str | None:
     """Why a model process (:class:`~streamer.model.process.ProcessRecognizer`) is gone;
     None while it runs, and for a recognizer in this process."""
-    failure = getattr(recognizer, "failure", None)
+    failure = recognizer.failure if recognizer is not None else None
     return None if failure is None else str(failure)
 
 

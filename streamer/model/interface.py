@@ -1,0 +1,110 @@
+"""The seam between the model worker and a recognizer: everything the worker uses.
+
+:class:`SpeechRecognizer` declares every capability the worker reads (the worker probes
+nothing); :class:`RecognizerBase` gives the defaults of a recognizer that runs in this
+process, decodes one utterance per call and keeps nothing per session, so a backend
+(``recognizer.py``'s torch one, ``onnx_backend.py``, both through
+:class:`~streamer.model.decoding.CtcRecognizer`), the model process
+(:class:`~streamer.model.process.ProcessRecognizer`) and a test double each say only
+what differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from streamer.core.transcript import Transcript
+
+
+class SpeechRecognizer(Protocol):
+    """What the worker needs of a recognizer."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def device(self) -> str | None:
+        """Where the model runs ("cpu", "cuda:0"); None where it does not say."""
+
+    @property
+    def batches(self) -> bool:
+        """Whether :meth:`decode_batch` decodes several utterances in one model call."""
+
+    @property
+    def batch_exact(self) -> bool:
+        """Whether a batch gives each utterance exactly its tokens alone (fp32)."""
+
+    @property
+    def restartable(self) -> bool:
+        """Whether the worker may kill it and load another (a model process)."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why a model process is gone; None while it runs (always, in this process)."""
+
+    def decode(
+        self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True
+    ) -> Transcript: ...
+
+    def decode_batch(
+        self,
+        pcms: Sequence[np.ndarray],
+        *,
+        languages: Sequence[str],
+        use_itns: Sequence[bool],
+    ) -> list[Transcript]: ...
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop what is kept for a departed session (cached features)."""
+
+    def close(self) -> None:
+        """Release the model (a model process exits); called from the worker's thread."""
+
+    def kill(self) -> None:
+        """End a stuck call at once (a model process is killed); from any thread."""
+
+
+class RecognizerBase:
+    """The defaults: in this process, one utterance per model call, nothing kept."""
+
+    batches = False
+    restartable = False
+    failure: str | None = None
+
+    @property
+    def device(self) -> str | None:
+        return None
+
+    @property
+    def batch_exact(self) -> bool:
+        return False
+
+    def decode(
+        self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True
+    ) -> Transcript:
+        raise NotImplementedError
+
+    def decode_batch(
+        self,
+        pcms: Sequence[np.ndarray],
+        *,
+        languages: Sequence[str],
+        use_itns: Sequence[bool],
+    ) -> list[Transcript]:
+        """One call per utterance (a recognizer that batches overrides it)."""
+        return [
+            self.decode(pcm, language=language, use_itn=use_itn)
+            for pcm, language, use_itn in zip(pcms, languages, use_itns, strict=True)
+        ]
+
+    def forget_session(self, session_id: str) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def kill(self) -> None:
+        return None
