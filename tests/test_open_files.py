@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import logging, resource
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-from streamer.cli.serve import _raise_open_files_limit
-_raise_open_files_limit({sessions})
+from streamer.cli.process_limits import raise_open_files_limit
+raise_open_files_limit({sessions})
 print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 """
 

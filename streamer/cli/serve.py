@@ -23,6 +23,7 @@ from streamer.cli.common import (
     _within,
     read_hotwords,
 )
+from streamer.cli.process_limits import raise_open_files_limit
 from streamer.core.protocol import MAX_ENDPOINT_MS, MIN_ENDPOINT_MS, StreamOptions
 from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
@@ -494,7 +495,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from streamer.server.server import StreamingServer
 
     server_options = _server_options(args)
-    _raise_open_files_limit(server_options.max_sessions)
+    raise_open_files_limit(server_options.max_sessions)
     progress = LoadProgress()
     metrics = Metrics()
     worker = _worker_pool(args, metrics, progress)
@@ -507,36 +508,6 @@ async def _serve(args: argparse.Namespace) -> int:
         classifier_factory=classifier_factory,
     )
     return await server.run()
-
-
-# descriptors beyond one per session: the model's files, ports, half-open handshakes
-FD_HEADROOM = 256
-
-
-def _raise_open_files_limit(max_sessions: int) -> None:
-    """Raise the soft limit on open files to the hard one (many systems start processes
-    at 1024) and warn when even that cannot hold ``max_sessions`` sockets: past the
-    limit new connections are reset, and uvloop says nothing about it."""
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as error:
-            logger.debug("could not raise the open-files limit: %s", error)
-    needed = max_sessions + FD_HEADROOM
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        logger.warning(
-            "only %d open files allowed (ulimit -n): --max-sessions %d needs about %d; "
-            "connections past the limit are reset (process_open_fds in /metrics)",
-            soft,
-            max_sessions,
-            needed,
-        )
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

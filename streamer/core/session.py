@@ -11,8 +11,7 @@ The session never reads a clock and never blocks; time is the count of 16 kHz sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import replace
 
 import numpy as np
 
@@ -41,10 +40,10 @@ from streamer.core.resample import StreamResampler
 from streamer.core.segmenter import (
     SegmentEnd,
     Segmenter,
-    SegmenterOptions,
     SegmentEvent,
     SegmentStart,
 )
+from streamer.core.session_state import SessionOptions, SessionStats, State
 from streamer.core.transcript import Transcript
 from streamer.core.vad import FrameClassifier, frame_energies
 from streamer.core.words import transcript_words
@@ -59,34 +58,7 @@ from streamer.errors import (
     close_code_for,
 )
 
-
-@dataclass(frozen=True)
-class SessionOptions:
-    """Server-side settings every session shares."""
-
-    model_name: str = "unknown"  # reported in the ready message
-    segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)  # VAD timing
-    # re-decode the open segment after this much new audio (its first partial: at onset)
-    partial_interval_ms: int = 300
-    speculative_finals: bool = True  # decode a pause's final before its endpoint is reached
-    max_text_message_bytes: int = 65536  # larger control messages are rejected
-    hotwords: hotwords.Hotwords = ()  # the server's (--hotwords), merged with each session's
-
-
-class State(Enum):
-    CONFIGURING = "configuring"  # no audio yet: config messages allowed
-    STREAMING = "streaming"
-    STOPPING = "stopping"  # stream ended, waiting for the last finals
-    ENDED = "ended"  # end sent (or fatal error): close the connection
-
-
-@dataclass
-class SessionStats:
-    audio_samples_in: int = 0  # samples received at the client's rate
-    segments: int = 0  # finals sent
-    partials_sent: int = 0
-    partials_skipped: int = 0  # partial decodes skipped or discarded under load
-    errors: int = 0
+__all__ = ["Session", "SessionOptions", "SessionStats", "State"]
 
 
 class Session:
