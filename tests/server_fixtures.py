@@ -16,6 +16,7 @@ import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from streamer.core.capacity import CapacityOptions
 from streamer.model.worker import ModelWorker, SpeechRecognizer
 from streamer.server.server import ConnectionLimits, ServerOptions, StreamingServer
 from tests.fakes import FakeRecognizer, loudness_classifier
@@ -40,6 +41,11 @@ class ServerThread:
         classifier_factory: Callable | None = None,
         **worker_options,
     ) -> None:
+        if options.capacity == CapacityOptions():
+            # the suite's servers share two cores with their own clients, whose load would
+            # make them refuse sessions: only a test that passes CapacityOptions (of its
+            # own) gets capacity-aware admission (tests/test_capacity.py)
+            options = replace(options, capacity=CapacityOptions(enabled=False))
         self.options = replace(options, host="127.0.0.1", port=0)
         self.classifier_factory = classifier_factory
         self.worker = ModelWorker(load, **worker_options)

@@ -20,6 +20,7 @@ from websockets.exceptions import InvalidStatus
 
 from streamer.client.connection import ClientOptions, StreamingClient
 from streamer.client.streaming import transcribe
+from streamer.core.hotwords import Hotword
 from streamer.core.protocol import End, Final, StreamOptions
 from streamer.errors import ConnectionRefusedByServer
 from tests.fakes import FakeRecognizer, silence, tone
@@ -356,12 +357,14 @@ async def test_unpaced_long_stream_is_back_pressured(make_fake_server):
 async def test_stream_options_travel_as_query(fake_server):
     # every stream option the client sets reaches the session (the ready echoes them)
     chosen = StreamOptions(language="en", itn=False, sample_rate=8000, partials=False,
-                           endpoint_ms=800, words=True, encoding="auto")  # fmt: skip
+                           endpoint_ms=800, words=True, encoding="auto",
+                           hotwords=(Hotword("kubernetes", 3.0),))  # fmt: skip
     assert all(getattr(chosen, f.name) != getattr(StreamOptions(), f.name)
                for f in dataclasses.fields(StreamOptions))  # fmt: skip
     options = ClientOptions(url=fake_server.url, stream=chosen)
     async with await StreamingClient.connect(options) as client:
-        assert client.ready.options == dataclasses.asdict(chosen)
+        # as JSON has them: the hotwords' tuple is a list
+        assert client.ready.options == orjson.loads(orjson.dumps(dataclasses.asdict(chosen)))
         assert client.ready.sample_rate == 8000
 
 
