@@ -96,18 +96,13 @@ DEFAULT_TOTAL_BYTES_PER_S = 8_000_000.0  # 250 real-time 16 kHz int16 streams
 
 
 @dataclass(frozen=True)
-class BudgetLimits:
-    """The most the server reads per second from all its connections together."""
+class BudgetLimits(PacingLimits):
+    """The most the server reads per second from all its connections together (the
+    same limits as one connection's, checked alike; ``burst_s``: how far the total may
+    run ahead of each rate)."""
 
     max_messages_per_s: float = DEFAULT_TOTAL_MESSAGES_PER_S
     max_bytes_per_s: float = DEFAULT_TOTAL_BYTES_PER_S
-    burst_s: float = DEFAULT_BURST_S  # the total may run this far ahead of each rate
-
-    def __post_init__(self) -> None:
-        if self.max_messages_per_s <= 0 or self.max_bytes_per_s <= 0:
-            raise ConfigError("the total input rate limits must be positive")
-        if self.burst_s < 0:
-            raise ConfigError("burst_s must not be negative")
 
 
 class InputBudget:
