@@ -31,7 +31,8 @@ from streamer.core.protocol import End, Error, Final, SpeechStart, StreamOptions
 from streamer.testkit import speech as synth
 from tests.fakes import FakeRecognizer, loudness_classifier
 from tests.server_fixtures import ServerThread, make_server, recognizer_loader  # noqa: F401
-from tests.test_readiness import eventually, on_loop
+from tests.test_readiness import on_loop
+from tests.timing import eventually, timeout_s
 
 REPO = Path(__file__).resolve().parent.parent
 NGINX_CONF = REPO / "deploy" / "nginx.conf"
@@ -57,7 +58,7 @@ def _free_port() -> int:
 
 
 def _wait_listening(port: int, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_GUARD_S
+    deadline = time.monotonic() + timeout_s(START_GUARD_S)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"the balancer exited with {process.returncode}: {log.read_text()}")
@@ -118,7 +119,7 @@ http {{
     conf.write_text(main)
     log = tmp_path / "error.log"
     argv = [NGINX, "-p", str(tmp_path), "-c", str(conf), "-e", str(log)]
-    checked = subprocess.run([*argv, "-t"], capture_output=True, text=True, timeout=30)
+    checked = subprocess.run([*argv, "-t"], capture_output=True, text=True, timeout=timeout_s(30))
     assert checked.returncode == 0, checked.stderr
     process = subprocess.Popen([*argv, "-g", "daemon off;"], stdin=subprocess.DEVNULL)
     try:
@@ -162,7 +163,7 @@ def running_haproxy(tmp_path: Path, upstream_ports: list[int]) -> Iterator[tuple
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(haproxy_config(upstream_ports, port, stats))
     checked = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True,
-                             timeout=30)  # fmt: skip
+                             timeout=timeout_s(30))  # fmt: skip
     assert checked.returncode == 0, checked.stdout + checked.stderr
     log = tmp_path / "haproxy.log"
     with log.open("w") as out:
@@ -186,7 +187,7 @@ def haproxy_server_status(stats: Path) -> dict[str, str]:
     Empty while HAProxy has not opened its socket yet (it does so after binding).
     """
     with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(5)
+        s.settimeout(timeout_s(5))
         try:
             s.connect(str(stats))
         except (FileNotFoundError, ConnectionRefusedError):
@@ -278,10 +279,10 @@ async def test_the_site_file_works_in_the_distributions_nginx(make_server, tmp_p
     cp, ln, rm = _documented_steps()
     # without the last step, Debian's own site is a second default server on the port
     _run_steps([cp, ln], tmp_path / "etc", server.port, port)
-    both = subprocess.run([*argv, "-t"], capture_output=True, text=True, timeout=30)
+    both = subprocess.run([*argv, "-t"], capture_output=True, text=True, timeout=timeout_s(30))
     assert both.returncode != 0 and "duplicate default server" in both.stderr
     _run_steps([rm], tmp_path / "etc", server.port, port)
-    checked = subprocess.run([*argv, "-t"], capture_output=True, text=True, timeout=30)
+    checked = subprocess.run([*argv, "-t"], capture_output=True, text=True, timeout=timeout_s(30))
     assert checked.returncode == 0, checked.stderr
     process = subprocess.Popen([*argv, "-g", "daemon off;"], stdin=subprocess.DEVNULL)
     try:
@@ -289,7 +290,7 @@ async def test_the_site_file_works_in_the_distributions_nginx(make_server, tmp_p
 
         def page(host: str) -> str:
             request = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Host": host})
-            with urllib.request.urlopen(request, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s(10)) as response:
                 return response.read().decode()
 
         for host in ("asr.example.com", "localhost"):
@@ -428,9 +429,9 @@ async def test_nginx_twenty_clients_one_server_shut_down_mid_stream(
         assert b.server.session_count == on_b + 2 and a.server.session_count == on_a
         for client in late:
             await client.close()
-        await asyncio.wait_for(asyncio.wrap_future(drained), 30)
+        await asyncio.wait_for(asyncio.wrap_future(drained), timeout_s(30))
         await asyncio.to_thread(a.shutdown)
-        results = await asyncio.wait_for(asyncio.gather(*runs), 60)
+        results = await asyncio.wait_for(asyncio.gather(*runs), timeout_s(60))
     # a and b were identical: the first on_a sessions were a's, and a's only
     assert len(resumed_at) == on_a
     for i, result in enumerate(results):

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -30,13 +29,14 @@ from streamer.errors import ConfigError
 from streamer.server.server import ServerOptions
 from tests.fakes import FakeRecognizer, silence, tone
 from tests.server_fixtures import messages_until_close
+from tests.timing import eventually, timeout_s
 
-HANG_GUARD_S = 60
+HANG_GUARD_S = 60  # unscaled: pass it through timeout_s() or eventually()
 
 
 def http_get(url: str) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
             return response.status, orjson.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, orjson.loads(error.read())
@@ -44,15 +44,6 @@ def http_get(url: str) -> tuple[int, dict]:
 
 async def get(url: str) -> tuple[int, dict]:
     return await asyncio.to_thread(http_get, url)
-
-
-async def eventually(predicate, timeout_s: float = 10.0) -> None:
-    """Wait for a condition another thread or process makes true (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 def on_loop(thread, function) -> None:
@@ -80,7 +71,7 @@ async def test_readyz_says_full_at_max_sessions_and_counts(make_fake_server):
     assert body == {"status": "full", "sessions": 2, "max_sessions": 2}
     assert (await get(base + "/healthz"))[0] == 200  # liveness is not readiness
     metrics = await asyncio.to_thread(
-        lambda: urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        lambda: urllib.request.urlopen(base + "/metrics", timeout=timeout_s(5)).read().decode()
     )
     assert "streamer_sessions_capacity 2.0" in metrics
     assert 'streamer_sessions_active{protocol="v1"} 2.0' in metrics
@@ -115,7 +106,7 @@ async def test_draining_refuses_new_sessions_and_serves_open_ones(make_fake_serv
     kinds = [m["type"] for m in messages]
     assert kinds.count("final") == 2 and kinds[-1] == "end"
     assert "error" not in kinds  # no shutdown notice: the session ended by itself
-    await asyncio.wait_for(asyncio.wrap_future(drained), HANG_GUARD_S)
+    await asyncio.wait_for(asyncio.wrap_future(drained), timeout_s(HANG_GUARD_S))
     assert not server.server.session_count
 
 
@@ -196,7 +187,7 @@ async def test_sigusr1_drains_sigusr2_admits_sigterm_drains_then_exits(cache_dir
             async for _ in client.messages():
                 pass
             assert client.end is not None  # ended normally, not by the shutdown
-        _, stderr = await asyncio.to_thread(process.communicate, timeout=HANG_GUARD_S)
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=timeout_s(HANG_GUARD_S))
     finally:
         if process.poll() is None:
             process.kill()
