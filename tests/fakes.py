@@ -10,6 +10,7 @@ import numpy as np
 from streamer.core.jobs import DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.model.interface import RecognizerBase
+from tests.timing import timeout_s
 
 
 def loudness_classifier(threshold: float = 500.0):
@@ -84,7 +85,7 @@ class Answers:
     def __init__(self, guard_s: float = 30.0) -> None:
         self.results: list[DecodeResult] = []
         self._cond = threading.Condition()
-        self._guard_s = guard_s  # how long to wait for what should arrive at once
+        self._guard_s = timeout_s(guard_s)  # how long to wait for what should arrive at once
 
     def __call__(self, result: DecodeResult) -> None:
         with self._cond:

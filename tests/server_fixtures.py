@@ -20,6 +20,7 @@ from streamer.core.capacity import CapacityOptions
 from streamer.model.worker import ModelWorker, SpeechRecognizer
 from streamer.server.server import ConnectionLimits, ServerOptions, StreamingServer
 from tests.fakes import FakeRecognizer, loudness_classifier
+from tests.timing import timeout_s as scaled
 
 LIMIT_FIELDS = frozenset(f.name for f in fields(ConnectionLimits))
 
@@ -58,11 +59,11 @@ class ServerThread:
 
     def start(self, wait_ready: bool = True) -> ServerThread:
         self._thread.start()
-        self._started.wait(60)
+        self._started.wait(scaled(60))
         if self._error is not None:
             raise self._error
         if wait_ready:
-            self.call(self.server.wait_ready(), timeout=600)
+            self.call(self.server.wait_ready(), timeout=600)  # call() scales it
         return self
 
     def _run(self) -> None:
@@ -90,14 +91,14 @@ class ServerThread:
         await asyncio.to_thread(self.worker.stop)
 
     def call(self, coro, timeout: float = 30):
-        """Run ``coro`` on the server's loop and return its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        """Run ``coro`` on the server's loop and return its result (``timeout`` unscaled)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(scaled(timeout))
 
     def shutdown(self, timeout: float = 30) -> None:
-        """Graceful shutdown (what SIGTERM does), then wait for the thread."""
+        """Graceful shutdown (what SIGTERM does), then wait for the thread (timeout unscaled)."""
         if self._thread.is_alive() and self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(timeout)
+            self._thread.join(scaled(timeout))
 
     @property
     def port(self) -> int:
@@ -148,11 +149,11 @@ def make_fake_server(make_server):
 async def messages_until_close(ws, timeout_s: float = 20) -> tuple[list[dict], int | None]:
     """Every JSON message until the server closes, and its close code (None: no close frame).
 
-    ``timeout_s`` bounds the wait for each message."""
+    ``timeout_s`` (unscaled: the suite's factor applies) bounds the wait for each message."""
     messages = []
     try:
         while True:
-            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s)))
+            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), scaled(timeout_s))))
     except ConnectionClosed as closed:
         return messages, closed.rcvd.code if closed.rcvd else None
 

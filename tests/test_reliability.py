@@ -35,8 +35,9 @@ from tests.server_fixtures import (
     messages_until_close,
 )
 from tests.test_server import http_get, recv_json, speech
+from tests.timing import eventually, timeout_s
 
-BOUND_S = 20  # every wait below gives up after this (a failure, never a pass)
+BOUND_S = 20  # every wait below gives up after this, scaled (a failure, never a pass)
 
 
 @pytest.fixture
@@ -45,14 +46,6 @@ def fake(make_server):  # noqa: F811
         return make_server(load, classifier_factory=loudness_classifier, **options)
 
     return factory
-
-
-async def wait_until(predicate, what: str) -> None:
-    for _ in range(BOUND_S * 20):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def metric(server, name: str, **labels) -> float:
@@ -70,7 +63,7 @@ async def never_reading_client(server):
     ws = await connect(server.url, sock=sock, ping_interval=None, max_queue=1)
     # Loopback send buffers grow to megabytes; a small one stands in for a peer that has
     # been stalled long enough to fill them, so the server's writes block soon.
-    await wait_until(lambda: server.server.session_count == 1, "the session")
+    await eventually(lambda: server.server.session_count == 1, BOUND_S, "the session")
     (connection,) = server.server.admission.connections
     server_sock = connection.ws.transport.get_extra_info("socket")
     server.loop.call_soon_threadsafe(
@@ -134,13 +127,14 @@ async def test_backlog_holds_at_most_the_documented_bound(fake):
 
     sender = asyncio.create_task(send_all())
     try:
-        await wait_until(
+        await eventually(
             lambda: (
                 server.server.session_count == 1
                 and not next(
                     iter(server.server.admission.connections)
                 ).pump.backlog_has_room.is_set()
             ),
+            BOUND_S,
             "reading to pause",
         )
         (connection,) = server.server.admission.connections
@@ -160,7 +154,7 @@ async def test_never_reading_client_is_closed_after_the_write_timeout_and_frees_
     ws = await never_reading_client(server)
     flood = asyncio.create_task(make_server_write(ws))
     # closed for the blocked send or, if it keeps producing replies, for the outbox
-    await wait_until(
+    await eventually(
         lambda: (
             sum(
                 metric(server, "streamer_sessions_terminated_total", reason=r)
@@ -168,9 +162,10 @@ async def test_never_reading_client_is_closed_after_the_write_timeout_and_frees_
             )
             == 1
         ),
+        BOUND_S,
         "the write timeout",
     )
-    await wait_until(lambda: server.server.session_count == 0, "the slot to be freed")
+    await eventually(lambda: server.server.session_count == 0, BOUND_S, "the slot to be freed")
     flood.cancel()
     ws.transport.abort()
     # the server goes on serving, and stops promptly
@@ -181,12 +176,13 @@ async def test_never_reading_client_is_closed_after_the_write_timeout_and_frees_
 async def test_idle_timeout_fires_while_a_send_is_blocked(fake):
     server = fake(write_timeout_s=600, close_timeout_s=0.5, idle_timeout_s=1.0)
     ws = await never_reading_client(server)
-    await asyncio.wait_for(make_server_write(ws, server=server), BOUND_S)
-    await wait_until(
+    await asyncio.wait_for(make_server_write(ws, server=server), timeout_s(BOUND_S))
+    await eventually(
         lambda: metric(server, "streamer_sessions_terminated_total", reason="idle_timeout") == 1,
+        BOUND_S,
         "the idle timeout",
     )
-    await wait_until(lambda: server.server.session_count == 0, "the slot to be freed")
+    await eventually(lambda: server.server.session_count == 0, BOUND_S, "the slot to be freed")
     ws.transport.abort()
 
 
@@ -210,7 +206,7 @@ async def test_shutdown_with_a_blocked_client_ends_within_the_grace_period(fake)
         write_timeout_s=600, idle_timeout_s=600, shutdown_grace_s=0.5, close_timeout_s=0.5
     )
     ws = await never_reading_client(server)
-    await asyncio.wait_for(make_server_write(ws, server=server), BOUND_S)
+    await asyncio.wait_for(make_server_write(ws, server=server), timeout_s(BOUND_S))
     await asyncio.to_thread(server.shutdown, BOUND_S)
     assert not server._thread.is_alive()
     ws.transport.abort()
@@ -223,14 +219,14 @@ async def test_cutting_the_grace_short_aborts_what_shutdown_still_waits_for(fake
         write_timeout_s=600, idle_timeout_s=600, shutdown_grace_s=600, close_timeout_s=600
     )
     ws = await never_reading_client(server)
-    await asyncio.wait_for(make_server_write(ws, server=server), BOUND_S)
+    await asyncio.wait_for(make_server_write(ws, server=server), timeout_s(BOUND_S))
     started = time.monotonic()
     server.loop.call_soon_threadsafe(server._stop.set)  # the graceful shutdown begins
     await asyncio.sleep(0.5)
     assert server._thread.is_alive()  # waiting on the blocked client
     server.loop.call_soon_threadsafe(server.server.cut_grace_short)
-    await asyncio.to_thread(server._thread.join, BOUND_S)
-    assert not server._thread.is_alive() and time.monotonic() - started < BOUND_S
+    await asyncio.to_thread(server._thread.join, timeout_s(BOUND_S))
+    assert not server._thread.is_alive() and time.monotonic() - started < timeout_s(BOUND_S)
     ws.transport.abort()
 
 
@@ -316,7 +312,7 @@ async def finals_with_finalize_every(url: str, pcm: np.ndarray, chunk_ms: int | 
         if chunk_ms is not None:
             await client.finalize()
     await client.stop()
-    await asyncio.wait_for(reader, BOUND_S * 3)
+    await asyncio.wait_for(reader, timeout_s(BOUND_S * 3))
     await client.close()
     return finals
 
@@ -337,7 +333,7 @@ async def test_finalize_spam_gives_the_same_words_as_no_finalize(tagged_server_u
 
 
 def raw_http(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s(5)) as sock:
         sock.sendall(request)
         data = b""
         while chunk := sock.recv(65536):

@@ -35,35 +35,36 @@ def timeout_s(seconds: float) -> float:
 
 
 async def eventually(
-    predicate: Callable[[], object], timeout_s: float = DEFAULT_EVENTUALLY_S
+    predicate: Callable[[], object], timeout_s: float = DEFAULT_EVENTUALLY_S, what: str = ""
 ) -> None:
     """Wait until ``predicate()`` is true, polling; fail after the scaled ``timeout_s``.
 
-    ``timeout_s`` is unscaled (the factor is applied here). The predicate runs on
-    the event loop, so it must be quick.
+    ``timeout_s`` is unscaled (the factor is applied here); ``what`` names the
+    awaited state in the failure. The predicate runs on the event loop, so it must
+    be quick.
     """
     deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(_not_reached(predicate, timeout_s))
+            raise AssertionError(_not_reached(predicate, timeout_s, what))
         await asyncio.sleep(POLL_INTERVAL_S * TIMEOUT_FACTOR)
 
 
 def eventually_sync(
-    predicate: Callable[[], object], timeout_s: float = DEFAULT_EVENTUALLY_S
+    predicate: Callable[[], object], timeout_s: float = DEFAULT_EVENTUALLY_S, what: str = ""
 ) -> None:
     """The blocking twin of :func:`eventually`, for tests that run no event loop."""
     deadline = time.monotonic() + timeout_s * TIMEOUT_FACTOR
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(_not_reached(predicate, timeout_s))
+            raise AssertionError(_not_reached(predicate, timeout_s, what))
         time.sleep(POLL_INTERVAL_S * TIMEOUT_FACTOR)
 
 
-def _not_reached(predicate: Callable[[], object], timeout_s: float) -> str:
+def _not_reached(predicate: Callable[[], object], timeout_s: float, what: str) -> str:
     code = getattr(predicate, "__code__", None)
     where = f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})" if code else ""
     return (
-        f"condition{where} still false after {timeout_s * TIMEOUT_FACTOR:g} s"
+        f"{what or 'condition'}{where} still false after {timeout_s * TIMEOUT_FACTOR:g} s"
         f" ({timeout_s:g} s x STREAMER_TESTS_TIMEOUT_FACTOR={TIMEOUT_FACTOR:g})"
     )
