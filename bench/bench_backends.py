@@ -62,6 +62,7 @@ def _load(config: str, args: argparse.Namespace, **onnx_kwargs: Any) -> Any:
     from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
     from streamer.model.onnx_export import cached_export
     from streamer.model.recognizer import Recognizer, RecognizerOptions
+    from streamer.testkit.models import RANDOM_MODELS
 
     backend, _, precision = config.partition("-")
     quantize = "int8" if precision.startswith("int8") else None
@@ -73,11 +74,12 @@ def _load(config: str, args: argparse.Namespace, **onnx_kwargs: Any) -> Any:
         threads=args.threads,
         warmup=False,
         cache_dir=args.cache_dir,
+        random_models=RANDOM_MODELS,
     )
     if backend == "torch":
         recognizer = Recognizer(options)
     else:
-        source = locate_model(args.model, "ms", args.cache_dir)
+        source = locate_model(args.model, "ms", args.cache_dir, RANDOM_MODELS)
         weight_type = {"int8-qint8": "QInt8", "int8-quint8": "QUInt8"}.get(precision)
         export = cached_export(Path(source), args.cache_dir, int8_weight_type=weight_type)
         model_dir = onnx_model_dir(export, quantized=quantize is not None)

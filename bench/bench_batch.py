@@ -58,6 +58,7 @@ def speech(cache_dir: Path) -> np.ndarray:
 def load(config: str, model: str, threads: int, cache_dir: Path, device: str) -> Any:
     from streamer.model.loading import load_recognizer
     from streamer.model.recognizer import RecognizerOptions
+    from streamer.testkit.models import RANDOM_MODELS
 
     backend, quantize = CONFIGS[config]
     options = RecognizerOptions(
@@ -67,6 +68,7 @@ def load(config: str, model: str, threads: int, cache_dir: Path, device: str) ->
         quantize=quantize,
         threads=threads,
         cache_dir=cache_dir,
+        random_models=RANDOM_MODELS,
     )
     return load_recognizer(options)
 

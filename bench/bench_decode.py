@@ -59,6 +59,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
 
     from streamer.model.funasr_quiet import import_funasr
     from streamer.model.recognizer import Recognizer, RecognizerOptions
+    from streamer.testkit.models import RANDOM_MODELS
 
     process = psutil.Process()
     started = time.perf_counter()
@@ -73,6 +74,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
             threads=args.threads,
             warmup=False,
             cache_dir=args.cache_dir,
+            random_models=RANDOM_MODELS,
             **MODES[mode],
         )
     )

@@ -35,6 +35,7 @@ from streamer.core.jobs import DecodeJob
 from streamer.model.decoding import CtcRecognizer
 from streamer.model.loading import load_recognizer
 from streamer.model.recognizer import RecognizerOptions
+from streamer.testkit.models import RANDOM_MODELS
 from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
@@ -156,6 +157,7 @@ def main() -> None:
         warmup=True,
         hotword_beam=args.beam,
         hotword_partial_beam=min(2, args.beam),
+        random_models=RANDOM_MODELS,
         **({"cache_dir": args.cache_dir} if args.cache_dir else {}),
     )
     args.cache_dir = options.cache_dir

@@ -4,6 +4,8 @@
   that do no I/O, and never reads a clock (no ``time``, ``datetime``, ``asyncio``).
 - ``streamer/model/`` and ``streamer/testkit/`` (which builds models) are the only
   importers of torch, funasr and onnxruntime.
+- ``streamer/model/`` imports nothing from ``streamer/testkit/`` (not even inside a
+  function): ``random:NAME`` gets its builder passed in (``RecognizerOptions.random_models``).
 - ``streamer/media/`` is the only importer of PyAV (``av``, FFmpeg), and imports neither
   the server nor the model.
 - Only the CLI configures logging; nothing in the package prints.
@@ -102,6 +104,27 @@ def test_model_libraries_only_in_model_and_testkit(path: Path) -> None:
         return
     bad = {name for name in _imports(path) if _top(name) in MODEL_LIBRARIES}
     assert not bad, f"{_rel(path)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", _modules("model"), ids=_rel)
+def test_model_imports_nothing_from_the_testkit(path: Path) -> None:
+    bad = {name for name in _imports(path) if name.startswith("streamer.testkit")}
+    assert not bad, f"{_rel(path)} imports {sorted(bad)}"
+
+
+def test_the_checks_see_a_lazy_testkit_import_in_the_model() -> None:
+    """The model check is not vacuous: an import inside a function is caught too."""
+    probe = PACKAGE / "model" / "_probe_for_layering_test.py"
+    probe.write_text(
+        "def build() -> object:\n"
+        "    from streamer.testkit.models import ensure_random_model\n\n"
+        "    return ensure_random_model\n"
+    )
+    try:
+        with pytest.raises(AssertionError, match="streamer.testkit.models"):
+            test_model_imports_nothing_from_the_testkit(probe)
+    finally:
+        probe.unlink()
 
 
 @pytest.mark.parametrize("path", _modules(), ids=_rel)

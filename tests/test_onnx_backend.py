@@ -19,6 +19,7 @@ from streamer.model.loading import load_recognizer, resolve_backend
 from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
 from streamer.model.onnx_export import cached_export, read_manifest
 from streamer.model.recognizer import MIN_DECODE_SAMPLES, Recognizer, RecognizerOptions
+from streamer.testkit.models import RANDOM_MODELS
 from streamer.testkit.onnx_layouts import funasr_layout, rewrite_graph, sherpa_layout
 from streamer.testkit.speech import SAMPLE_RATE, speak
 from tests import clips as clips_module
@@ -312,7 +313,13 @@ def test_cuda_without_the_cuda_provider(tiny_export: Path) -> None:
 
 def test_load_random_model_through_loading(cache_dir: Path, tiny_export: Path) -> None:
     recognizer = load_recognizer(
-        RecognizerOptions(model="random:tiny", backend="onnx", cache_dir=cache_dir, threads=1)
+        RecognizerOptions(
+            model="random:tiny",
+            backend="onnx",
+            cache_dir=cache_dir,
+            threads=1,
+            random_models=RANDOM_MODELS,
+        )
     )
     assert recognizer.name == "random:tiny"
     assert recognizer.backend == "onnx" and recognizer.device == "cpu"

@@ -20,6 +20,7 @@ from streamer.model.recognizer import (
     Recognizer,
     RecognizerOptions,
 )
+from streamer.testkit.models import RANDOM_MODELS
 from streamer.testkit.speech import SAMPLE_RATE, speak
 from tests import clips as clips_module
 from tests.clips import OPTION_LANGUAGES, load_clips
@@ -73,7 +74,8 @@ def _assert_parity(recognizer: Recognizer, pcm: np.ndarray, language: str, use_i
     "options",
     [
         {"model": ""},
-        {"model": "random:huge"},
+        {"model": "random:huge", "random_models": RANDOM_MODELS},
+        {"model": "random:tiny"},  # nothing passed to build it with
         {"hub": "github"},
         {"device": "gpu"},
         {"device": "cuda:x"},
@@ -242,7 +244,13 @@ def test_properties_and_random_model_warning(
 ) -> None:
     caplog.set_level(logging.INFO, logger="streamer.model")
     recognizer = Recognizer(
-        RecognizerOptions(model="random:tiny", cache_dir=cache_dir, device="auto", threads=1)
+        RecognizerOptions(
+            model="random:tiny",
+            cache_dir=cache_dir,
+            device="auto",
+            threads=1,
+            random_models=RANDOM_MODELS,
+        )
     )
     assert recognizer.name == "random:tiny"
     assert recognizer.sample_rate == 16000
@@ -381,5 +389,5 @@ def test_the_tagged_model_is_not_called_meaningless(
     from streamer.model.files import model_source
 
     caplog.set_level(logging.WARNING, logger="streamer.model")
-    model_source("random:tagged", "ms", cache_dir)
+    model_source("random:tagged", "ms", cache_dir, RANDOM_MODELS)
     assert "trained on two clips" in caplog.text and "meaningless" not in caplog.text

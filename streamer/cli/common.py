@@ -307,6 +307,17 @@ def read_hotwords(path: Path | None) -> Hotwords:
         raise ConfigError(f"--hotwords: {error.message}") from None
 
 
+def random_models_for(model: str) -> Any:
+    """What builds ``random:NAME`` (the test kit, imported only for such a model), else None."""
+    from streamer.model.files import RANDOM_PREFIX
+
+    if not model.startswith(RANDOM_PREFIX):
+        return None
+    from streamer.testkit.models import RANDOM_MODELS
+
+    return RANDOM_MODELS
+
+
 def _recognizer_options(args: argparse.Namespace) -> Any:
     from streamer.model.recognizer import RecognizerOptions
 
@@ -322,6 +333,7 @@ def _recognizer_options(args: argparse.Namespace) -> Any:
         hotword_beam=args.hotword_beam,
         hotword_partial_beam=args.hotword_partial_beam,
         hotwords_max_tokens=args.hotwords_max_tokens,
+        random_models=random_models_for(args.model),
     )
     if args.cache_dir is not None:
         try:  # found now, not as a traceback from deep inside the model's loading

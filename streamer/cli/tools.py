@@ -17,6 +17,7 @@ from streamer.cli.common import (
     _classifier_factory,
     _flag,
     _recognizer_options,
+    random_models_for,
 )
 from streamer.core.protocol import LANGUAGES, StreamOptions
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS
@@ -152,9 +153,12 @@ def _cmd_export_onnx(args: argparse.Namespace) -> int:
     from streamer.model.onnx_export import cached_export, export_onnx
     from streamer.model.recognizer import RecognizerOptions
 
-    options = RecognizerOptions(model=args.model, hub=args.hub, backend="torch")
+    random_models = random_models_for(args.model)
+    options = RecognizerOptions(
+        model=args.model, hub=args.hub, backend="torch", random_models=random_models
+    )
     cache_dir = args.cache_dir or options.cache_dir
-    source = locate_model(args.model, args.hub, cache_dir)
+    source = locate_model(args.model, args.hub, cache_dir, random_models)
     if not isinstance(source, Path):
         raise ConfigError(f"{args.model} is not downloaded yet; run streamer serve with it once")
     if args.out is None:

@@ -14,18 +14,39 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from streamer.errors import ModelError
+from streamer.errors import ConfigError, ModelError
 
 logger = logging.getLogger(__name__)
 
 HUB_PROBE_TIMEOUT_S = 2.5  # how long an unreachable hub may delay start-up
-RANDOM_PREFIX = "random:"  # model names built by streamer.testkit.models
+RANDOM_PREFIX = "random:"  # test models: built by a RandomModels, never by this package
+MARKER_FILE = "random_model.json"  # written into every random model directory built
 
 _CTC_HEAD_KEY = "ctc.ctc_lo.weight"
 _HF_ALIASES = {"iic/SenseVoiceSmall": "FunAudioLLM/SenseVoiceSmall"}
+
+
+class RandomModels(Protocol):
+    """What builds the test models ``random:NAME`` names, passed in by the caller.
+
+    ``streamer.testkit.models.RANDOM_MODELS`` is the one there is; the CLI, the test
+    fixtures and the benches pass it, so that nothing here imports the test kit. It must
+    pickle (a spawned model process receives it with the options).
+    """
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    def is_built(self, name: str, cache_dir: Path) -> bool:
+        """Whether ``name`` is built under ``cache_dir`` already (nothing slow)."""
+        ...
+
+    def ensure(self, name: str, cache_dir: Path) -> Path:
+        """The directory of ``name``, built (once) under ``cache_dir`` if needed."""
+        ...
 
 
 def default_cache_dir() -> Path:
@@ -45,40 +66,64 @@ class ModelFiles:
     cmvn: Path  # am.mvn
 
 
-def locate_model(model: str, hub: str, cache_dir: Path) -> Path | str:
+def random_model(model: str, random_models: RandomModels | None) -> tuple[str, RandomModels]:
+    """The name in ``random:NAME`` and what builds it; ConfigError for an unknown name or
+    when no builder was passed."""
+    name = model[len(RANDOM_PREFIX) :]
+    if random_models is None:
+        raise ConfigError(
+            f"model {model!r} is a random-weight test model, built by streamer.testkit: pass "
+            "random_models=streamer.testkit.models.RANDOM_MODELS with it (the CLI does)"
+        )
+    if name not in random_models.names:
+        raise ConfigError(
+            f"unknown random model {model!r}; choose random:"
+            + ", random:".join(random_models.names)
+        )
+    return name, random_models
+
+
+def has_random_weights(directory: Path) -> bool:
+    """Whether ``directory`` was built with random weights (it holds :data:`MARKER_FILE`)."""
+    try:
+        return isinstance(json.loads((directory / MARKER_FILE).read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def locate_model(
+    model: str, hub: str, cache_dir: Path, random_models: RandomModels | None = None
+) -> Path | str:
     """A checked local model directory, or the hub id funasr should download.
 
-    ``random:NAME`` is built (once) under ``cache_dir`` by the test-model builder; a
+    ``random:NAME`` is built (once) under ``cache_dir`` by ``random_models``; a
     directory is checked for missing files and a tokenizer that does not fit the weights;
     a hub id is looked up in the local hub cache, and when it is not there the hub must
     answer within :data:`HUB_PROBE_TIMEOUT_S`. Raises ModelError otherwise.
     """
-    source = model_source(model, hub, cache_dir)
+    source = model_source(model, hub, cache_dir, random_models)
     if isinstance(source, str):
         return source
     directory = source
     check_vocabulary(model_files(directory))
-    if not model.startswith(RANDOM_PREFIX):
-        from streamer.testkit.models import read_build_info
-
-        if read_build_info(directory) is not None:
-            logger.warning(
-                "model directory %s was built with random weights: its transcripts are meaningless",
-                directory,
-            )
+    if not model.startswith(RANDOM_PREFIX) and has_random_weights(directory):
+        logger.warning(
+            "model directory %s was built with random weights: its transcripts are meaningless",
+            directory,
+        )
     return directory
 
 
-def model_source(model: str, hub: str, cache_dir: Path) -> Path | str:
+def model_source(
+    model: str, hub: str, cache_dir: Path, random_models: RandomModels | None = None
+) -> Path | str:
     """Where ``model`` lives, before any check of its files: the directory of
-    ``random:NAME`` (built once under ``cache_dir``), of a path, or of a hub id already in
-    the local hub cache; else the hub id itself, once the hub has answered (ModelError
-    when it does not within :data:`HUB_PROBE_TIMEOUT_S`)."""
+    ``random:NAME`` (built once under ``cache_dir`` by ``random_models``), of a path, or of
+    a hub id already in the local hub cache; else the hub id itself, once the hub has
+    answered (ModelError when it does not within :data:`HUB_PROBE_TIMEOUT_S`)."""
     if model.startswith(RANDOM_PREFIX):
-        from streamer.testkit.models import ensure_random_model
-
-        name = model[len(RANDOM_PREFIX) :]
-        directory = ensure_random_model(name, cache_dir)
+        name, builder = random_model(model, random_models)
+        directory = builder.ensure(name, cache_dir)
         if name == "tagged":  # trained, on two clips: not meaningless, but not a real model
             logger.warning(
                 "model %s is a 1 M-parameter test model trained on two clips: it "

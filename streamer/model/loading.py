@@ -25,7 +25,7 @@ from pathlib import Path
 from streamer.errors import ConfigError, ModelError
 from streamer.extras import TORCH, TORCH_MODULES, missing, require
 from streamer.model.decoding import CtcRecognizer
-from streamer.model.files import RANDOM_PREFIX, looks_like_path, model_files
+from streamer.model.files import RANDOM_PREFIX, looks_like_path, model_files, random_model
 from streamer.model.published import (
     AUTO_MODEL,
     DEFAULT_TORCH_MODEL,
@@ -275,15 +275,14 @@ def load_recognizer(
 
         import_funasr()
     if options.model.startswith(RANDOM_PREFIX):
-        from streamer.testkit.models import MARKER_FILE, ensure_random_model, random_model_dir_name
-
-        name = options.model[len(RANDOM_PREFIX) :]
-        cached = options.cache_dir / "models" / random_model_dir_name(name) / MARKER_FILE
+        name, builder = random_model(options.model, options.random_models)
         what = (
-            f"locating random model {name}" if cached.exists() else f"building random model {name}"
+            f"locating random model {name}"
+            if builder.is_built(name, options.cache_dir)
+            else f"building random model {name}"
         )
         with progress.stage_of("build", what):
-            ensure_random_model(name, options.cache_dir)
+            builder.ensure(name, options.cache_dir)
     with progress.stage_of("load", f"loading model {options.model}"):
         recognizer = Recognizer(replace(options, warmup=False))
     if options.warmup:

@@ -209,7 +209,7 @@ def locate_onnx_model(options: RecognizerOptions) -> OnnxModelDir:
     if is_published(model):  # runs as published: its int8 graph, nothing to export
         return onnx_model_dir(fetch_published(model, options.cache_dir), quantized=True)
     quantized = options.quantize == "int8"
-    source = model_source(model, options.hub, options.cache_dir)
+    source = model_source(model, options.hub, options.cache_dir, options.random_models)
     directory = _download(options) if isinstance(source, str) else source
     if not directory.is_dir():
         raise ModelError(

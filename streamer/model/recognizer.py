@@ -47,10 +47,12 @@ from streamer.model.decoding import (
 )
 from streamer.model.files import (
     RANDOM_PREFIX,
+    RandomModels,
     check_vocabulary,
     default_cache_dir,
     locate_model,
     model_files,
+    random_model,
 )
 from streamer.model.frontend import Cmvn, Frontend
 from streamer.model.funasr_quiet import import_funasr, quiet_funasr
@@ -105,20 +107,16 @@ class RecognizerOptions:
     hotword_beam: int = DEFAULT_BEAM
     hotword_partial_beam: int = DEFAULT_PARTIAL_BEAM
     hotwords_max_tokens: int = MAX_PHRASE_TOKENS
+    # what builds random:NAME (streamer.testkit.models.RANDOM_MODELS, passed by the CLI and
+    # the test fixtures: nothing in streamer.model imports the test kit); None: no random:
+    random_models: RandomModels | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
         if not self.model:
             raise ConfigError("model must name a hub id, a directory or random:NAME")
         if self.model.startswith(RANDOM_PREFIX):
-            from streamer.testkit.models import MODEL_NAMES
-
-            name = self.model[len(RANDOM_PREFIX) :]
-            if name not in MODEL_NAMES:
-                raise ConfigError(
-                    f"unknown random model {self.model!r}; choose random:"
-                    + ", random:".join(MODEL_NAMES)
-                )
+            random_model(self.model, self.random_models)  # ConfigError unless it can be built
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.hub not in ("ms", "hf"):
@@ -175,7 +173,12 @@ class Recognizer(CtcRecognizer):
         if self.options.backend == "onnx":
             raise ConfigError("Recognizer is the torch backend; load_recognizer() picks ONNX")
         started = time.perf_counter()
-        source = locate_model(self.options.model, self.options.hub, self.options.cache_dir)
+        source = locate_model(
+            self.options.model,
+            self.options.hub,
+            self.options.cache_dir,
+            self.options.random_models,
+        )
         _check_fbank_backend()
 
         import torch

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamer.errors import ConfigError, ModelError
+from streamer.model.files import MARKER_FILE
 from streamer.model.sensevoice import (
     FEATURE_DIM,
     FRONTEND_CONF,
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 BUILDER_VERSION = 2
 
 MODEL_NAMES = ("tiny", "small", "tagged")
-MARKER_FILE = "random_model.json"  # written into every directory built here
+# every directory built here holds MARKER_FILE (defined where the model reads it)
 
 # Tags whose real ids funasr's code does not name: placed in free special slots.
 OTHER_SPECIALS = (
@@ -183,6 +184,24 @@ def ensure_random_model(name: str, cache_dir: Path, *, seed: int = 0) -> Path:
         if building.exists():
             shutil.rmtree(building, ignore_errors=True)
     return target
+
+
+@dataclass(frozen=True)
+class RandomModelBuilder:
+    """:class:`streamer.model.files.RandomModels` for the models built here: what the CLI
+    and the test fixtures pass as ``RecognizerOptions.random_models`` (it pickles, so a
+    spawned model process gets it too)."""
+
+    names: tuple[str, ...] = MODEL_NAMES
+
+    def is_built(self, name: str, cache_dir: Path) -> bool:
+        return (cache_dir / "models" / random_model_dir_name(name) / MARKER_FILE).exists()
+
+    def ensure(self, name: str, cache_dir: Path) -> Path:
+        return ensure_random_model(name, cache_dir)
+
+
+RANDOM_MODELS = RandomModelBuilder()
 
 
 def build_random_model(
