@@ -24,6 +24,7 @@ from streamer.errors import ConfigError
 from tests.fakes import FakeRecognizer
 from tests.server_fixtures import messages_until_close
 from tests.test_compat_ports import Wyoming, make_ports_server, speech  # noqa: F401
+from tests.timing import timeout_s
 
 
 def run(
@@ -149,13 +150,13 @@ class GatedRecognizer(FakeRecognizer):
         self.gate = threading.Event()
 
     def decode(self, pcm, *, language="auto", use_itn=True):
-        self.gate.wait(60)
+        self.gate.wait(timeout_s(60))
         return super().decode(pcm, language=language, use_itn=use_itn)
 
 
 def http_get(url: str) -> tuple[int, dict, dict]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
             return response.status, orjson.loads(response.read()), dict(response.headers)
     except urllib.error.HTTPError as error:
         return error.code, orjson.loads(error.read()), dict(error.headers)
@@ -172,7 +173,7 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
         assert orjson.loads(await ws.recv())["type"] == "ready"
         # two utterances: the first final is decoding (held), the second waits in the queue
         await ws.send(speech(2).tobytes())
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + timeout_s(10)
         while (status := await asyncio.to_thread(http_get, readyz))[0] == 200:
             assert time.monotonic() < deadline, f"never saturated: {status}"
             await asyncio.sleep(0.05)
@@ -189,7 +190,9 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
         assert (error.type, error.data["code"]) == ("error", "saturated")
         refused_wyoming.writer.close()
         metrics = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(server.http_url + "/metrics", timeout=5).read()
+            lambda: urllib.request.urlopen(
+                server.http_url + "/metrics", timeout=timeout_s(5)
+            ).read()
         )
         assert b"streamer_saturated 1.0" in metrics
         assert b'streamer_handshakes_rejected_total{protocol="v1",reason="saturated"}' in metrics
@@ -199,7 +202,7 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
         messages, close_code = await messages_until_close(ws)
     assert close_code == 1000
     assert [m["type"] for m in messages].count("final") == 2
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + timeout_s(10)
     while (await asyncio.to_thread(http_get, readyz))[0] != 200:
         assert time.monotonic() < deadline, "never admitted again"
         await asyncio.sleep(0.05)

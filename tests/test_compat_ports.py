@@ -24,6 +24,7 @@ from streamer.server import wyoming as wyoming_server
 from streamer.server.server import ServerOptions
 from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
 from tests.server_fixtures import make_server  # noqa: F401  (fixture)
+from tests.timing import eventually, timeout_s
 
 FIRST = {"mode": "2pass", "wav_name": "t", "is_speaking": True, "audio_fs": 16000}
 AUDIO_FORMAT = {"rate": 16000, "width": 2, "channels": 1}
@@ -78,8 +79,8 @@ class Wyoming:
         )
 
     async def events(self, timeout: float = 20) -> list[WyomingEvent]:
-        """Every event until the server closes the connection."""
-        async with asyncio.timeout(timeout):
+        """Every event until the server closes the connection (``timeout`` unscaled)."""
+        async with asyncio.timeout(timeout_s(timeout)):
             while data := await self.reader.read(65536):
                 self.pending += self.parser.feed(data)
         self.writer.close()
@@ -91,7 +92,7 @@ async def funasr_drain(ws, timeout: float = 20) -> tuple[list[dict], int | None]
     messages = []
     try:
         while True:
-            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout)))
+            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s(timeout))))
     except ConnectionClosed as closed:
         return messages, closed.rcvd.code if closed.rcvd else None
 
@@ -99,7 +100,7 @@ async def funasr_drain(ws, timeout: float = 20) -> tuple[list[dict], int | None]
 async def funasr_until_final(ws, timeout: float = 20) -> list[dict]:
     messages: list[dict] = []
     while not (messages and messages[-1]["is_final"]):
-        messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout)))
+        messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s(timeout))))
     return messages
 
 
@@ -152,12 +153,14 @@ async def test_max_sessions_is_shared_by_every_protocol(make_ports_server):
     (error,) = await refused_wyoming.events()
     assert (error.type, error.data["code"]) == ("error", "server_full")
     await client.close()
-    await asyncio.sleep(0.2)
+    await eventually(lambda: server.server.session_count == 0)
     wyoming = await Wyoming.open(server)  # the slot is free again
     await wyoming.send(WyomingEvent("describe"))
     parser_events: list[WyomingEvent] = []
     while not parser_events:
-        parser_events += wyoming.parser.feed(await asyncio.wait_for(wyoming.reader.read(65536), 5))
+        parser_events += wyoming.parser.feed(
+            await asyncio.wait_for(wyoming.reader.read(65536), timeout_s(5))
+        )
     assert parser_events[0].type == "info"
     wyoming.writer.close()
 
@@ -312,7 +315,7 @@ async def test_the_offline_result_has_the_clients_dialect(make_ports_server, off
         await ws.send(json.dumps(FIRST | {"mode": "offline", "wav_format": "PCM"}))
         await ws.send(np.concatenate([silence(300), tone(800), silence(900)]).tobytes())
         await ws.send(json.dumps({"is_speaking": False}))
-        last = orjson.loads(await asyncio.wait_for(ws.recv(), 20))
+        last = orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s(20)))
     assert (last["mode"], last["text"], last["is_final"]) == ("offline", "audio 1300 ms", is_final)
 
 
@@ -423,10 +426,7 @@ async def test_a_never_reading_wyoming_client_is_bounded_and_closed(
     describe = encode_event(WyomingEvent("describe"))
     writer.write(describe)
     await writer.drain()
-    for _ in range(200):
-        if server.server.session_count == 1:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: server.server.session_count == 1, 10)
     (connection,) = server.server.admission.connections
     server_sock = connection.writer.transport.get_extra_info("socket")
     # loopback send buffers grow to megabytes: a small one stands in for a stalled peer
@@ -446,10 +446,7 @@ async def test_a_never_reading_wyoming_client_is_bounded_and_closed(
             writer.write(describe * 100)
             await writer.drain()
             await asyncio.sleep(0.01)
-    for _ in range(200):
-        if server.server.session_count == 0:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: server.server.session_count == 0, 10, "the slot to be freed")
     assert terminated() == 1
     assert server.server.session_count == 0  # the slot is free
     writer.transport.abort()

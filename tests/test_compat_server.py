@@ -19,6 +19,7 @@ from websockets.exceptions import InvalidStatus
 from tests import compat_clients as clients
 from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
 from tests.server_fixtures import messages_until_close
+from tests.timing import eventually, timeout_s
 
 TOKEN = "s3cret"
 
@@ -60,14 +61,14 @@ async def refused(url: str, **kwargs) -> tuple[int, dict, dict]:
 async def recv_until(ws, kind: str, timeout: float = 10) -> list[dict]:
     out = []
     while True:
-        message = orjson.loads(await asyncio.wait_for(ws.recv(), timeout))
+        message = orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s(timeout)))
         out.append(message)
         if message["type"] == kind:
             return out
 
 
 def metrics(server) -> str:
-    with urllib.request.urlopen(server.http_url + "/metrics", timeout=5) as response:
+    with urllib.request.urlopen(server.http_url + "/metrics", timeout=timeout_s(5)) as response:
         return response.read().decode()
 
 
@@ -262,7 +263,7 @@ async def test_max_sessions_is_shared_across_protocols(make_fake_server) -> None
     finally:
         await deepgram.close()
         await v1.close()
-    await asyncio.sleep(0.2)
+    await eventually(lambda: server.server.session_count == 0)
     async with connect(ws_url(server, "/v1/realtime?intent=transcription")) as ws:
         assert orjson.loads(await ws.recv())["type"] == "session.created"
 
@@ -274,7 +275,7 @@ async def test_metrics_are_labelled_by_protocol(fake_server) -> None:
     async with connect(ws_url(fake_server, "/v1/realtime?intent=transcription")) as ws:
         await ws.recv()
     await refused(ws_url(fake_server, "/v1/listen?encoding=speex"))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: fake_server.server.session_count == 0)
     text = metrics(fake_server)
     assert 'streamer_sessions_total{protocol="deepgram"} 1.0' in text
     assert 'streamer_sessions_total{protocol="openai"} 1.0' in text
