@@ -36,6 +36,7 @@ from streamer.model.worker import ModelWorker, WorkerOptions
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
 from tests.fakes import Answers, FakeRecognizer
+from tests.timing import eventually_sync, timeout_s
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -168,7 +169,7 @@ def test_a_child_that_cannot_load_raises_the_error_it_met(loader, error, text) -
     started = time.monotonic()
     with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")):
         ProcessRecognizer(loader)
-    assert time.monotonic() - started < GUARD_S
+    assert time.monotonic() - started < timeout_s(GUARD_S)
 
 
 NO_RESTARTS = WorkerOptions(max_restarts=0)
@@ -183,7 +184,7 @@ def test_a_child_that_dies_fails_the_worker_and_every_job_is_answered() -> None:
     )
     worker.start()
     try:
-        assert worker.ready.wait(GUARD_S) and worker.load_error is None
+        assert worker.ready.wait(timeout_s(GUARD_S)) and worker.load_error is None
         remote = worker.recognizer
         assert isinstance(remote, ProcessRecognizer) and remote.pid is not None
         answers = Answers(guard_s=GUARD_S)
@@ -213,11 +214,11 @@ def test_a_child_that_dies_while_idle_fails_the_worker_without_a_decode() -> Non
     )
     worker.start()
     try:
-        assert worker.ready.wait(GUARD_S) and worker.load_error is None
+        assert worker.ready.wait(timeout_s(GUARD_S)) and worker.load_error is None
         remote = worker.recognizer
         assert isinstance(remote, ProcessRecognizer) and remote.pid is not None
         os.kill(remote.pid, signal.SIGKILL)
-        assert failed.wait(GUARD_S)  # within about IDLE_CHECK_S, no job needed
+        assert failed.wait(timeout_s(GUARD_S))  # within about IDLE_CHECK_S, no job needed
         assert worker.failure is not None and "signal 9" in worker.failure
     finally:
         worker.stop()
@@ -227,7 +228,7 @@ def test_stopping_a_worker_closes_its_child_cleanly() -> None:
     failures: list[str] = []
     worker = ModelWorker(lambda: ProcessRecognizer(_load_fake), on_failure=failures.append)
     worker.start()
-    assert worker.ready.wait(GUARD_S)
+    assert worker.ready.wait(timeout_s(GUARD_S))
     remote = worker.recognizer
     assert isinstance(remote, ProcessRecognizer)
     worker.stop()
@@ -244,26 +245,19 @@ def test_a_stalled_child_is_killed_by_the_watchdog() -> None:
     )
     worker.start()
     try:
-        assert worker.ready.wait(GUARD_S)
+        assert worker.ready.wait(timeout_s(GUARD_S))
         remote = worker.recognizer
         assert isinstance(remote, ProcessRecognizer)
         answers = Answers(guard_s=GUARD_S)
         worker.submit(job(np.zeros(1600, np.int16), kind="final"), answers)
         assert answers.wait(1)[0].failure is DecodeFailure.MODEL_STALLED
         assert failures and "longer than 0.5 s" in failures[0]
-        remote._process.join(GUARD_S)
+        remote._process.join(timeout_s(GUARD_S))
         assert not remote._process.is_alive()  # no orphan left decoding
         with pytest.raises(DecodeError, match="gone"):
             remote.decode(np.zeros(1600, np.int16))
     finally:
         worker.stop()
-
-
-def _wait_for(predicate, what: str) -> None:
-    deadline = time.monotonic() + GUARD_S
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 def _restarting_worker(loader, **options) -> tuple[ModelWorker, list[str]]:
@@ -274,7 +268,7 @@ def _restarting_worker(loader, **options) -> tuple[ModelWorker, list[str]]:
         on_failure=failures.append,
     )
     worker.start()
-    assert worker.ready.wait(GUARD_S) and worker.load_error is None
+    assert worker.ready.wait(timeout_s(GUARD_S)) and worker.load_error is None
     return worker, failures
 
 
@@ -297,7 +291,7 @@ def test_the_child_leaves_ctrl_c_and_sigterm_to_the_server() -> None:
         time.sleep(0.3)
         os.kill(remote.pid, signal.SIGINT)
         os.kill(remote.pid, signal.SIGTERM)
-        decoding.join(GUARD_S)
+        decoding.join(timeout_s(GUARD_S))
         assert [t.text for t in results] == ["audio 100 ms"] and remote.failure is None
     finally:
         remote.close()
@@ -309,7 +303,7 @@ def test_a_child_that_dies_while_idle_is_started_again() -> None:
     try:
         first = _pid(worker)
         os.kill(first, signal.SIGKILL)
-        _wait_for(lambda: worker.restarts == 1, "the model process was not started again")
+        eventually_sync(lambda: worker.restarts == 1, GUARD_S, "the model process to start again")
         assert _pid(worker) != first and worker.restarting is None
         answers = Answers(guard_s=GUARD_S)
         worker.submit(job(np.zeros(1600, np.int16), kind="final"), answers)
@@ -364,9 +358,9 @@ def test_past_its_restart_budget_the_worker_fails_for_good() -> None:
     worker, failures = _restarting_worker(_load_fake, max_restarts=1)
     try:
         os.kill(_pid(worker), signal.SIGKILL)
-        _wait_for(lambda: worker.restarts == 1, "the model process was not started again")
+        eventually_sync(lambda: worker.restarts == 1, GUARD_S, "the model process to start again")
         os.kill(_pid(worker), signal.SIGKILL)
-        _wait_for(lambda: worker.failure is not None, "the worker did not fail")
+        eventually_sync(lambda: worker.failure is not None, GUARD_S, "the worker to fail")
         assert len(failures) == 1 and "signal 9" in failures[0] and worker.restarts == 1
         later = Answers()
         worker.submit(job(np.zeros(1600, np.int16), kind="final"), later)
@@ -389,10 +383,12 @@ def test_a_restart_that_hangs_fails_the_worker(tmp_path: Path, monkeypatch) -> N
     worker, failures = _restarting_worker(loader, decode_timeout_s=5.0)
     try:
         os.kill(_pid(worker), signal.SIGKILL)
-        _wait_for(lambda: worker.restarting is not None, "not restarting")
+        eventually_sync(lambda: worker.restarting is not None, GUARD_S, "a restart to begin")
         answers = Answers(guard_s=GUARD_S)
         worker.submit(job(np.zeros(1600, np.int16), kind="final"), answers)  # waits
-        _wait_for(lambda: worker.failure is not None, "the hanging restart was not given up")
+        eventually_sync(
+            lambda: worker.failure is not None, GUARD_S, "the hanging restart to be given up"
+        )
         assert failures == ["starting the model again took over 1 s"]
         assert answers.wait(1)[0].failure is DecodeFailure.MODEL_STALLED
         assert worker.restarting is None and worker.restarts == 0
@@ -402,7 +398,7 @@ def test_a_restart_that_hangs_fails_the_worker(tmp_path: Path, monkeypatch) -> N
 
 def _get(url: str) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s(10)) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
@@ -428,7 +424,7 @@ async def test_a_server_is_unready_while_its_model_process_starts_again() -> Non
         base = f"http://127.0.0.1:{server.port}"
         os.kill(_pid(pool.workers[0]), signal.SIGKILL)
         seen = []
-        deadline = time.monotonic() + GUARD_S
+        deadline = time.monotonic() + timeout_s(GUARD_S)
         while time.monotonic() < deadline and (not seen or seen[-1][0] != 200):
             await asyncio.sleep(0.1)
             status, body = await asyncio.to_thread(_get, f"{base}/readyz")
@@ -438,7 +434,7 @@ async def test_a_server_is_unready_while_its_model_process_starts_again() -> Non
         assert {answer for answer in seen[:-1]} == {(503, "restarting")}, seen
         assert body["workers"][0]["restarts"] == 1
         metrics = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+            lambda: urllib.request.urlopen(f"{base}/metrics", timeout=timeout_s(10)).read().decode()
         )
         assert 'streamer_worker_restarts_total{device="cpu",worker="0"} 1.0' in metrics
         assert server.failure is None
@@ -455,14 +451,16 @@ def test_a_pool_sends_new_sessions_past_a_worker_that_restarts() -> None:
     pool = WorkerPool(build, [WorkerSlot(0, "cpu", 1), WorkerSlot(1, "cpu", 1)])
     pool.start()
     try:
-        assert pool.ready.wait(GUARD_S) and pool.load_error is None
+        assert pool.ready.wait(timeout_s(GUARD_S)) and pool.load_error is None
         answers = Answers(guard_s=GUARD_S)
         pool.submit(job(np.zeros(1600, np.int16), session="old", kind="final"), answers)
         assert answers.wait(1)[0].transcript is not None
         old = pool.worker_of("old")
         assert old is not None
         os.kill(_pid(pool.workers[old.index]), signal.SIGKILL)
-        _wait_for(lambda: pool.loads()[old.index].restarting is not None, "not restarting")
+        eventually_sync(
+            lambda: pool.loads()[old.index].restarting is not None, GUARD_S, "a restart to begin"
+        )
         assert pool.restarting is None  # the other worker takes new sessions
         pool.submit(job(np.zeros(3200, np.int16), session="new", kind="final"), answers)
         pool.submit(job(np.zeros(4800, np.int16), session="old", kind="final"), answers)
@@ -560,11 +558,8 @@ def test_a_server_killed_outright_takes_its_model_process_with_it(tmp_path: Path
         os.kill(child, 0)  # alive
     finally:
         parent.kill()
-        parent.wait(GUARD_S)
-    deadline = time.monotonic() + GUARD_S
-    while time.monotonic() < deadline and _alive(child):
-        time.sleep(0.05)
-    assert not _alive(child)
+        parent.wait(timeout_s(GUARD_S))
+    eventually_sync(lambda: not _alive(child), GUARD_S, "the model process to be gone")
 
 
 def _alive(pid: int) -> bool:

@@ -65,6 +65,7 @@ def _not_reached(predicate: Callable[[], object], timeout_s: float, what: str) -
     code = getattr(predicate, "__code__", None)
     where = f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})" if code else ""
     return (
-        f"{what or 'condition'}{where} still false after {timeout_s * TIMEOUT_FACTOR:g} s"
-        f" ({timeout_s:g} s x STREAMER_TESTS_TIMEOUT_FACTOR={TIMEOUT_FACTOR:g})"
+        f"timed out after {timeout_s * TIMEOUT_FACTOR:g} s ({timeout_s:g} s x"
+        f" STREAMER_TESTS_TIMEOUT_FACTOR={TIMEOUT_FACTOR:g}) waiting for {what or 'a condition'}"
+        f"{where}"
     )
