@@ -28,6 +28,7 @@ from streamer.testkit.speech import SAMPLE_RATE
 from tests import clips as clips_module
 from tests.clips import load_clips
 from tests.fakes import Answers, FakeRecognizer
+from tests.timing import timeout_s
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -224,7 +225,7 @@ class BatchingFake(FakeRecognizer):
         self.calls_seen.append(tags)
         self.started.set()
         if self.gated:
-            self.gate.acquire(timeout=10)
+            self.gate.acquire(timeout=timeout_s(10))
 
 
 class Recording(RecognizerBase):
@@ -277,7 +278,7 @@ def test_one_queued_job_runs_alone_through_decode(onnx_tiny, long_speech) -> Non
     worker = ModelWorker(lambda: recording, decode_timeout_s=None)
     collect = Answers()
     worker.start()
-    assert worker.ready.wait(10)
+    assert worker.ready.wait(timeout_s(10))
     worker.submit(_speech_job("s", long_speech[:SAMPLE_RATE]), collect)
     (result,) = collect.wait(1)
     worker.stop()
@@ -343,7 +344,7 @@ def test_superseding_and_dropping_while_a_batch_runs() -> None:
     worker.submit(job("a", "partial", 1), collect)
     worker.submit(job("b", "partial", 2), collect)
     worker.start()
-    assert fake.started.wait(10)  # [1, 2] is running
+    assert fake.started.wait(timeout_s(10))  # [1, 2] is running
     worker.submit(job("a", "partial", 3), collect)  # queued: does not touch the running 1
     worker.submit(job("a", "partial", 4), collect)  # supersedes 3
     worker.submit(job("b", "partial", 5), collect)
@@ -368,7 +369,7 @@ def test_the_watchdog_answers_every_job_of_a_stalled_batch() -> None:
     worker.submit(job("b", "partial", 2), collect)
     worker.submit(job("c", "final", 3), collect)
     worker.start()
-    assert failed.wait(10)
+    assert failed.wait(timeout_s(10))
     results = {int(r.job.pcm[0]): r for r in collect.wait(3)}
     fake.gate.release()
     worker.stop()

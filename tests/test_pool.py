@@ -35,6 +35,7 @@ from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
 from tests.fakes import Answers
 from tests.server_fixtures import recognizer_loader
+from tests.timing import timeout_s
 
 GUARD_S = 30.0  # how long a test waits for something that should happen at once
 
@@ -50,7 +51,7 @@ class Gate(RecognizerBase):
 
     def decode(self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True):
         self.entered.release()
-        self.opened.wait(GUARD_S)
+        self.opened.wait(timeout_s(GUARD_S))
         raw = "<|en|><|NEUTRAL|><|Speech|><|woitn|>gate"
         return Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0.0, decode_ms=0.0)
 
@@ -83,7 +84,7 @@ def gated_pool(n: int, **worker_options) -> tuple[WorkerPool, list[Gate]]:
     slots = [WorkerSlot(i, "cpu", 1) for i in range(n)]
     pool = WorkerPool(factory, slots)
     pool.start()
-    assert pool.ready.wait(GUARD_S)
+    assert pool.ready.wait(timeout_s(GUARD_S))
     return pool, gates
 
 
@@ -100,9 +101,9 @@ def test_sessions_go_to_the_least_loaded_worker_and_stay_there(two) -> None:
     pool, gates = two
     answers = Answers()
     pool.submit(job("a"), answers)  # both idle: the lowest index
-    assert gates[0].entered.acquire(timeout=GUARD_S)
+    assert gates[0].entered.acquire(timeout=timeout_s(GUARD_S))
     pool.submit(job("b"), answers)  # worker 0 has a session and a running job
-    assert gates[1].entered.acquire(timeout=GUARD_S)
+    assert gates[1].entered.acquire(timeout=timeout_s(GUARD_S))
     pool.submit(job("c"), answers)  # a tie again: the lowest index
     assert [pool.worker_of(s).index for s in "abc"] == [0, 1, 0]
     # b's second job follows b to worker 1, though worker 1 is not the least loaded
@@ -125,7 +126,7 @@ def test_one_worker_counts_its_sessions_too() -> None:
     try:
         answers = Answers()
         pool.submit(job("a"), answers)
-        assert gates[0].entered.acquire(timeout=GUARD_S)  # a's job is running
+        assert gates[0].entered.acquire(timeout=timeout_s(GUARD_S))  # a's job is running
         pool.submit(job("b"), answers)
         assert [load.sessions for load in pool.loads()] == [2]  # what /readyz and metrics show
         assert pool.drop_session("a") == 0  # its job is running, not queued
@@ -140,7 +141,7 @@ def test_partials_of_a_session_supersede_each_other_on_its_worker(two) -> None:
     pool, gates = two
     answers = Answers()
     pool.submit(job("a"), answers)
-    assert gates[0].entered.acquire(timeout=GUARD_S)
+    assert gates[0].entered.acquire(timeout=timeout_s(GUARD_S))
     pool.submit(job("a", "partial", segment=1), answers)
     pool.submit(job("a", "partial", segment=1), answers)  # replaces the one before
     assert answers.wait(1)[0].dropped
@@ -151,9 +152,9 @@ def test_drop_session_goes_to_its_worker_and_unpins_it(two) -> None:
     pool, gates = two
     answers = Answers()
     pool.submit(job("a"), answers)
-    assert gates[0].entered.acquire(timeout=GUARD_S)
+    assert gates[0].entered.acquire(timeout=timeout_s(GUARD_S))
     pool.submit(job("b"), answers)
-    assert gates[1].entered.acquire(timeout=GUARD_S)
+    assert gates[1].entered.acquire(timeout=timeout_s(GUARD_S))
     pool.submit(job("b", segment=1), answers)  # queued behind b's running job
     assert pool.drop_session("b") == 1
     assert pool.worker_of("b") is None
@@ -170,13 +171,13 @@ def test_stop_answers_queued_jobs_dropped_and_joins_every_worker() -> None:
     pool, gates = gated_pool(2)
     answers = Answers()
     pool.submit(job("a"), answers)
-    assert gates[0].entered.acquire(timeout=GUARD_S)
+    assert gates[0].entered.acquire(timeout=timeout_s(GUARD_S))
     pool.submit(job("a", segment=1), answers)
     stopper = threading.Thread(target=pool.stop)
     stopper.start()
     assert answers.wait(1)[0].dropped  # the queued job, at once
     gates[0].opened.set()  # the running decode finishes and is answered
-    stopper.join(GUARD_S)
+    stopper.join(timeout_s(GUARD_S))
     results = answers.wait(2)
     assert [r.dropped for r in results] == [True, False]
     assert not any(w._thread.is_alive() for w in pool.workers)
@@ -193,7 +194,7 @@ def test_a_stalled_worker_fails_the_whole_pool() -> None:
     answers = Answers()
     pool.submit(job("a"), answers)
     pool.submit(job("b"), answers)  # worker 1: its gate never opens either
-    assert failed_once.wait(GUARD_S)
+    assert failed_once.wait(timeout_s(GUARD_S))
     codes = {r.job.session_id: r.failure for r in answers.wait(2)}
     assert codes["a"] is DecodeFailure.MODEL_STALLED
     assert pool.failure is not None and pool.failure.startswith("worker ")
@@ -210,14 +211,14 @@ def test_a_worker_that_fails_to_load_makes_the_pool_ready_with_its_error() -> No
         def load() -> Gate:
             if slot.index == 1:
                 raise ModelError("worker 1 has no model")
-            release.wait(GUARD_S)  # worker 0 is still loading when worker 1 fails
+            release.wait(timeout_s(GUARD_S))  # worker 0 is still loading when worker 1 fails
             return Gate()
 
         return ModelWorker(load, on_decoded=hooks.on_decoded, on_failure=hooks.on_failure)
 
     pool = WorkerPool(factory, [WorkerSlot(0, "cpu", 1), WorkerSlot(1, "cpu", 1)])
     pool.start()
-    assert pool.ready.wait(GUARD_S)
+    assert pool.ready.wait(timeout_s(GUARD_S))
     assert isinstance(pool.load_error, ModelError)
     release.set()
     pool.stop()
@@ -357,7 +358,7 @@ def test_auto_is_shown_as_the_device_the_worker_loaded_on() -> None:
     loaded = threading.Event()
 
     def load() -> Gate:
-        assert loaded.wait(GUARD_S)
+        assert loaded.wait(timeout_s(GUARD_S))
         return gate
 
     metrics = Metrics()
@@ -373,7 +374,7 @@ def test_auto_is_shown_as_the_device_the_worker_loaded_on() -> None:
         ready = {"worker": "0", "device": "auto"}
         assert metrics.registry.get_sample_value("streamer_worker_ready", ready) == 0
         loaded.set()
-        assert pool.ready.wait(GUARD_S)
+        assert pool.ready.wait(timeout_s(GUARD_S))
         assert pool.loads()[0].slot.device == "cpu"
         metrics.observe_workers(pool.loads())
         assert metrics.registry.get_sample_value("streamer_worker_ready", ready) is None

@@ -11,6 +11,7 @@ import pytest
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.model.worker import ModelWorker
 from tests.fakes import Answers, DyingRecognizer, FakeRecognizer, HangingRecognizer
+from tests.timing import timeout_s
 
 
 class GatedRecognizer(FakeRecognizer):
@@ -24,7 +25,7 @@ class GatedRecognizer(FakeRecognizer):
 
     def decode(self, pcm, *, language="auto", use_itn=True):
         self.started.set()
-        self.gate.acquire(timeout=10)
+        self.gate.acquire(timeout=timeout_s(10))
         self.order.append((language, int(pcm[0]), "decoded"))
         return super().decode(pcm, language=language, use_itn=use_itn)
 
@@ -51,7 +52,7 @@ def gated():
     recognizer = GatedRecognizer()
     worker = ModelWorker(lambda: recognizer)
     worker.start()
-    assert worker.ready.wait(10)
+    assert worker.ready.wait(timeout_s(10))
     results: list[DecodeResult] = []
     done = threading.Event()
 
@@ -78,7 +79,7 @@ def release_all(recognizer: GatedRecognizer, worker: ModelWorker, n: int) -> Non
 def test_finals_first_then_first_partials_then_refreshes(gated):
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
-    assert recognizer.started.wait(5)
+    assert recognizer.started.wait(timeout_s(5))
     worker.submit(job("a", "partial", 2), collect)  # a refresh
     worker.submit(job("b", "partial", 3, first=True), collect)  # a first partial
     worker.submit(job("c", "final", 4), collect)
@@ -92,7 +93,7 @@ def test_finals_first_then_first_partials_then_refreshes(gated):
 def test_newer_partial_replaces_pending_one_and_final_drops_it(gated):
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)
-    assert recognizer.started.wait(5)
+    assert recognizer.started.wait(timeout_s(5))
     worker.submit(job("a", "partial", 2), collect)
     worker.submit(job("a", "partial", 3), collect)  # replaces 2
     worker.submit(job("b", "partial", 4), collect)
@@ -106,7 +107,7 @@ def test_newer_partial_replaces_pending_one_and_final_drops_it(gated):
 def test_drop_session_forgets_its_jobs(gated):
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)
-    assert recognizer.started.wait(5)
+    assert recognizer.started.wait(timeout_s(5))
     worker.submit(job("gone", "final", 2), collect)
     worker.submit(job("gone", "partial", 3), collect)
     worker.submit(job("stays", "final", 4), collect)
@@ -129,7 +130,7 @@ def test_decode_error_is_a_result_and_the_worker_goes_on():
 
     worker.submit(job("s", "final", 7), collect)
     worker.submit(job("s", "final", 8, segment=1), collect)
-    assert finished.wait(10)
+    assert finished.wait(timeout_s(10))
     worker.stop()
     assert "injected decode failure" in results[0].detail
     assert results[1].transcript is not None
@@ -142,14 +143,14 @@ def test_load_error_is_reported():
 
     worker = ModelWorker(broken)
     worker.start()
-    assert worker.ready.wait(10)
+    assert worker.ready.wait(timeout_s(10))
     assert isinstance(worker.load_error, RuntimeError)
 
 
 def test_stop_answers_queued_jobs_dropped(gated):
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)
-    assert recognizer.started.wait(5)
+    assert recognizer.started.wait(timeout_s(5))
     worker.submit(job("a", "final", 2), collect)
     threading.Timer(0.2, recognizer.gate.release).start()  # lets the busy decode finish
     worker.stop()  # drops job 2 while the worker is still busy, then joins
@@ -163,7 +164,7 @@ def failing_worker(recognizer, **kwargs):
     reasons: list[str] = []
     worker.on_failure = lambda reason: (reasons.append(reason), failed.set())
     worker.start()
-    assert worker.ready.wait(10)
+    assert worker.ready.wait(timeout_s(10))
     return worker, failed, reasons
 
 
@@ -178,7 +179,7 @@ def collector():
 
     def wait_for(n: int) -> list[DecodeResult]:
         with cond:
-            assert cond.wait_for(lambda: len(results) >= n, 10)
+            assert cond.wait_for(lambda: len(results) >= n, timeout_s(10))
         return results
 
     return collect, wait_for
@@ -192,7 +193,7 @@ def test_watchdog_answers_every_waiting_final_when_a_decode_hangs():
         worker.submit(job("a", "final", 1), collect)  # hangs
         worker.submit(job("b", "final", 2), collect)  # waits behind it
         worker.submit(job("c", "partial", 3), collect)
-        assert failed.wait(10)
+        assert failed.wait(timeout_s(10))
         results = wait_for(3)
         finals = [r for r in results if r.job.kind == "final"]
         assert sorted(r.job.session_id for r in finals) == ["a", "b"]
@@ -228,7 +229,7 @@ def test_worker_thread_dying_of_a_base_exception_fails_loudly():
     collect, wait_for = collector()
     try:
         worker.submit(job("a", "final", 1), collect)
-        assert failed.wait(10)
+        assert failed.wait(timeout_s(10))
         (result,) = wait_for(1)
         assert result.failure is DecodeFailure.MODEL_STALLED
         assert reasons == ["the model worker thread died"]
@@ -279,7 +280,7 @@ def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
 
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
-    assert recognizer.started.wait(5)
+    assert recognizer.started.wait(timeout_s(5))
     assert worker.stats().oldest_final_age_ms == 0.0  # a partial waits for nobody
     speculative = dataclasses.replace(job("a", "partial", 2), speculative=True)
     worker.submit(speculative, collect)
@@ -302,7 +303,7 @@ def test_a_burst_of_failing_partials_is_logged_once_without_a_traceback(caplog):
     recognizer = FakeRecognizer(fail_when=lambda pcm: int(pcm[0]) < 100)
     worker = ModelWorker(lambda: recognizer)
     worker.start()
-    assert worker.ready.wait(10)
+    assert worker.ready.wait(timeout_s(10))
     answers = Answers()
     with caplog.at_level(logging.INFO, logger="streamer.model"):
         for tag in range(1, 11):  # ten failing partials of one segment, one after another
