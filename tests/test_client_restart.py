@@ -29,6 +29,7 @@ from streamer.client.streaming import transcribe
 from streamer.errors import ServerClosed
 from tests.clips import LIBRIVOX, load_wav
 from tests.fakes import FakeRecognizer, silence, tone
+from tests.timing import eventually_sync, timeout_s
 
 HANG_GUARD_S = 120
 
@@ -41,19 +42,14 @@ def free_port() -> int:
 
 def readyz(port: int) -> str | None:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/readyz", timeout=timeout_s(2)
+        ) as response:
             return str(orjson.loads(response.read())["status"])
     except urllib.error.HTTPError as error:
         return str(orjson.loads(error.read())["status"])
     except OSError:
         return None
-
-
-def wait_for(predicate, timeout_s: float = HANG_GUARD_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def serve(port: int, cache_dir: Path, log: Path, *flags: str) -> subprocess.Popen:
@@ -77,19 +73,19 @@ def test_a_graceful_restart_mid_file_is_resumed_on_the_new_server(
     second = None
     client = None
     try:
-        wait_for(lambda: readyz(port) == "ready")
+        eventually_sync(lambda: readyz(port) == "ready", HANG_GUARD_S, "the first server")
         client = subprocess.Popen(
             [sys.executable, "-m", "streamer", "client", str(wav), "--no-pace",
              "--url", f"ws://127.0.0.1:{port}/v1/asr", "--json", "--reconnect-timeout-s", "60"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy(),
         )  # fmt: skip
-        wait_for(lambda: "session" in (tmp_path / "first.log").read_text()
-                 and "opened" in (tmp_path / "first.log").read_text(), 30)  # fmt: skip
+        eventually_sync(lambda: "session" in (tmp_path / "first.log").read_text()
+                        and "opened" in (tmp_path / "first.log").read_text(), 30)  # fmt: skip
         time.sleep(1.5)
         first.send_signal(signal.SIGTERM)  # drain 0.5 s, then end every session (1001)
-        assert first.wait(HANG_GUARD_S) == 0
+        assert first.wait(timeout_s(HANG_GUARD_S)) == 0
         second = serve(port, cache_dir, tmp_path / "second.log")
-        out, err = client.communicate(timeout=HANG_GUARD_S)
+        out, err = client.communicate(timeout=timeout_s(HANG_GUARD_S))
     finally:
         for process in (client, first, second):
             if process is not None and process.poll() is None:

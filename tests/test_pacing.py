@@ -12,6 +12,7 @@ from websockets.asyncio.client import connect
 from streamer.core.pacing import BudgetLimits, InputBudget, InputPacer, PacingLimits
 from streamer.errors import ConfigError
 from streamer.server.server import ConnectionLimits
+from tests.timing import timeout_s
 
 
 def test_a_client_within_its_rates_and_burst_is_never_held() -> None:
@@ -87,7 +88,7 @@ async def test_a_server_reads_a_flood_of_tiny_frames_at_its_rate_and_loses_none(
     assert end["audio_ms"] == pytest.approx(frames / 2 / 16, abs=0.1)
     # 1 s of burst (200 frames), then 200 a second: 600 frames take at least 2 s
     assert elapsed >= (frames - rate) / rate * 0.95
-    with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=10) as response:
+    with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=timeout_s(10)) as response:
         metrics = response.read().decode()
     paced = next(
         float(line.split()[1])

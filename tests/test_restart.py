@@ -24,6 +24,7 @@ from streamer.client.connection import ClientOptions, Received
 from streamer.client.streaming import stream_file, transcribe
 from streamer.core.protocol import Final, StreamOptions
 from streamer.testkit import speech as synth
+from tests.timing import timeout_s
 
 START_TIMEOUT_S = 180  # importing torch and loading the model on a loaded 2-core machine
 
@@ -65,12 +66,14 @@ def start_server(port: int, cache_dir: Path, log: Path) -> subprocess.Popen:
 async def wait_ready(port: int, process: subprocess.Popen) -> None:
     def ready() -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/readyz", timeout=timeout_s(2)
+            ) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
 
-    for _ in range(START_TIMEOUT_S * 4):
+    for _ in range(int(timeout_s(START_TIMEOUT_S) * 4)):
         if process.poll() is not None:
             raise AssertionError(f"the server exited with {process.returncode}")
         if await asyncio.to_thread(ready):
@@ -116,7 +119,7 @@ async def test_kill_9_and_restart_mid_file_loses_no_segment(
                 ClientOptions(
                     url=f"ws://127.0.0.1:{port}/v1/asr",
                     stream=options.stream,
-                    reconnect_timeout_s=START_TIMEOUT_S,
+                    reconnect_timeout_s=timeout_s(START_TIMEOUT_S),
                 ),
                 clips,
                 sample_rate=16000,
@@ -124,11 +127,11 @@ async def test_kill_9_and_restart_mid_file_loses_no_segment(
                 on_message=on_message,
             )
         )
-        await asyncio.wait_for(first_final.wait(), 60)
+        await asyncio.wait_for(first_final.wait(), timeout_s(60))
         first.send_signal(signal.SIGKILL)
-        first.wait(10)
+        first.wait(timeout_s(10))
         second = start_server(port, cache_dir, log)
-        result = await asyncio.wait_for(client, START_TIMEOUT_S + 60)
+        result = await asyncio.wait_for(client, timeout_s(START_TIMEOUT_S + 60))
     finally:
         for process in (first, second):
             if process is not None and process.poll() is None:

@@ -20,6 +20,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.timing import timeout_s
+
 HANG_GUARD_S = 60
 
 
@@ -29,7 +31,7 @@ def _serve(*args: str, cache_dir: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "streamer", "serve", *args],
         capture_output=True,
         text=True,
-        timeout=HANG_GUARD_S,
+        timeout=timeout_s(HANG_GUARD_S),
         env=env,
         stdin=subprocess.DEVNULL,
     )
@@ -126,10 +128,12 @@ def test_readyz_reports_the_loading_stage_then_ready_and_sigint_exits(
     )
     seen_loading: list[dict[str, object]] = []
     try:
-        deadline = time.monotonic() + HANG_GUARD_S
+        deadline = time.monotonic() + timeout_s(HANG_GUARD_S)
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/readyz", timeout=timeout_s(2)
+                ) as r:
                     body = orjson.loads(r.read())
                     assert body["status"] == "ready"
                     break
@@ -144,7 +148,7 @@ def test_readyz_reports_the_loading_stage_then_ready_and_sigint_exits(
         else:
             pytest.fail("the server never became ready")
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=HANG_GUARD_S)
+        _, stderr = process.communicate(timeout=timeout_s(HANG_GUARD_S))
     finally:
         if process.poll() is None:
             process.kill()
