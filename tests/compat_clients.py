@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tests.timing import timeout_s
+
 API_KEY = "test-key"
 
 DEEPGRAM_QUERY = dict(
@@ -83,7 +85,7 @@ async def deepgram_sdk_async(port: int, pcm: bytes, **query: str) -> list[Any]:
             await conn.send_media(chunk)
             await asyncio.sleep(0.005)
         await conn.send_close_stream()
-        await asyncio.wait_for(listener, 30)  # the server closes after Metadata
+        await asyncio.wait_for(listener, timeout_s(30))  # the server closes after Metadata
     return got
 
 
@@ -138,7 +140,7 @@ async def _stream_realtime(conn: Any, pcm24: bytes, count: int) -> list[Any]:
         await conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
         await asyncio.sleep(0.005)
     await conn.input_audio_buffer.commit()
-    await asyncio.wait_for(reader, 30)
+    await asyncio.wait_for(reader, timeout_s(30))
     return got
 
 

@@ -24,6 +24,7 @@ from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions
 from streamer.testkit import speech as synth
+from tests.timing import timeout_s
 
 REPO = Path(__file__).resolve().parents[1]
 TTS_CACHE = REPO / ".cache" / "tts"
@@ -144,7 +145,7 @@ async def test_example_script(server_url: str, speech_wav: Path, tmp_path: Path)
         "--url", server_url, "--no-pace", "--json", "--output", str(out),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=timeout_s(120))
     assert process.returncode == 0, stderr.decode()
     assert all(orjson.loads(line)["type"] == "final" for line in stdout.splitlines())
     assert out.read_text().startswith("WEBVTT")

@@ -55,6 +55,7 @@ from streamer.core.protocol import (
     parse_client_message,
 )
 from streamer.errors import ClientError, ConnectionRefusedByServer, ServerClosed
+from tests.timing import timeout_s
 
 RATE = 16000
 
@@ -223,7 +224,7 @@ async def test_paced_streaming_follows_the_clock(scripted: tuple[str, Script]) -
     assert isinstance(messages[-1], End)
     # 1 s at 4x: the last chunk is due 250 ms after the start, none is sent early.
     assert all(t >= schedule.due_s(n) - 1e-3 for n, t in sent)
-    assert sent[-1][1] - loop_start == pytest.approx(0.25, abs=0.1)
+    assert sent[-1][1] - loop_start == pytest.approx(0.25, abs=timeout_s(0.1))
 
 
 async def test_reconnect_resumes_after_the_last_final(scripted: tuple[str, Script]) -> None:

@@ -30,6 +30,7 @@ from streamer.core.compat.common import join_texts
 from streamer.server.server import ServerOptions
 from streamer.testkit import speech as synth
 from tests.server_fixtures import ServerThread, recognizer_loader
+from tests.timing import eventually, timeout_s
 
 REPO = Path(__file__).resolve().parents[1]
 FUNASR_PYTHON = Path(os.environ.get("FUNASR_PYTHON_DIR", REPO / ".cache/clients/funasr-python"))
@@ -140,7 +141,7 @@ def run_funasr_python(uri: str, mode: str, pcm: np.ndarray, tmp_path: Path) -> l
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout_s(120),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -275,7 +276,7 @@ async def test_wyoming_client_in_home_assistants_sequence(server, speech, v1_fin
     # setup: describe on a connection of its own
     async with AsyncTcpClient("127.0.0.1", port) as client:
         await client.write_event(Describe().event())
-        info = Info.from_event(await asyncio.wait_for(client.read_event(), 10))
+        info = Info.from_event(await asyncio.wait_for(client.read_event(), timeout_s(10)))
     (asr,) = info.asr
     assert asr.installed and asr.supports_transcript_streaming
     assert set(asr.models[0].languages) == {"zh", "en", "yue", "ja", "ko"}
@@ -299,9 +300,10 @@ async def test_wyoming_client_in_home_assistants_sequence(server, speech, v1_fin
                 if Transcript.is_type(event.type):
                     break
         transcript = Transcript.from_event(seen[-1])
-        after = await asyncio.wait_for(client.read_event(), 10)
+        after = await asyncio.wait_for(client.read_event(), timeout_s(10))
         assert after is not None and after.type == "transcript-stop"
-        assert await asyncio.wait_for(client.read_event(), 10) is None  # the server closed
+        closed = await asyncio.wait_for(client.read_event(), timeout_s(10))
+        assert closed is None  # the server closed
     assert transcript.text == join_texts(v1_finals)
     assert transcript.language == "en"
     types = [event.type for event in seen]
@@ -348,12 +350,12 @@ async def test_wyoming_errors_reach_the_library_intact_and_describe_works_when_f
         (error,) = await _home_assistant_run(port, speech, rate=11025)
         assert error.type == "error" and error.data["code"] == "unsupported_sample_rate"
         async with connect(thread.url):  # the one session: the server is full now
-            await asyncio.sleep(0.2)
+            await eventually(lambda: thread.server.session_count == 1)
             (error,) = await _home_assistant_run(port, speech)
             assert error.type == "error" and error.data["code"] == "server_full"
             async with AsyncTcpClient("127.0.0.1", port) as client:
                 await client.write_event(Describe().event())
-                info = Info.from_event(await asyncio.wait_for(client.read_event(), 10))
+                info = Info.from_event(await asyncio.wait_for(client.read_event(), timeout_s(10)))
             assert info.asr and info.asr[0].installed
     finally:
         thread.shutdown()

@@ -43,6 +43,7 @@ from streamer.server.server import ServerOptions
 from streamer.testkit import speech as synth
 from tests import compat_clients as clients
 from tests.server_fixtures import ServerThread, recognizer_loader
+from tests.timing import timeout_s
 
 RECORDED = Path(
     "/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0870.wav"
@@ -105,7 +106,7 @@ async def test_v1_query_hotwords_and_a_bad_one(server, speech, greedy) -> None:
     boosted = await v1_finals(url, speech)
     assert any(PHRASE in text for text in texts(boosted))
     async with websockets.connect(f"{server.url}?hotwords={PHRASE}:lots") as ws:
-        error = orjson.loads(await asyncio.wait_for(ws.recv(), 10))
+        error = orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s(10)))
         assert (error["type"], error["code"]) == ("error", "invalid_hotwords")
         assert PHRASE not in error["message"]
 
@@ -158,7 +159,7 @@ async def funasr_finals(server: ServerThread, pcm: np.ndarray, **config) -> list
         for i in range(0, len(data), 1920):
             await client.send(data[i : i + 1920])
         await client.signal_close()
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(timeout_s(30)):
             async for message in client.stream():
                 got.append(message["text"])
     return got
