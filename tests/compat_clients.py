@@ -105,7 +105,7 @@ def deepgram_sdk_sync(port: int, pcm: bytes, **query: str) -> list[Any]:
             time.sleep(0.005)
         conn.send_finalize()
         conn.send_close_stream()
-        listener.join(30)
+        listener.join(timeout_s(30))
         assert not listener.is_alive(), "the server did not close after CloseStream"
     return got
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from streamer.testkit.speech import SAMPLE_RATE
+from tests.timing import timeout_s
 
 needs_ffmpeg = pytest.mark.skipif(
     shutil.which("ffmpeg") is None, reason="needs ffmpeg (scripts/test.sh installs it)"
@@ -35,7 +36,7 @@ def encode(samples: np.ndarray, container: str, folder: Path, rate: int = SAMPLE
         ["ffmpeg", "-loglevel", "error", "-y", "-f", "s16le", "-ar", str(rate), "-ac", "1"]
         + ["-i", str(raw), *ENCODERS[container], str(out)],
         check=True,
-        timeout=60,
+        timeout=timeout_s(60),
     )
     return out.read_bytes()
 

@@ -57,14 +57,14 @@ class FakeRecognizer(RecognizerBase):
 
 
 class HangingRecognizer(FakeRecognizer):
-    """A decode that hangs (a stuck native call) until :attr:`release` is set, or 60 s."""
+    """A decode that hangs (a stuck native call) until :attr:`release` is set, or 60 s (scaled)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.release = threading.Event()
 
     def decode(self, pcm, *, language="auto", use_itn=True):
-        self.release.wait(60)
+        self.release.wait(timeout_s(60))
         return super().decode(pcm, language=language, use_itn=use_itn)
 
 

@@ -128,7 +128,7 @@ http {{
     finally:
         process.send_signal(signal.SIGTERM)  # nginx's fast shutdown
         try:
-            process.wait(10)
+            process.wait(timeout_s(10))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -175,7 +175,7 @@ def running_haproxy(tmp_path: Path, upstream_ports: list[int]) -> Iterator[tuple
     finally:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(10)
+            process.wait(timeout_s(10))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -302,7 +302,7 @@ async def test_the_site_file_works_in_the_distributions_nginx(make_server, tmp_p
         await session.close()
     finally:
         process.send_signal(signal.SIGTERM)
-        process.wait(10)
+        process.wait(timeout_s(10))
 
 
 # -- nginx: a refused handshake is retried on the other server ----------------------------

@@ -92,7 +92,7 @@ async def funasr_client_session(uri: str, pcm: np.ndarray, mode: str, pace_s: fl
             await client.send(piece)
             await asyncio.sleep(max(0.0, start + (index + 1) * pace_s - loop.time()))
         await client.signal_close()
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(timeout_s(30)):
             async for message in client.stream():
                 got.append(message)
     # leaving the block ran close(), which sends {"is_speaking": false} a second time
@@ -292,7 +292,7 @@ async def test_wyoming_client_in_home_assistants_sequence(server, speech, v1_fin
             )
             await asyncio.sleep(0.008)  # 32 ms of audio each: four times real time
         await client.write_event(AudioStop().event())
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(timeout_s(30)):
             while True:
                 event = await client.read_event()
                 assert event is not None, f"connection lost after {seen}"
@@ -327,7 +327,7 @@ async def _home_assistant_run(port: int, speech: np.ndarray, rate: int = 16000) 
                 AudioChunk(rate=rate, width=2, channels=1, audio=piece).event()
             )
         await client.write_event(AudioStop().event())
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(timeout_s(30)):
             while (event := await client.read_event()) is not None:
                 seen.append(event)
     return seen

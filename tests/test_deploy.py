@@ -28,6 +28,7 @@ from streamer.server.metrics import Metrics
 from streamer.server.server import ServerOptions
 from tests.fakes import FakeRecognizer
 from tests.server_fixtures import make_server  # noqa: F401  (fixture)
+from tests.timing import timeout_s
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "deploy" / "k8s"
@@ -108,7 +109,7 @@ def test_ports_agree_between_server_container_service_and_image() -> None:
 
 def http_status(url: str) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
@@ -138,7 +139,9 @@ async def test_probe_paths_are_answered_by_the_server(make_server) -> None:  # n
             if env_port is not None:
                 env["STREAMER_PORT"] = str(env_port)
             argv = [sys.executable, *command[1:-1], proc_cmdline.name]
-            return subprocess.run(argv, env=env, capture_output=True, timeout=30).returncode
+            return subprocess.run(
+                argv, env=env, capture_output=True, timeout=timeout_s(30)
+            ).returncode
 
     serve = ["/opt/venv/bin/python", "/opt/venv/bin/streamer", "serve", "--host", "0.0.0.0"]
     with socket.socket() as unused:

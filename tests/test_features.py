@@ -17,6 +17,7 @@ from streamer.model.onnx_export import cached_export
 from streamer.model.recognizer import Recognizer, RecognizerOptions
 from streamer.model.worker import ModelWorker
 from tests.fakes import Answers
+from tests.timing import timeout_s
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -222,7 +223,7 @@ def test_the_worker_forgets_a_departed_sessions_features(onnx_tiny, audio) -> No
     worker = ModelWorker(lambda: onnx_tiny)
     worker.start()
     try:
-        assert worker.ready.wait(30)
+        assert worker.ready.wait(timeout_s(30))
         answers = Answers()
         worker.submit(job(audio[:16_000], session="gone"), answers)
         answers.wait(1)

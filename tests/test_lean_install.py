@@ -25,6 +25,7 @@ import pytest
 from streamer.model.onnx_export import cached_export
 from streamer.testkit.onnx_layouts import sherpa_layout
 from streamer.testkit.speech import join_with_silence, speak
+from tests.timing import timeout_s as scaled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LEAN_VENV = REPO_ROOT / ".cache" / "lean-venv"
@@ -58,7 +59,7 @@ def lean_python() -> Path:
         cwd=REPO_ROOT,
         check=True,
         env=_env(),
-        timeout=INSTALL_TIMEOUT_S,
+        timeout=scaled(INSTALL_TIMEOUT_S),
     )
     stamp.write_text(_stamp())
     return python
@@ -88,7 +89,7 @@ def test_a_missing_extra_is_one_line_naming_it(lean_python: Path, tmp_path: Path
             capture_output=True,
             text=True,
             env=_env(),
-            timeout=60,
+            timeout=scaled(60),
         )
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
@@ -102,11 +103,11 @@ def _free_port() -> int:
 
 
 def _wait_ready(port: int, server: subprocess.Popen[str], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         assert server.poll() is None, "the server exited"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=scaled(2)) as r:
                 if r.status == 200:
                     return
         except OSError:
@@ -147,11 +148,11 @@ def test_the_plain_install_serves_a_published_layout_export(
             capture_output=True,
             text=True,
             env=_env(),
-            timeout=120,
+            timeout=scaled(120),
         )
         assert client.returncode == 0, client.stderr
         assert "hello there" in client.stdout
     finally:
         server.terminate()
-        _, log = server.communicate(timeout=30)
+        _, log = server.communicate(timeout=scaled(30))
     assert "with ONNX Runtime" in log and "(sherpa-onnx, cpu" in log

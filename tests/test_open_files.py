@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timing import timeout_s
+
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import logging, resource
@@ -22,7 +24,12 @@ print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 def run_with_limits(ulimit: str, sessions: int) -> tuple[int, str]:
     script = f"ulimit {ulimit} && exec {sys.executable} -c '{PROBE.format(sessions=sessions)}'"
     done = subprocess.run(
-        ["bash", "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout_s(60),
+        check=True,
     )
     return int(done.stdout.split()[-1]), done.stderr
 

@@ -136,7 +136,7 @@ async def test_kill_9_and_restart_mid_file_loses_no_segment(
         for process in (first, second):
             if process is not None and process.poll() is None:
                 process.kill()
-                process.wait(10)
+                process.wait(timeout_s(10))
     assert result.reconnects >= 1, log.read_text()[-2000:]
     assert [f.text for f in result.finals if f.text] == expected
     assert result.end is not None

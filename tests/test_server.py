@@ -294,7 +294,7 @@ async def test_readyz_503_while_loading(make_fake_server):
     gate = threading.Event()
 
     def slow_load():
-        gate.wait(10)
+        gate.wait(timeout_s(10))
         return FakeRecognizer()
 
     server = make_fake_server(slow_load, wait_ready=False)

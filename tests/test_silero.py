@@ -35,6 +35,7 @@ from streamer.testkit import speech as synth
 from tests.clips import LIBRIVOX, load_wav
 from tests.server_fixtures import ServerThread, recognizer_loader
 from tests.test_server_model import assert_boundaries, five_languages
+from tests.timing import timeout_s
 
 FRAME = 320  # the server's 20 ms frames
 
@@ -99,7 +100,7 @@ def test_probabilities_equal_the_packages_own_wrapper(model, fox, tmp_path) -> N
     subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "pcm.npy"), str(out)],
         check=True,
-        timeout=120,
+        timeout=timeout_s(120),
         capture_output=True,
     )
     reference = np.load(out)

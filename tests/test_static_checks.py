@@ -6,12 +6,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.timing import timeout_s
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s(600),
     )
 
 

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 from tests.fakes import FakeRecognizer
+from tests.timing import timeout_s
 
 
 def test_an_empty_streamer_token_refuses_to_start(cache_dir: Path) -> None:
     env = {**os.environ, "STREAMER_CACHE_DIR": str(cache_dir), "STREAMER_TOKEN": ""}
     done = subprocess.run(
         [sys.executable, "-m", "streamer", "serve", "--model", "random:tiny", "--port", "0"],
-        capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=timeout_s(120), env=env, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "STREAMER_TOKEN is set but empty" in done.stderr

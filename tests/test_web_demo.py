@@ -18,6 +18,7 @@ import pytest
 import soundfile as sf
 
 from streamer.testkit import speech as synth
+from tests.timing import timeout_s
 
 pytestmark = pytest.mark.browser
 
@@ -233,14 +234,16 @@ async def test_microphone_captions(http_base_url: str, tmp_path: Path) -> None:
         browser, page, traffic, errors = await open_page(playwright, http_base_url, flags)
         try:
             await page.click("#start")
-            await page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
+            await page.wait_for_selector(
+                "#connection[data-state=live]", timeout=timeout_s(10) * 1000
+            )
             (url,) = traffic.urls
             assert url.startswith(http_base_url.replace("http", "ws", 1) + "/v1/asr?")
             assert "sample_rate=16000" in url
 
             await page.wait_for_function(
                 f"document.querySelectorAll('.segment.final').length >= {len(texts)}",
-                timeout=30_000,
+                timeout=timeout_s(30) * 1000,
             )
             assert await page.evaluate("window.__partials.length") >= 1
             assert await page.evaluate("window.__maxPartials") == 1
@@ -254,8 +257,10 @@ async def test_microphone_captions(http_base_url: str, tmp_path: Path) -> None:
             await page.screenshot(path=ARTIFACTS / "web_demo.png")
 
             await page.click("#stop")
-            await page.wait_for_selector("#summary[data-ended=true]", timeout=10_000)
-            await page.wait_for_selector("#connection[data-state=idle]", timeout=5_000)
+            await page.wait_for_selector("#summary[data-ended=true]", timeout=timeout_s(10) * 1000)
+            await page.wait_for_selector(
+                "#connection[data-state=idle]", timeout=timeout_s(5) * 1000
+            )
             assert traffic.sent_text == [{"type": "stop"}]
             (end,) = traffic.of_type("end")
             assert end["segments"] == len(texts)
@@ -286,10 +291,14 @@ async def test_file_captions(http_base_url: str, tmp_path: Path) -> None:
         browser, page, traffic, errors = await open_page(playwright, http_base_url, [])
         try:
             await page.set_input_files("#file", wav)
-            await page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
+            await page.wait_for_selector(
+                "#connection[data-state=live]", timeout=timeout_s(10) * 1000
+            )
             # The page sends `stop` by itself at the end of the file.
-            await page.wait_for_selector("#summary[data-ended=true]", timeout=30_000)
-            await page.wait_for_selector("#connection[data-state=idle]", timeout=5_000)
+            await page.wait_for_selector("#summary[data-ended=true]", timeout=timeout_s(30) * 1000)
+            await page.wait_for_selector(
+                "#connection[data-state=idle]", timeout=timeout_s(5) * 1000
+            )
             await check_finals(page, traffic, texts, exact=True)
             assert traffic.sent_text == [{"type": "stop"}]
             assert re.search(r"latency \d+ ms", await page.inner_text("#latency"))

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timing import timeout_s
+
 WEB_DEMO = Path(__file__).resolve().parent.parent / "web_demo"
 NODE = shutil.which("node")
 
@@ -45,7 +47,10 @@ def test_srt_keeps_one_timeline_across_runs(tmp_path: Path) -> None:
     script = tmp_path / "run.mjs"
     script.write_text(SCRIPT)
     out = subprocess.run(
-        [NODE, str(script), WEB_DEMO.as_uri()], capture_output=True, text=True, timeout=30
+        [NODE, str(script), WEB_DEMO.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s(30),
     )
     assert out.returncode == 0, out.stderr
     cues = json.loads(out.stdout).strip().split("\n\n")
