@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.timing import timeout_s
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LFS_MIN_BYTES = 10_000  # files at least this big are served as LFS files (SHA-256 ETag)
 
@@ -111,4 +113,4 @@ def running(hub: Hub) -> Iterator[Hub]:
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(5)
+        thread.join(timeout_s(5))

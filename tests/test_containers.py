@@ -16,6 +16,7 @@ from streamer.errors import UndecodableAudio
 from streamer.media import ContainerDecoder, open_decoder
 from tests.clips import LIBRIVOX, load_wav
 from tests.containers_audio import encode, needs_ffmpeg, slices
+from tests.timing import timeout_s
 
 pytestmark = needs_ffmpeg
 
@@ -140,7 +141,7 @@ def test_a_closed_decoder_stops_its_thread(encoded) -> None:
     thread = decoder._thread
     decoder.close()
     assert thread is not None
-    thread.join(5)
+    thread.join(timeout_s(5))
     assert not thread.is_alive()
 
 
