@@ -36,6 +36,9 @@ ABSENT = ("torch", "funasr", "onnx", "psutil", "silero_vad", "matplotlib")
 
 def _stamp() -> str:
     digest = hashlib.sha256()
+    # a venv is not relocatable (its scripts name their interpreter by path, the editable
+    # install its checkout): one built from another checkout or folder is built again
+    digest.update(str(LEAN_VENV).encode() + b"\0" + str(REPO_ROOT).encode() + b"\0")
     for name in ("pyproject.toml", "constraints.txt"):
         digest.update((REPO_ROOT / name).read_bytes())
     return digest.hexdigest()
