@@ -7,6 +7,7 @@ cache, or failing fast when the hub cannot be reached.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -305,3 +306,15 @@ def _probe(host: str, port: int, timeout_s: float) -> str | None:
     if not outcome:
         return f"no answer within {timeout_s:.1f} s"
     return outcome[0]
+
+
+HASH_CHUNK_BYTES = 1 << 20  # read this much at a time when hashing a model file
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file's bytes, read in :data:`HASH_CHUNK_BYTES` pieces."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()

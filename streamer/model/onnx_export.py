@@ -33,7 +33,7 @@ from typing import Any
 
 from streamer.errors import ConfigError, ModelError
 from streamer.model.decoding import write_tokens_txt
-from streamer.model.files import ModelFiles, model_files
+from streamer.model.files import ModelFiles, file_sha256, model_files
 from streamer.model.frontend import read_am_mvn
 from streamer.model.sensevoice import (
     EVENT_EMO_ROWS,
@@ -66,7 +66,6 @@ TOKENIZER_FILE = "bpe.model"
 CMVN_FILE = "am.mvn"
 INPUT_NAMES = ("x", "x_length", "language", "text_norm")
 OUTPUT_NAME = "logits"
-_HASH_CHUNK_BYTES = 1 << 22
 _HASH_MEMO_FILE = "hashes.json"
 
 
@@ -123,7 +122,7 @@ def source_sha256(files: ModelFiles, memo_dir: Path | None = None) -> str:
         key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
         digest = memo.get(key)
         if digest is None:
-            digest = _file_sha256(path)
+            digest = file_sha256(path)
             memo[key] = digest
             changed = True
         total.update(f"{path.name}:{digest}\n".encode())
@@ -131,14 +130,6 @@ def source_sha256(files: ModelFiles, memo_dir: Path | None = None) -> str:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
         _write_atomically(memo_path, json.dumps(memo, indent=1) + "\n")
     return total.hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from streamer.errors import ModelError
 from streamer.extras import missing
+from streamer.model.files import HASH_CHUNK_BYTES, file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ DEFAULT_TORCH_MODEL = "iic/SenseVoiceSmall"  # torch's default, through funasr (
 PUBLISHED_ONNX_MODEL = "csukuangfj/sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-07-17"
 PUBLISHED_FILES = ("model.int8.onnx", "tokens.txt")  # what the server runs of it
 PUBLISHED_PREFIX = "sherpa-onnx-sense-voice-"  # the names of sherpa-onnx's SenseVoice repos
-HASH_CHUNK_BYTES = 1 << 20
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
@@ -131,7 +131,7 @@ def _check(path: Path, cache: Path) -> None:
     if memo.exists():
         return
     if _SHA256.fullmatch(etag):
-        actual = _sha256(blob)
+        actual = file_sha256(blob)
     elif _GIT_SHA1.fullmatch(etag):
         actual = _git_blob_sha1(blob)
     else:
@@ -146,14 +146,6 @@ def _check(path: Path, cache: Path) -> None:
         )
     memo.parent.mkdir(parents=True, exist_ok=True)
     memo.touch()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _git_blob_sha1(path: Path) -> str:

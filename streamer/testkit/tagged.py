@@ -17,7 +17,6 @@ raises when one is wrong), and rewrites the folder and its checksums; commit the
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.resources
 import logging
 import shutil
@@ -27,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from streamer.errors import ModelError
+from streamer.model.files import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +37,6 @@ CHECKSUMS = "SHA256SUMS"
 def shipped_dir() -> Path:
     """The folder of the shipped tagged model inside the installed package."""
     return Path(str(importlib.resources.files("streamer.testkit"))) / "tagged_model"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verified_dir() -> Path:
@@ -68,7 +60,7 @@ def verified_dir() -> Path:
             expected[name.strip()] = digest
     for name in FILES:
         path = directory / name
-        if not path.is_file() or _sha256(path) != expected.get(name):
+        if not path.is_file() or file_sha256(path) != expected.get(name):
             raise ModelError(
                 f"the shipped tagged test model file {path} is missing or damaged (its "
                 f"SHA-256 differs from {CHECKSUMS}); restore it from git or rebuild it with "
@@ -78,7 +70,7 @@ def verified_dir() -> Path:
 
 
 def write_checksums(directory: Path) -> None:
-    lines = [f"{_sha256(directory / name)}  {name}\n" for name in FILES]
+    lines = [f"{file_sha256(directory / name)}  {name}\n" for name in FILES]
     (directory / CHECKSUMS).write_text("".join(lines))
 
 
