@@ -451,6 +451,47 @@ def test_speculation_gives_the_same_finals_as_without_it():
     assert with_speculation == finals(False) and len(with_speculation) == 2
 
 
+def test_a_background_session_submits_background_finals_only_with_the_same_cuts():
+    """A file upload's session: every job it submits is a background final (no partials,
+    no speculative decodes, even with partials on), and its finals are the live ones."""
+    pcm = np.concatenate(
+        [silence(400), tone(1200), silence(900), tone(700), silence(350), tone(900), silence(900)]
+    )
+
+    def run(background):
+        s = Session(
+            "s1",
+            SessionOptions(model_name="fake"),
+            StreamOptions(partials=True),
+            loudness_classifier(),
+            background=background,
+        )
+        s.start()
+        submitted = []
+        data = pcm.tobytes()
+        for i in range(0, len(data), 640):
+            s.receive_audio(data[i : i + 640])
+            while jobs := s.jobs_to_submit():
+                submitted += jobs
+                for job in jobs:
+                    raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>{job.start_sample}-{job.end_sample}"
+                    t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)
+                    s.decode_finished(DecodeResult(job=job, transcript=t, decode_ms=1))
+        s.stop()
+        assert s.state is State.ENDED
+        messages = s.messages_to_send()
+        finals = [(m.text, m.start_ms, m.end_ms) for m in messages if isinstance(m, Final)]
+        return submitted, finals, [m for m in messages if isinstance(m, Partial)]
+
+    live_jobs, live_finals, live_partials = run(False)
+    file_jobs, file_finals, file_partials = run(True)
+    assert any(j.kind == "partial" for j in live_jobs) and live_partials
+    assert not any(j.background for j in live_jobs)
+    assert file_jobs and all(j.kind == "final" and j.background for j in file_jobs)
+    assert file_partials == [] and len(file_finals) == 2
+    assert file_finals == live_finals
+
+
 def test_failed_speculation_is_not_repeated_and_the_final_is_decoded():
     s = make_session(partials=False)
     s.start()

@@ -33,6 +33,7 @@ class DecodeJob:
     # decoded during the pause, it becomes the final the moment the endpoint is reached
     speculative: bool = False
     hotwords: Hotwords = ()  # phrases to favour (the server's and the session's); () greedy
+    background: bool = False  # a file upload's job: decoded after every live job
 
 
 class DecodeFailure(Enum):

@@ -70,8 +70,15 @@ class Session:
         options: SessionOptions,
         stream: StreamOptions,
         classifier: FrameClassifier,
+        *,
+        background: bool = False,
     ) -> None:
+        """``background``: a file upload's session. Its jobs are marked ``background``
+        (the worker decodes them after every live job) and it submits finals only: no
+        partials and no speculative finals, whose only gain is latency (what follows a
+        pause in a file is already there), whatever ``stream.partials`` says."""
         self.session_id = session_id
+        self.background = background
         self.options = options
         self.stream = stream
         self.stats = SessionStats()
@@ -322,7 +329,7 @@ class Session:
 
     def _maybe_partial(self, *, onset: bool = False) -> None:
         seg = self._open
-        if not self.stream.partials or seg is None:
+        if not self.stream.partials or self.background or seg is None:
             return
         position = self._segmenter.position_sample
         interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
@@ -357,12 +364,17 @@ class Session:
                 hotwords=self._hotwords,
                 first=seg.revision == 0,
                 speculative=speculative,
+                background=self.background,
             )
         )
 
     def _maybe_speculate(self) -> None:
         """In a pause that holds the segment's whole end, decode what its final will be."""
-        if not self.options.speculative_finals or self.state is not State.STREAMING:
+        if (
+            not self.options.speculative_finals
+            or self.background
+            or self.state is not State.STREAMING
+        ):
             return
         end = self._segmenter.tentative_end_sample
         if end is None or self._open is None:
@@ -404,6 +416,7 @@ class Session:
                 itn=self.stream.itn,
                 hotwords=self._hotwords,
                 reason=event.reason,
+                background=self.background,
             )
         )
 

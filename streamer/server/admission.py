@@ -190,14 +190,19 @@ class Admission:
             details,
         )
 
-    def new_session(self, stream: StreamOptions, session_id: str | None = None) -> Session:
-        """A session with the server's options, its VAD and a fresh id."""
+    def new_session(
+        self, stream: StreamOptions, session_id: str | None = None, *, background: bool = False
+    ) -> Session:
+        """A session with the server's options, its VAD and a fresh id. ``background``:
+        a file upload's, whose finals are decoded after every live job (see
+        :class:`~streamer.core.session.Session`)."""
         session_options = replace(self.options.session, model_name=self.worker.model_name)
         return Session(
             session_id or secrets.token_hex(6),
             session_options,
             stream,
             self.classifier_factory(),
+            background=background,
         )
 
     def track(self, connection: Tracked, protocol_name: str) -> None:
