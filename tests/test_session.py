@@ -659,3 +659,37 @@ def test_an_immediate_finalize_keeps_every_sample_sent() -> None:
     answer(session)
     messages = session.messages_to_send()
     assert session.state is State.ENDED and types(messages).count("final") == 2
+
+
+@pytest.mark.parametrize("rate", [8000, 44100, 48000])
+def test_an_immediate_finalize_of_a_resampled_stream_keeps_every_sample(rate: int) -> None:
+    """soxr holds back up to ~115 ms of its output until more input comes: a finalize
+    drains it, so the final ends where the audio sent ends, on the 16 kHz timeline."""
+    session = make_session(sample_rate=rate, partials=False)
+    session.start()
+    pcm = np.concatenate([silence(300, rate), tone(1000, rate=rate)])[:-37]
+    feed(session, pcm, chunk_bytes=rate // 25, respond=False)  # 20 ms chunks
+    session.jobs_to_submit()
+    session.finalize(at_pause=False)
+    (final,) = [job for job in session.jobs_to_submit() if job.kind == "final"]
+    assert final.end_sample == round(pcm.size * 16000 / rate)
+    assert final.pcm.size == final.end_sample - final.start_sample
+    # the stream goes on from there: a stop ends the timeline where a plain stream does
+    more = tone(700, rate=rate)[:-11]
+    feed(session, more, chunk_bytes=rate // 25, respond=False)
+    session.stop()
+    last = [job for job in session.jobs_to_submit() if job.kind == "final"][-1]
+    assert last.end_sample == round((pcm.size + more.size) * 16000 / rate)
+
+
+def test_a_finalize_at_a_pause_sees_the_resamplers_held_back_audio() -> None:
+    """Speech, then 260 ms of silence at 8 kHz: the pause is all sent, so protocol v1's
+    finalize ends the segment at once (soxr still held back ~100 ms of it)."""
+    session = make_session(sample_rate=8000, partials=False)
+    session.start()
+    feed(session, np.concatenate([silence(300, 8000), tone(1000, rate=8000)]), respond=False)
+    feed(session, silence(260, 8000), chunk_bytes=320, respond=False)
+    session.jobs_to_submit()
+    session.finalize()
+    finals = [job for job in session.jobs_to_submit() if job.kind == "final"]
+    assert [job.reason for job in finals] == ["finalize"]

@@ -228,6 +228,8 @@ class Session:
         """
         if self.state in (State.STOPPING, State.ENDED):
             raise UnexpectedMessage("finalize after stop is ignored")
+        if self._resampler is not None:  # the filter's held-back audio is sent audio too
+            self._process_frames(self._framer.push_samples_block(self._resampler.drain()))
         if at_pause:
             self._handle_events(self._segmenter.finalize())
             return
