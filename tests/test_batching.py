@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -271,6 +272,51 @@ def test_queued_jobs_go_in_one_real_call_with_their_batch_1_results(onnx_tiny, l
         alone = onnx_tiny.decode(result.job.pcm)
         assert result.transcript.token_ids == alone.token_ids
         assert result.queue_ms >= 0 and result.decode_ms > 0
+
+
+class HeldFirst(Recording):
+    """A real recognizer whose first decode waits until :attr:`release` is set."""
+
+    def __init__(self, inner: CtcRecognizer) -> None:
+        super().__init__(inner)
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def decode(self, pcm, *, language="auto", use_itn=True):
+        if not self.started.is_set():
+            self.started.set()
+            assert self.release.wait(timeout_s(30))
+        return super().decode(pcm, language=language, use_itn=use_itn)
+
+
+def test_a_live_final_goes_before_the_background_finals_waiting(onnx_tiny, long_speech) -> None:
+    """Two uploads' finals wait while one of them decodes; a live final that comes then
+    waits for that one decode only, and alone; the uploads' finals then go in one batch,
+    round robin, each with its batch-1 tokens."""
+    recording = HeldFirst(onnx_tiny)
+    worker = ModelWorker(lambda: recording, decode_timeout_s=None, max_batch=DEFAULT_MAX_BATCH)
+    pcms = _segments(long_speech, (1.0, 1.1, 0.9, 1.2, 1.0, 1.05, 0.95))
+    collect = Answers()
+    worker.start()
+    assert worker.ready.wait(timeout_s(30))
+
+    def background(session: str, index: int) -> DecodeJob:
+        return replace(_speech_job(session, pcms[index]), segment_id=index, background=True)
+
+    worker.submit(background("a", 0), collect)
+    assert recording.started.wait(timeout_s(30))  # a's first final is decoding
+    for session, index in (("a", 1), ("a", 2), ("a", 3), ("b", 4), ("b", 5)):
+        worker.submit(background(session, index), collect)
+    worker.submit(_speech_job("live", pcms[6]), collect)
+    recording.release.set()
+    results = collect.wait(7)
+    worker.stop()
+    order = [(r.job.session_id, r.job.segment_id) for r in results]
+    assert order == [("a", 0), ("live", 0), ("a", 1), ("b", 4), ("a", 2), ("b", 5), ("a", 3)]
+    assert recording.sizes == [1, 1, 5] and results[1].batch_size == 1
+    for result in results:
+        assert result.transcript is not None
+        assert result.transcript.token_ids == onnx_tiny.decode(result.job.pcm).token_ids
 
 
 def test_one_queued_job_runs_alone_through_decode(onnx_tiny, long_speech) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +70,7 @@ def job(session: str, kind: str = "final", segment: int = 0) -> DecodeJob:
     )
 
 
-def gated_pool(n: int, **worker_options) -> tuple[WorkerPool, list[Gate]]:
+def gated_pool(n: int, on_decoded=None, **worker_options) -> tuple[WorkerPool, list[Gate]]:
     gates = [Gate() for _ in range(n)]
 
     def factory(slot: WorkerSlot, hooks: WorkerHooks) -> ModelWorker:
@@ -82,7 +83,7 @@ def gated_pool(n: int, **worker_options) -> tuple[WorkerPool, list[Gate]]:
         )
 
     slots = [WorkerSlot(i, "cpu", 1) for i in range(n)]
-    pool = WorkerPool(factory, slots)
+    pool = WorkerPool(factory, slots, on_decoded=on_decoded)
     pool.start()
     assert pool.ready.wait(timeout_s(GUARD_S))
     return pool, gates
@@ -132,6 +133,40 @@ def test_one_worker_counts_its_sessions_too() -> None:
         assert pool.drop_session("a") == 0  # its job is running, not queued
         assert [load.sessions for load in pool.loads()] == [1]
         assert pool.worker_of("a") is None and pool.worker_of("b").index == 0
+    finally:
+        gates[0].opened.set()
+        pool.stop()
+
+
+def test_background_jobs_are_summed_counted_and_labelled_apart() -> None:
+    """File uploads' jobs: in the pool's stats and the queue metrics as their own kind,
+    in each worker's queued jobs, and not in the live finals' wait that admission reads."""
+    metrics = Metrics()
+    pool, gates = gated_pool(1, on_decoded=metrics.observe_worker_decode)
+    try:
+        answers = Answers()
+        pool.submit(job("live"), answers)
+        assert gates[0].entered.acquire(timeout=timeout_s(GUARD_S))  # decoding
+        for segment in range(3):
+            pool.submit(replace(job("file", segment=segment), background=True), answers)
+        stats = pool.stats()
+        assert (stats.queued_background, stats.queued_finals, stats.oldest_final_age_ms) == (
+            3,
+            0,
+            0.0,
+        )
+        metrics.observe_workers(pool.loads())
+        sample = metrics.registry.get_sample_value
+        assert sample("streamer_worker_queue_depth", {"kind": "background"}) == 3
+        assert sample("streamer_worker_queued_jobs", {"worker": "0", "device": "cpu"}) == 3
+        gates[0].opened.set()
+        answers.wait(4)
+        metrics.observe_workers(pool.loads())
+        assert sample("streamer_worker_queue_depth", {"kind": "background"}) == 0
+        labels = {"worker": "0", "device": "cpu"}
+        assert sample("streamer_worker_decodes_total", {**labels, "kind": "background"}) == 3
+        assert sample("streamer_worker_decodes_total", {**labels, "kind": "final"}) == 1
+        assert sample("streamer_queue_wait_seconds_count", {"kind": "background"}) == 3
     finally:
         gates[0].opened.set()
         pool.stop()

@@ -30,20 +30,29 @@ class GatedRecognizer(FakeRecognizer):
         return super().decode(pcm, language=language, use_itn=use_itn)
 
 
-def job(session: str, kind: str, tag: int, segment: int = 0, first: bool = False) -> DecodeJob:
+def job(
+    session: str,
+    kind: str,
+    tag: int,
+    segment: int = 0,
+    first: bool = False,
+    background: bool = False,
+    samples: int = 1600,
+) -> DecodeJob:
     # the tag rides in the first sample so the recognizer can report what it decoded
-    pcm = np.full(1600, tag, dtype=np.int16)
+    pcm = np.full(samples, tag, dtype=np.int16)
     return DecodeJob(
         session_id=session,
         segment_id=segment,
         kind=kind,
         pcm=pcm,
         start_sample=0,
-        end_sample=1600,
+        end_sample=samples,
         language=session,
         itn=True,
         reason="silence" if kind == "final" else None,
         first=first,
+        background=background,
     )
 
 
@@ -71,7 +80,8 @@ def release_all(recognizer: GatedRecognizer, worker: ModelWorker, n: int) -> Non
         recognizer.gate.release()
     for _ in range(200):
         stats = worker.stats()
-        if not (stats.busy or stats.queued_finals or stats.queued_partials):
+        queued = stats.queued_finals + stats.queued_partials + stats.queued_background
+        if not (stats.busy or queued):
             return
         threading.Event().wait(0.01)
 
@@ -270,6 +280,116 @@ def test_the_job_queue_keeps_its_discipline_without_a_thread():
     # alone even with room for a batch: it may be what broke the model
     assert queue.take(max_batch=8, max_padding_ratio=100.0, max_batch_samples=None) == [retried]
     assert queue.drop_session("d") == 2 and not queue and answered == []
+
+
+# --- background jobs (file uploads): after live work, round robin among their sessions ---
+
+
+def _queue_and_take():
+    from streamer.model.job_queue import JobQueue, Queued
+
+    queue, answered = JobQueue(), []
+
+    def push(j: DecodeJob, submitted: float = 0.0) -> Queued | None:
+        return queue.push(Queued(j, answered.append, submitted))
+
+    def take(max_batch: int = 1, ratio: float = 1.25, samples: int | None = None) -> list[int]:
+        batch = queue.take(max_batch=max_batch, max_padding_ratio=ratio, max_batch_samples=samples)
+        return [int(q.job.pcm[0]) for q in batch]
+
+    return queue, push, take, answered
+
+
+def test_background_jobs_wait_behind_every_class_of_live_job():
+    queue, push, take, _ = _queue_and_take()
+    for tag in (1, 2, 3):
+        push(job("file", "final", tag, segment=tag, background=True))
+    push(job("a", "partial", 4))  # a refresh
+    push(job("b", "partial", 5, first=True))
+    push(job("c", "final", 6))
+    assert len(queue) == 6 and queue.background_jobs == 3
+    assert [take() for _ in range(6)] == [[6], [5], [4], [1], [2], [3]]
+    # a live job that comes while background jobs wait is next, whatever waited longer
+    for tag in (7, 8):
+        push(job("file", "final", tag, background=True))
+    assert take() == [7]
+    push(job("d", "final", 9))
+    assert [take(), take(), take()] == [[9], [8], []]
+
+
+def test_background_sessions_share_the_worker_round_robin():
+    """Each session's jobs in order; a session served goes to the back: a short upload
+    is not stuck behind a long one that came first, and a newcomer joins the rotation."""
+    _, push, take, _ = _queue_and_take()
+    for tag in (10, 11, 12, 13, 14):
+        push(job("long", "final", tag, background=True))
+    for tag in (20, 21):
+        push(job("short", "final", tag, background=True))
+    assert [take(), take(), take()] == [[10], [20], [11]]
+    push(job("late", "final", 30, background=True))
+    assert [take() for _ in range(6)] == [[21], [12], [30], [13], [14], []]
+
+
+def test_background_batches_draw_on_every_upload_and_never_hold_live_jobs():
+    queue, push, take, _ = _queue_and_take()
+    for tag in (10, 11, 12):
+        push(job("a", "final", tag, background=True))
+    for tag in (20, 21):
+        push(job("b", "final", tag, background=True))
+    push(job("c", "final", 1))
+    push(job("d", "final", 2, samples=1700))
+    assert take(max_batch=8) == [1, 2]  # the live finals together, no background with them
+    assert take(max_batch=3) == [10, 20, 11]  # interleaved across the uploads
+    push(job("e", "partial", 3, first=True))
+    assert take(max_batch=8) == [3]
+    # select_batch's rules hold among background jobs too: padding, padded samples
+    push(job("b", "final", 22, samples=16000, background=True))
+    assert take(max_batch=8) == [21, 12]  # b was not served last: it leads; 22 is too long
+    assert take(max_batch=8, samples=8000) == [22] and not queue
+
+
+def test_background_jobs_do_not_count_as_waiting_finals_and_are_dropped_and_cleared():
+    queue, push, take, answered = _queue_and_take()
+    push(job("file", "final", 1, background=True), submitted=1.0)
+    push(job("file", "final", 2, background=True), submitted=2.0)
+    assert queue.oldest_final_submitted() is None  # admission looks at live work only
+    push(job("live", "final", 3), submitted=5.0)
+    assert queue.oldest_final_submitted() == 5.0
+    push(job("other", "final", 4, background=True))
+    assert queue.drop_session("file") == 2 and queue.background_jobs == 1
+    assert [int(q.job.pcm[0]) for q in queue.clear()] == [3, 4]
+    assert not queue and queue.background_jobs == 0 and answered == []
+
+
+def test_a_retried_background_final_goes_alone_first_among_background_after_live_work():
+    from streamer.model.job_queue import Queued
+
+    queue, push, take, answered = _queue_and_take()
+    push(job("a", "final", 10, background=True))
+    push(job("b", "final", 20, background=True))
+    push(job("live", "final", 1))
+    queue.retry_first(Queued(job("b", "final", 19, background=True), answered.append, 0.0))
+    assert take(max_batch=8, ratio=100.0) == [1]  # live work first still
+    assert take(max_batch=8, ratio=100.0) == [19]  # alone: it may be what broke the model
+    assert take(max_batch=8, ratio=100.0) == [10, 20]
+
+
+def test_worker_stats_report_background_jobs_apart_from_live_finals(gated):
+    """What admission goes by counts live work only: a file waiting, or decoded, makes
+    no session look lagging or the model loaded (core/capacity.py)."""
+    worker, recognizer, results, collect = gated
+    worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
+    assert recognizer.started.wait(timeout_s(5))
+    for tag in (2, 3):
+        worker.submit(job("file", "final", tag, background=True), collect)
+    stats = worker.stats()
+    assert (stats.queued_background, stats.queued_finals, stats.queued_partials) == (2, 0, 0)
+    assert stats.oldest_final_age_ms == 0.0
+    release_all(recognizer, worker, 3)
+    stats = worker.stats()
+    assert stats.queued_background == 0 and len(results) == 3
+    assert all(r.transcript is not None for r in results)
+    assert stats.final_decode_ms_total == 0.0  # background decodes are not live load
 
 
 def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):

@@ -1,12 +1,19 @@
 """The worker's queue of decode jobs: its discipline and batch selection (no threads).
 
-* finals before partials; among partials, a segment's first partial (which decides
-  when its speaker sees the first words) before refreshes of segments already shown;
-  oldest first within each class;
+* live work first: finals, then a segment's first partial (which decides when its
+  speaker sees the first words), then refreshes of segments already shown; oldest first
+  within each class;
+* then background jobs (a file upload's finals, ``DecodeJob.background``), shared
+  round robin among their sessions: each session's jobs in order, and a session served
+  goes to the back, so two uploads progress alike and a short one is not stuck behind
+  a long one. A live job waits for no more than the one batch already decoding;
+* a batch is of one class: background jobs are batched together (several segments of
+  one file, or of several files) but never with live ones;
 * at most one pending partial per session: a newer one replaces it (the old one is
   answered ``dropped``);
 * a session's pending partial is dropped as soon as one of its finals is queued;
-* a final decoded again after the model failed while decoding it is taken alone;
+* a final decoded again after the model failed while decoding it is taken alone, first
+  in its class;
 * :meth:`JobQueue.drop_session` forgets every queued job of a departed client.
 
 The caller (:class:`~streamer.model.worker.ModelWorker`) holds its lock around every
@@ -75,37 +82,55 @@ def select_batch(
 
 
 class JobQueue:
-    """Finals in order, and one pending partial per session."""
+    """Live finals in order, one pending live partial per session, and each background
+    session's jobs in order."""
 
     def __init__(self) -> None:
-        self.finals: deque[Queued] = deque()
-        self.partials: OrderedDict[str, Queued] = OrderedDict()  # session_id -> job
+        self.finals: deque[Queued] = deque()  # live
+        self.partials: OrderedDict[str, Queued] = OrderedDict()  # live: session_id -> job
+        # session_id -> its background jobs in order; the sessions in round-robin order
+        self.background: OrderedDict[str, deque[Queued]] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self.finals) + len(self.partials)
+        return len(self.finals) + len(self.partials) + self.background_jobs
+
+    @property
+    def background_jobs(self) -> int:
+        """How many background jobs wait."""
+        return sum(len(lane) for lane in self.background.values())
 
     def push(self, item: Queued) -> Queued | None:
         """Queue ``item``; returns the pending partial it supersedes (to answer dropped)."""
         session_id = item.job.session_id
         superseded = self.partials.pop(session_id, None)
-        if item.job.kind == "final":
+        if item.job.background:  # whatever its kind (background sessions send finals)
+            self.background.setdefault(session_id, deque()).append(item)
+        elif item.job.kind == "final":
             self.finals.append(item)
         else:
             self.partials[session_id] = item
         return superseded
 
     def oldest_final_submitted(self) -> float | None:
-        """When the oldest waiting final was submitted (None: no final waits). A
-        speculative partial counts: it is the final of a segment that may have ended."""
+        """When the oldest waiting live final was submitted (None: no final waits). A
+        speculative partial counts: it is the final of a segment that may have ended.
+        Background jobs do not: they wait behind live work by design, and admission
+        (core/capacity.py) must not refuse live sessions because a file waits."""
         waiting = [q.submitted for q in self.partials.values() if q.job.speculative]
         if self.finals:
             waiting.append(self.finals[0].submitted)
         return min(waiting, default=None)
 
     def retry_first(self, item: Queued) -> None:
-        """A final the failed model did not decode: first in line, to be decoded alone."""
+        """A final the failed model did not decode: first in line of its class (live,
+        or background: its session first in the rotation), to be decoded alone."""
         item.retried = True
-        self.finals.appendleft(item)
+        if not item.job.background:
+            self.finals.appendleft(item)
+            return
+        session_id = item.job.session_id
+        self.background.setdefault(session_id, deque()).appendleft(item)
+        self.background.move_to_end(session_id, last=False)
 
     def drop_session(self, session_id: str) -> int:
         """Forget every queued job of ``session_id``; how many there were."""
@@ -114,13 +139,16 @@ class JobQueue:
         dropped = before - len(self.finals)
         if self.partials.pop(session_id, None) is not None:
             dropped += 1
+        dropped += len(self.background.pop(session_id, ()))
         return dropped
 
     def clear(self) -> list[Queued]:
-        """Empty the queue; what it held, finals first."""
+        """Empty the queue; what it held, live finals first, background jobs last."""
         items = list(self.finals) + list(self.partials.values())
+        items += [q for lane in self.background.values() for q in lane]
         self.finals.clear()
         self.partials.clear()
+        self.background.clear()
         return items
 
     def take(
@@ -134,6 +162,8 @@ class JobQueue:
         queued = list(self.finals)
         queued += [q for q in partials if q.job.first]
         queued += [q for q in partials if not q.job.first]
+        if not queued:  # no live work: the background sessions' jobs, interleaved
+            queued = self._background_order()
         if queued[0].retried:  # alone: it may be what broke the model
             batch = [queued[0]]
         else:  # queued[0] is fresh[0]
@@ -146,8 +176,27 @@ class JobQueue:
             )
             batch = [fresh[i] for i in chosen]
         for item in batch:
-            if item.job.kind == "final":
+            if item.job.background:
+                self._take_background(item)
+            elif item.job.kind == "final":
                 self.finals.remove(item)
             else:
                 del self.partials[item.job.session_id]
         return batch
+
+    def _background_order(self) -> list[Queued]:
+        """Every background job, round robin: each session's first in rotation order,
+        then each one's second, and so on (a batch then draws on every upload alike)."""
+        lanes = list(self.background.values())
+        depth = max(len(lane) for lane in lanes)
+        return [lane[i] for i in range(depth) for lane in lanes if i < len(lane)]
+
+    def _take_background(self, item: Queued) -> None:
+        """Take ``item`` off its session's lane; the session goes to the back."""
+        session_id = item.job.session_id
+        lane = self.background[session_id]
+        lane.remove(item)
+        if lane:
+            self.background.move_to_end(session_id)
+        else:
+            del self.background[session_id]

@@ -312,6 +312,7 @@ class WorkerPool:
             self.restarting,
             sum(s.final_decode_ms_total for s in each),
             max((s.oldest_final_age_ms for s in each), default=0.0),
+            sum(s.queued_background for s in each),
         )
 
     def loads(self) -> list[WorkerLoad]:
@@ -363,7 +364,7 @@ class WorkerPool:
 
         def load(index: int) -> tuple[bool, int, int]:
             s = self.workers[index].stats()
-            queued = s.queued_finals + s.queued_partials + int(s.busy)
+            queued = s.queued_finals + s.queued_partials + s.queued_background + int(s.busy)
             return (s.restarting is not None, self._sessions[index] + queued, index)
 
         return min(range(len(self.workers)), key=load)

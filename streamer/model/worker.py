@@ -16,8 +16,9 @@ rows change a row's result. ``max_batch=None`` (automatic) batches on an acceler
 fp32/fp16 only; on the CPU it stays at batch 1, where batching measured no better
 (bench/RESULTS.md, "Dynamic batching").
 
-The queue discipline (finals first, a segment's first partial before refreshes, one
-pending partial per session) and the batch selection are :mod:`streamer.model.job_queue`.
+The queue discipline (live finals first, a segment's first partial before refreshes, one
+pending partial per session, then file uploads' background finals round robin among
+their sessions) and the batch selection are :mod:`streamer.model.job_queue`.
 
 A batch that raises is decoded again job by job, so only the job that fails gets an error.
 
@@ -117,6 +118,9 @@ class WorkerStats:
     # for capacity (core/capacity.py); a speculative decode counts as the final it will be
     final_decode_ms_total: float = 0.0  # time spent decoding finals so far
     oldest_final_age_ms: float = 0.0  # how long the oldest queued final has waited
+    # file uploads' jobs, decoded after live work (not in the figures above: capacity
+    # is about live sessions, and a file's wait behind them is by design)
+    queued_background: int = 0
 
 
 __all__ = [
@@ -230,6 +234,7 @@ class ModelWorker:
                 self.restarting,
                 self._final_decode_ms_total,
                 0.0 if oldest is None else (now - oldest) * 1000,
+                self._queue.background_jobs,
             )
 
     # -- queue -----------------------------------------------------------------
@@ -549,7 +554,9 @@ class ModelWorker:
         )
 
     def _answer(self, item: Queued, result: DecodeResult) -> None:
-        if (item.job.kind == "final" or item.job.speculative) and not result.dropped:
+        job = item.job
+        live_final = (job.kind == "final" or job.speculative) and not job.background
+        if live_final and not result.dropped:
             with self._lock:  # a batch's time, shared by its jobs
                 self._final_decode_ms_total += result.decode_ms / max(1, result.batch_size)
         if self.on_decoded is not None and not result.dropped:

@@ -15,7 +15,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from streamer.core.jobs import DecodeResult
+from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.model.pool import WorkerLoad, WorkerSlot
 
 # Jobs per model call (--max-batch); a GPU sweep goes up to 64.
@@ -229,11 +229,15 @@ class Metrics:
     def observe_worker_decode(self, slot: WorkerSlot, result: DecodeResult) -> None:
         """The pool's decode hook: the totals above, and the worker's own counters."""
         self.observe_decode(result)
-        self._worker_decodes(slot.label, slot.device, result.job.kind).inc()
+        self._worker_decodes(slot.label, slot.device, job_kind(result.job)).inc()
         self._worker_busy(slot.label, slot.device).inc(result.decode_ms / 1000)
 
     def observe_workers(self, loads: list[WorkerLoad]) -> None:
-        """Each worker's gauges (the server calls it a few times a second)."""
+        """Each worker's gauges (the server calls it a few times a second), and the
+        background jobs waiting in all of them (the server sets the other kinds)."""
+        self.queue_depth.labels("background").set(
+            sum(load.stats.queued_background for load in loads)
+        )
         for load in loads:
             labels = (load.slot.label, load.slot.device)
             before = self._worker_labels.setdefault(load.slot.label, labels)
@@ -249,7 +253,7 @@ class Metrics:
                 self._worker_labels[load.slot.label] = labels
             self.worker_sessions.labels(*labels).set(load.sessions)
             self.worker_queued.labels(*labels).set(
-                load.stats.queued_finals + load.stats.queued_partials
+                load.stats.queued_finals + load.stats.queued_partials + load.stats.queued_background
             )
             self.worker_ready.labels(*labels).set(int(load.state == "ready"))
             restarts = self.worker_restarts_total.labels(*labels)  # exported at 0 from the start
@@ -260,7 +264,7 @@ class Metrics:
 
     def observe_decode(self, result: DecodeResult) -> None:
         """Called from the worker thread for every decode (prometheus_client is thread-safe)."""
-        kind = result.job.kind
+        kind = job_kind(result.job)
         self._queue_wait(kind).observe(result.queue_ms / 1000)
         if result.failure is not None:
             self.decode_failures_total.inc()
@@ -270,3 +274,10 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def job_kind(job: DecodeJob) -> str:
+    """The ``kind`` label of a job's series: ``final`` or ``partial`` for live work,
+    ``background`` for a file upload's (its waits behind live work would otherwise
+    hide in the live finals' queue times)."""
+    return "background" if job.background else job.kind
