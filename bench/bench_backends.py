@@ -12,8 +12,8 @@ Three parts, each printed as a markdown table:
 3. ``contention``: 1 and 7 s decodes while two busy processes spin on the CPUs, ONNX
    Runtime with and without spin-waiting threads against torch, and the same idle.
 
-    python bench/bench_backends.py                       # random:small, 2 threads
-    python bench/bench_backends.py --parts decode --reps 5
+    python -m bench.bench_backends                       # random:small, 2 threads
+    python -m bench.bench_backends --parts decode --reps 5
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import json
 import logging
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,11 +32,8 @@ from typing import Any
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak  # noqa: E402
+from bench.common import REPO, free_port
+from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
 
 logger = logging.getLogger("bench_backends")
 
@@ -167,12 +163,6 @@ def _edit_distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 # --- start-up ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _status_kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -185,14 +175,14 @@ def part_startup(args: argparse.Namespace) -> None:
     for rep in range(args.startup_reps):
         for config in STARTUP_CONFIGS if rep % 2 == 0 else reversed(STARTUP_CONFIGS):
             backend, _, precision = config.partition("-")
-            port = _free_port()
+            port = free_port()
             command = [sys.executable, "-m", "streamer", "serve", "--port", str(port)]
             command += ["--model", args.model, "--backend", backend, "--device", "cpu"]
             command += ["--threads", str(args.threads), "--log-level", "warning"]
             command += ["--cache-dir", str(args.cache_dir)]
             if precision == "int8":
                 command += ["--quantize", "int8"]
-            env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+            env = {**os.environ, "PYTHONPATH": str(REPO)}
             started = time.perf_counter()
             process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
             peak = 0

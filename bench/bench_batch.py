@@ -15,9 +15,9 @@ Two parts, each loading the configurations it names in this process:
 * ``timing``: decode time of one ``decode_batch`` call per batch size and segment length
   (median of interleaved repetitions), so per-segment cost against batch size.
 
-    python bench/bench_batch.py --parts agreement --configs onnx-int8,onnx-fp32
-    python bench/bench_batch.py --parts agreement --configs torch-int8,torch-fp32 --segments 16
-    python bench/bench_batch.py --parts timing --configs onnx-int8 --sizes 1,2,4,8 --lengths 1,3,7
+    python -m bench.bench_batch --parts agreement --configs onnx-int8,onnx-fp32
+    python -m bench.bench_batch --parts agreement --configs torch-int8,torch-fp32 --segments 16
+    python -m bench.bench_batch --parts timing --configs onnx-int8 --sizes 1,2,4,8 --lengths 1,3,7
 """
 
 from __future__ import annotations
@@ -27,19 +27,14 @@ import json
 import logging
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench.bench_backends import speech_signal  # noqa: E402
-from streamer.testkit.speech import SAMPLE_RATE  # noqa: E402
+from bench.bench_backends import speech_signal
+from streamer.testkit.speech import SAMPLE_RATE
 
 logger = logging.getLogger("bench_batch")
 

@@ -6,8 +6,8 @@ another's), then decodes 1, 3 and 7 s of speech through both paths, interleaved 
 machine noise hits both alike, and checks that they return the same tokens. Prints a
 markdown table of medians.
 
-    python bench/bench_decode.py                       # random:small on the CPU
-    python bench/bench_decode.py --device cuda --modes fp32,fp16
+    python -m bench.bench_decode                       # random:small on the CPU
+    python -m bench.bench_decode --device cuda --modes fp32,fp16
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ from typing import Any
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak  # noqa: E402
+from bench.common import REPO
+from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
 
 logger = logging.getLogger("bench_decode")
 
@@ -176,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=Path(os.environ.get("STREAMER_CACHE_DIR", REPO_ROOT / ".cache")),
+        default=Path(os.environ.get("STREAMER_CACHE_DIR", REPO / ".cache")),
     )
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     parser.add_argument("--child-mode", default=None, help=argparse.SUPPRESS)
@@ -204,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         child_argv = [a for a in (argv if argv is not None else sys.argv[1:])]
         completed = subprocess.run(
-            [sys.executable, __file__, *child_argv, "--child-mode", mode],
+            [sys.executable, "-m", "bench.bench_decode", *child_argv, "--child-mode", mode],
             check=True,
             capture_output=True,
             text=True,

@@ -32,17 +32,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from bench import common
 from bench.latency.audio import SAMPLE_RATE, load_bench_audio
 from bench.latency.load import ClientPlan, StepOptions, plan_clients
 from bench.latency.metrics import SendLog, percentiles
-from bench.latency.serverproc import ManagedServer, ServerOptions
 
 logger = logging.getLogger("bench.compat_latency")
 
@@ -305,62 +304,76 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_side_by_side_args(
+    parser: argparse.ArgumentParser, *, clients: list[int], rounds: int, out: str
+) -> None:
+    """The arguments of a bench that runs N clients of each kind at once, in rounds."""
+    common.add_server_args(parser)
+    common.add_output_args(parser, out=out)
+    parser.add_argument("--clients", type=common.int_list, default=clients,
+                        help="clients of each kind per step, e.g. 1,4")  # fmt: skip
+    parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--stagger-s", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--audio", default="auto", help="auto, synth, recorded or mixed")
+
+
+def warmup_plans(audio: list[Any]) -> list[ClientPlan]:
+    """Three short clients at once: the first decodes are slower."""
+    return plan_clients(StepOptions(url="", clients=3, duration_s=4, stagger_s=0), audio)
+
+
+def step_plans(
+    args: argparse.Namespace, audio: list[Any], clients: int, kinds: int, chunk_ms: int
+) -> list[ClientPlan]:
+    """``clients`` of each of ``kinds`` kinds, starts staggered over ``--stagger-s``."""
+    step = StepOptions(
+        url="", clients=kinds * clients, duration_s=args.duration_s,
+        stagger_s=args.stagger_s, endpoint_ms=ENDPOINT_MS, chunk_ms=chunk_ms,
+    )  # fmt: skip
+    return plan_clients(step, audio)
+
+
+def rotation(kinds: tuple[str, ...], count: int, round_index: int) -> list[str]:
+    """Client ``j``'s kind in a round: round-robin, shifted every round, so that each kind
+    gets each track."""
+    return [kinds[(j + round_index) % len(kinds)] for j in range(count)]
+
+
+def report(args: argparse.Namespace, results: dict[str, Any], text: str) -> None:
+    """Write results.json (with the command and the machine) and print the table and errors."""
+    path = common.write_results(args.out, results, args)
+    print(text)
+    for clients, by_kind in results["steps"].items():
+        for kind, s in by_kind.items():
+            if s["errors"]:
+                print(f"{clients} clients, {kind}: {len(s['errors'])} errors: {s['errors'][:3]}")
+    print(f"results: {path}")
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    audio = load_bench_audio(args.audio, Path(args.cache_dir) / "speech")
-    options = ServerOptions(
-        model=args.model, quantize=args.quantize, device=args.device, endpoint_ms=ENDPOINT_MS
-    )
-    out = Path(args.out)
-    results: dict[str, Any] = {"command": args.command, "steps": {}}
-    with ManagedServer(options, out / "server.log") as server:
-        warm = plan_clients(StepOptions(url="", clients=3, duration_s=4, stagger_s=0), audio)
-        await run_step(server.port, list(PROTOCOLS), warm)  # first decodes are slower
+    audio = load_bench_audio(args.audio, args.cache_dir / "speech")
+    results: dict[str, Any] = {"steps": {}}
+    with common.started_server(args, args.out / "server.log", endpoint_ms=ENDPOINT_MS) as server:
+        await run_step(server.port, list(PROTOCOLS), warmup_plans(audio))
         for clients in args.clients:
-            step = StepOptions(
-                url="", clients=3 * clients, duration_s=args.duration_s,
-                stagger_s=args.stagger_s, endpoint_ms=ENDPOINT_MS, chunk_ms=CHUNK_MS,
-            )  # fmt: skip
-            plans = plan_clients(step, audio)
+            plans = step_plans(args, audio, clients, len(PROTOCOLS), CHUNK_MS)
             runs: dict[str, list[ClientRun]] = {p: [] for p in PROTOCOLS}
             for r in range(args.rounds):
                 logger.info("%d clients of each protocol, round %d", clients, r + 1)
-                protocols = [PROTOCOLS[(j + r) % 3] for j in range(len(plans))]
-                for run in await run_step(server.port, protocols, plans):
+                for run in await run_step(server.port, rotation(PROTOCOLS, len(plans), r), plans):
                     runs[run.protocol].append(run)
             results["steps"][clients] = {p: summarize(runs[p]) for p in PROTOCOLS}
     return results
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="random:small")
-    parser.add_argument("--quantize", default="int8")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[1, 8])  # fmt: skip
-    parser.add_argument("--duration-s", type=float, default=20.0)
-    parser.add_argument("--stagger-s", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--audio", default="auto")
-    parser.add_argument("--cache-dir", default=".cache")
-    parser.add_argument("--out", default="bench/out/compat")
+    parser = common.parser(__doc__)
+    add_side_by_side_args(parser, clients=[1, 8], rounds=3, out="bench/out/compat")
     args = parser.parse_args()
-    args.command = "python -m bench.compat_latency " + " ".join(
-        f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items()
-    )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    common.setup_logging()
     results = asyncio.run(main_async(args))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(table(results))
-    for clients, by_protocol in results["steps"].items():
-        for protocol, s in by_protocol.items():
-            if s["errors"]:
-                print(
-                    f"{clients} clients, {protocol}: {len(s['errors'])} errors: {s['errors'][:3]}"
-                )
+    report(args, results, table(results))
     return 0
 
 

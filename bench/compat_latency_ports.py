@@ -1,6 +1,6 @@
 """Latency through the FunASR and Wyoming ports, side by side with protocol v1, in one run.
 
-    python bench/compat_latency_ports.py --clients 1,8 --rounds 6 --json bench/out/compat-ports.json
+    python -m bench.compat_latency_ports --clients 1,8 --rounds 6 --json bench/out/compat-ports.json
 
 Starts ``streamer serve --funasr-port P --wyoming-port Q --threads 1`` (default model
 ``random:tagged``, whose partials and finals are real text for the espeak clips used
@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,13 +46,10 @@ import numpy as np
 import orjson
 from websockets.asyncio.client import connect
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.latency.serverproc import ManagedServer, ServerOptions, free_port  # noqa: E402
-from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event  # noqa: E402
-from streamer.testkit import speech as synth  # noqa: E402
+from bench.common import REPO
+from bench.latency.serverproc import ManagedServer, ServerOptions, free_port
+from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event
+from streamer.testkit import speech as synth
 
 logger = logging.getLogger("bench.compat_ports")
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import subprocess
 import tempfile
@@ -43,10 +42,21 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from bench.compat_latency import V1, ClientRun, Deepgram, Protocol, summarize
+from bench import common
+from bench.compat_latency import (
+    V1,
+    ClientRun,
+    Deepgram,
+    Protocol,
+    add_side_by_side_args,
+    report,
+    rotation,
+    step_plans,
+    summarize,
+    warmup_plans,
+)
 from bench.latency.audio import SAMPLE_RATE, load_bench_audio
-from bench.latency.load import ClientPlan, StepOptions, plan_clients
-from bench.latency.serverproc import ManagedServer, ServerOptions
+from bench.latency.load import ClientPlan
 from streamer.media import ContainerDecoder
 
 logger = logging.getLogger("bench.container_latency")
@@ -172,13 +182,10 @@ def decode_cost(pieces: list[Piece], duration_s: float) -> dict[str, float]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    audio = load_bench_audio(args.audio, Path(args.cache_dir) / "speech")
-    options = ServerOptions(
-        model=args.model, quantize=args.quantize, device=args.device, endpoint_ms=ENDPOINT_MS
-    )
-    out = Path(args.out)
-    results: dict[str, Any] = {"command": args.command, "steps": {}}
-    with tempfile.TemporaryDirectory() as tmp, ManagedServer(options, out / "server.log") as server:
+    audio = load_bench_audio(args.audio, args.cache_dir / "speech")
+    results: dict[str, Any] = {"steps": {}}
+    server = common.started_server(args, args.out / "server.log", endpoint_ms=ENDPOINT_MS)
+    with tempfile.TemporaryDirectory() as tmp, server:
         folder = Path(tmp)
 
         def pieces_for(plans: list[ClientPlan]) -> dict[tuple[int, str], list[Piece]]:
@@ -198,20 +205,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
 
-        warm = plan_clients(StepOptions(url="", clients=3, duration_s=4, stagger_s=0), audio)
-        await step(warm, list(KINDS), pieces_for(warm))  # first decodes are slower
+        warm = warmup_plans(audio)
+        await step(warm, list(KINDS), pieces_for(warm))
         for clients in args.clients:
-            opts = StepOptions(
-                url="", clients=3 * clients, duration_s=args.duration_s,
-                stagger_s=args.stagger_s, endpoint_ms=ENDPOINT_MS, chunk_ms=PCM_CHUNK_MS,
-            )  # fmt: skip
-            plans = plan_clients(opts, audio)
+            plans = step_plans(args, audio, clients, len(KINDS), PCM_CHUNK_MS)
             table = pieces_for(plans)
             runs: dict[str, list[ClientRun]] = {k: [] for k in KINDS}
             for r in range(args.rounds):
                 logger.info("%d clients of each kind, round %d", clients, r + 1)
-                kinds = [KINDS[(j + r) % 3] for j in range(len(plans))]
-                for run in await step(plans, kinds, table):
+                for run in await step(plans, rotation(KINDS, len(plans), r), table):
                     runs[run.protocol].append(run)
             results["steps"][clients] = {k: summarize(runs[k]) for k in KINDS}
         track = plans[0].track
@@ -242,34 +244,13 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="random:small")
-    parser.add_argument("--quantize", default="int8")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[1, 4])  # fmt: skip
-    parser.add_argument("--duration-s", type=float, default=20.0)
-    parser.add_argument("--stagger-s", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--audio", default="auto")
-    parser.add_argument("--cache-dir", default=".cache")
-    parser.add_argument("--out", default="bench/out/container")
+    parser = common.parser(__doc__)
+    add_side_by_side_args(parser, clients=[1, 4], rounds=2, out="bench/out/container")
     args = parser.parse_args()
-    args.command = "python -m bench.container_latency " + " ".join(
-        f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items()
-    )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    common.setup_logging()
     results = asyncio.run(main_async(args))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(table(results))
+    report(args, results, table(results))
     print("decode cost per WebM/Opus stream:", results["decode_cost"])
-    for clients, by_kind in results["steps"].items():
-        for kind, s in by_kind.items():
-            if s["errors"]:
-                print(f"{clients} clients, {kind}: {len(s['errors'])} errors: {s['errors'][:3]}")
     return 0
 
 

@@ -33,7 +33,6 @@ and decode time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.latency.serverproc import ManagedServer, ServerOptions
+from bench import common
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.client.timeline import SessionResult
@@ -275,9 +274,9 @@ async def _stream_many(url: str, tracks: list[Track], stagger_s: float) -> list[
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="random:small")
-    parser.add_argument("--quantize", default="int8", help="'none' for fp32")
+    parser = common.parser(__doc__)
+    common.add_server_args(parser)
+    common.add_output_args(parser, out=None)
     parser.add_argument("--rounds", type=int, default=2, help="alternations of old and new")
     parser.add_argument("--snr-db", type=float, default=10.0, help="SNR of the noisy track")
     parser.add_argument("--noise", default="brown", choices=synth.NOISE_KINDS)
@@ -288,14 +287,13 @@ def main() -> int:
         "--configs", default="new,main", help=f"server settings, of {','.join(CONFIGS)}"
     )
     parser.add_argument("--endpoint-ms", type=int, default=500)
-    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
     parser.add_argument("--clients", type=int, default=1, help="real-time clients at once")
     parser.add_argument("--trace", action="store_true", help="print every segment's trace")
     parser.add_argument("--json", type=Path, default=None, help="write every row here")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    common.setup_logging()
 
-    clips = _turns(args.cache_dir, seed=1)
+    clips = _turns(args.cache_dir / "speech", seed=1)
     builders = {
         "continuous": lambda: build_track("continuous", clips),
         "recorded": lambda: build_track("recorded", recorded_turns()),
@@ -310,15 +308,11 @@ def main() -> int:
     started = time.time()
     for round_index in range(args.rounds):
         for config, extra in configs.items():
-            options = ServerOptions(
-                model=args.model,
-                quantize=None if args.quantize == "none" else args.quantize,
-                endpoint_ms=args.endpoint_ms,
-                extra_args=extra,
-            )
             log = Path("bench/out") / f"continuous-{config}-{round_index}.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with ManagedServer(options, log) as server:
+            server = common.started_server(
+                args, log, endpoint_ms=args.endpoint_ms, extra_args=extra
+            )
+            with server:
                 for track in tracks:
                     each = [rotated(track, i, args.clients) for i in range(args.clients)]
                     results = asyncio.run(_stream_many(server.url, each, stagger_s=0.37))

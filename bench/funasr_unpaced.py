@@ -11,19 +11,16 @@ mode and counts the ``2pass-offline`` utterances, the ``is_final`` and the close
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import logging
 import time
-from pathlib import Path
 
 import numpy as np
 import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from bench.latency.serverproc import ManagedServer, ServerOptions, free_port
+from bench import common
 from streamer.testkit import speech as synth
 
 SUBJECTS = ["the old captain", "my neighbour", "a quiet student", "the tired engineer",
@@ -74,32 +71,26 @@ async def stream(uri: str, pcm: np.ndarray, timeout_s: float) -> dict[str, objec
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="random:small")
-    parser.add_argument("--quantize", default="int8")
+    parser = common.parser(__doc__)
+    common.add_server_args(parser)
+    common.add_output_args(parser, out="bench/out/funasr_unpaced")
     parser.add_argument("--utterances", type=int, default=34)
     parser.add_argument("--gap-ms", type=int, default=1400)
-    parser.add_argument(
-        "--server-arg", action="append", default=[], help="passed to streamer serve (repeat)"
-    )
     parser.add_argument("--timeout-s", type=float, default=900.0)
-    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
-    parser.add_argument("--out", type=Path, default=Path("bench/out/funasr_unpaced"))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    common.setup_logging()
     texts = sentences(args.utterances)
-    clips = [("en", t, synth.speak(t, "en", cache_dir=args.cache_dir)) for t in texts]
+    clips = [("en", t, synth.speak(t, "en", cache_dir=args.cache_dir / "speech")) for t in texts]
     pcm, truth = synth.join_with_silence(clips, args.gap_ms)
-    port = free_port()
-    options = ServerOptions(
-        model=args.model,
-        quantize=None if args.quantize == "none" else args.quantize,
-        extra_args=("--funasr-port", str(port), *args.server_arg),
+    port = common.free_port()
+    server = common.started_server(
+        args, args.out / "server.log", extra_args=("--funasr-port", str(port))
     )
-    with ManagedServer(options, args.out / "server.log"):
+    with server:
         result = asyncio.run(stream(f"ws://127.0.0.1:{port}/", pcm, args.timeout_s))
     result |= {"audio_s": round(pcm.size / 16000, 1), "spoken_utterances": len(truth)}
     result |= {"server_args": args.server_arg}
+    common.write_results(args.out, result, args)
     print(json.dumps(result))  # noqa: T201  (a bench's report)
     return 0 if result["is_final"] and not result["closed_early"] else 1
 

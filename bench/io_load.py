@@ -31,7 +31,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import REPO, free_port
 from streamer.model.interface import RecognizerBase
 
-REPO = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 logger = logging.getLogger("bench.io_load")
 
@@ -205,13 +204,6 @@ def _generate(args: tuple[str, int, int, int, float, float, bool]) -> dict[str, 
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _scrape(port: int) -> Any:
     from bench.latency.monitor import scrape
 
@@ -353,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     child = subprocess.Popen(
         [
             sys.executable,

@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 import psutil
 
+from bench import common
 from bench.latency.audio import synth_clips
 from bench.latency.poller import Poller
-from bench.latency.serverproc import ManagedServer, ServerOptions, http_base, http_get
+from bench.latency.serverproc import http_base, http_get
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.client.timeline import SessionResult
@@ -100,13 +101,12 @@ def latencies_ms(results: list[SessionResult]) -> dict[str, float]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    pcm = speech(args.cache_dir, args.clips)
-    extra = ["--model-process", "--decode-timeout-s", str(args.decode_timeout_s)]
-    options = ServerOptions(
-        model=args.model, quantize=args.quantize, log_level="info", extra_args=tuple(extra)
+    pcm = speech(args.cache_dir / "speech", args.clips)
+    extra = ("--model-process", "--decode-timeout-s", str(args.decode_timeout_s))
+    server = common.started_server(
+        args, args.out / "server.log", log_level="info", extra_args=extra
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    with ManagedServer(options, args.out / "server.log") as server:
+    with server:
         assert server.pid is not None
         calm = await stream_all(server.url, pcm, args.clients)
         victim = model_process(server.pid)
@@ -149,20 +149,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="random:small")
-    parser.add_argument("--quantize", default="int8")
+    parser = common.parser(__doc__)
+    common.add_server_args(parser)
+    common.add_output_args(parser, out="bench/out/model-restart")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--clips", type=int, default=6, help="bench sentences per stream")
     parser.add_argument("--fault", choices=("kill", "stop"), default="kill")
     parser.add_argument("--kill-after-s", type=float, default=6.0, help="when the fault comes")
     parser.add_argument("--decode-timeout-s", type=float, default=30.0)
-    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/speech"))
-    parser.add_argument("--out", type=Path, default=Path("bench/out/model-restart"))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    common.setup_logging()
     results = asyncio.run(run(args))
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    common.write_results(args.out, results, args)
     print(json.dumps(results, indent=2))
     return 0
 

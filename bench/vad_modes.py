@@ -9,7 +9,7 @@ segment counts found, for how many seeds every boundary is right (the check of
 tests/test_server_model.py), and the worst start and end error (segment minus speech).
 Then each VAD's CPU cost per real-time stream, by ``time.process_time`` over many frames.
 
-    .venv/bin/python bench/vad_modes.py
+    .venv/bin/python -m bench.vad_modes
 """
 
 from __future__ import annotations

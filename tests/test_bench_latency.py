@@ -7,24 +7,17 @@ The last test runs the whole bench against the tiny random-model server (``serve
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-# bench/ is a folder of scripts, not an installed package: make `import bench` work
-# however pytest was started.
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.latency import metrics, prom, report  # noqa: E402
-from bench.latency.audio import SAMPLE_RATE, Clip, client_track  # noqa: E402
-from bench.latency.metrics import Arrival, SendLog  # noqa: E402
-from bench.latency.serverproc import ServerOptions  # noqa: E402
-from bench.latency.sweep import parse_clients, parse_variant  # noqa: E402
-from streamer.core.protocol import End, Final, Partial, SpeechStart  # noqa: E402
+from bench.latency import metrics, prom, report
+from bench.latency.audio import SAMPLE_RATE, Clip, client_track
+from bench.latency.metrics import Arrival, SendLog
+from bench.latency.serverproc import ServerOptions
+from bench.latency.sweep import parse_clients, parse_variant
+from streamer.core.protocol import End, Final, Partial, SpeechStart
 
 RATE = 16000
 CHUNK = 1600  # 100 ms

@@ -1,0 +1,108 @@
+"""bench/common.py and ``python -m bench``: the list of benches, the shared arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import common
+from bench.__main__ import benches
+from tests.timing import timeout_s
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_python_m_bench_lists_every_bench_with_its_first_line() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "bench"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s(60),
+        check=True,
+    ).stdout
+    modules = {p.stem for p in (REPO / "bench").glob("*.py")} - {"__init__", "__main__", "common"}
+    modules |= {p.parent.name for p in (REPO / "bench").glob("*/__init__.py")}
+    assert set(benches()) == modules
+    rows = [row.split(maxsplit=1) for row in listed.splitlines() if row.startswith("  ")]
+    assert {name: line for name, line in rows} == benches()
+    for name, line in benches().items():
+        assert line, f"bench/{name} has no docstring to list"
+    assert "Latency through each wire protocol" in listed
+
+
+def test_python_m_bench_refuses_an_unknown_name() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "no_such_bench"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s(60),
+    )
+    assert result.returncode == 2
+    assert "no bench named 'no_such_bench'" in result.stderr
+
+
+def test_python_m_bench_name_runs_that_bench() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "funasr_unpaced", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s(60),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m bench.funasr_unpaced")
+    assert "--server-arg" in result.stdout
+
+
+def test_server_arguments_become_server_options() -> None:
+    parser = common.parser(__doc__)
+    common.add_server_args(parser, model="random:tiny")
+    common.add_output_args(parser, out="bench/out/x")
+    args = parser.parse_args(
+        ["--quantize", "none", "--server-arg=--threads", "--server-arg=2", "--out", "o"]
+    )
+    options = common.server_options(args, endpoint_ms=500, extra_args=("--max-batch", "4"))
+    assert (options.model, options.quantize, options.endpoint_ms) == ("random:tiny", None, 500)
+    assert options.extra_args == ("--threads", "2", "--max-batch", "4")
+    assert args.out == Path("o")
+    command = options.command(port=1234)
+    assert command[command.index("--port") + 1] == "1234"
+    assert "--quantize" not in command
+    defaults = parser.parse_args([])
+    assert common.server_options(defaults).quantize == "int8"
+
+
+def test_int_list_parses_commas_and_refuses_words() -> None:
+    assert common.int_list("1,4,8") == [1, 4, 8]
+    with pytest.raises(argparse.ArgumentTypeError, match="integers separated by commas"):
+        common.int_list("1,many")
+
+
+def test_results_record_the_command_and_the_machine(tmp_path: Path) -> None:
+    args = argparse.Namespace(model="random:tiny", out=tmp_path)
+    path = common.write_results(tmp_path / "run", {"figure_ms": 12.5}, args)
+    record = json.loads(path.read_text())
+    assert record["figure_ms"] == 12.5
+    assert record["command"].startswith("python -m ")
+    assert record["machine"]["cpu_flags"] == common.cpu_name()
+    assert record["args"] == {"model": "random:tiny", "out": str(tmp_path)}
+
+
+def test_cpu_name_names_the_cpu() -> None:
+    name = common.cpu_name()
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo")
+    model = next(
+        line.split(":", 1)[1].strip()
+        for line in cpuinfo.read_text().splitlines()
+        if line.startswith("model name")
+    )
+    assert name.startswith(model)
