@@ -18,7 +18,8 @@
         │   └── InvalidHotwords             a hotword phrase or boost is wrong (not fatal)
         ├── UnsupportedSampleRate       sample rate not supported (close 1003)
         ├── UndecodableAudio            audio bytes that are not the declared or detected
-        │                                 encoding, or a corrupt container (close 1003)
+        │   │                             encoding, or a corrupt container (close 1003)
+        │   └── AudioTooLong                an uploaded file longer than the server takes
         └── UnexpectedMessage           valid message at the wrong time (not fatal)
 
 Each :class:`ProtocolError` names its wire ``code`` and whether it ends the session;
@@ -45,6 +46,7 @@ __all__ = [
     "InvalidHotwords",
     "UnexpectedMessage",
     "UndecodableAudio",
+    "AudioTooLong",
     "close_code_for",
 ]
 
@@ -166,6 +168,15 @@ class UndecodableAudio(ProtocolError):
     container, a header that never completes, or a change of format mid-stream."""
 
     code = "undecodable_audio"
+
+
+class AudioTooLong(UndecodableAudio):
+    """An uploaded file whose audio is longer than the server's duration limit (known
+    from its header, or found while decoding it). A kind of :class:`UndecodableAudio`
+    (the file is refused, not decoded), so a handler of that refuses it too; one that
+    tells the two apart catches this first."""
+
+    code = "audio_too_long"
 
 
 def close_code_for(error: BaseException) -> int:

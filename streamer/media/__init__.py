@@ -1,4 +1,5 @@
-"""Compressed audio containers decoded for the session (PyAV, off the core)."""
+"""Compressed audio decoded for the session (PyAV, off the core): streamed containers
+(:mod:`.decoder`) and uploaded files (:mod:`.files`)."""
 
 from streamer.media.decoder import ContainerDecoder, open_decoder
 

@@ -213,21 +213,25 @@ class ContainerDecoder:
             expected_s: float | None = None  # where the next frame should start
             for packet in container.demux(stream):
                 for frame in packet.decode():
-                    expected_s = self._check_gap(frame, expected_s)
+                    expected_s = check_gap(frame, expected_s, f"{self.container} stream")
                     yield from _pcm(resampler.resample(frame))
             yield from _pcm(resampler.resample(None))
 
-    def _check_gap(self, frame: av.AudioFrame, expected_s: float | None) -> float | None:
-        """FFmpeg skips a corrupt page or block and goes on; the timestamps show it."""
-        if frame.pts is None or frame.time_base is None or not frame.sample_rate:
-            return None
-        start_s = float(frame.pts * frame.time_base)
-        if expected_s is not None and start_s - expected_s > MAX_GAP_S:
-            raise UndecodableAudio(
-                f"the {self.container} stream is corrupt: {start_s - expected_s:.3f} s of "
-                f"audio missing at {expected_s:.3f} s"
-            )
-        return start_s + frame.samples / frame.sample_rate
+
+def check_gap(frame: av.AudioFrame, expected_s: float | None, what: str) -> float | None:
+    """Where the frame after ``frame`` should start (None when it has no timestamp);
+    raises :class:`UndecodableAudio` when ``frame`` starts over :data:`MAX_GAP_S` after
+    ``expected_s``. FFmpeg skips a corrupt page or block and goes on; the timestamps
+    show it. ``what`` names the input in the message ("ogg stream", "file")."""
+    if frame.pts is None or frame.time_base is None or not frame.sample_rate:
+        return None
+    start_s = float(frame.pts * frame.time_base)
+    if expected_s is not None and start_s - expected_s > MAX_GAP_S:
+        raise UndecodableAudio(
+            f"the {what} is corrupt: {start_s - expected_s:.3f} s of "
+            f"audio missing at {expected_s:.3f} s"
+        )
+    return start_s + frame.samples / frame.sample_rate
 
 
 def _pcm(frames: list[av.AudioFrame]) -> Iterator[bytes]:
