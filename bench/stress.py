@@ -297,14 +297,14 @@ async def attack_flood(server: Server, args: argparse.Namespace) -> Row:
         except Exception:
             closed_after = time.monotonic() - started
         for _ in range(200):  # wait for the slot to be freed, 20 s at most
-            if active_sessions(server) == 0:
+            if open_sessions(server) == 0:
                 break
             await asyncio.sleep(0.1)
         freed_after = time.monotonic() - started
     ws.transport.abort()
     growth = rss.peak_mb - rss.start_mb
     limit = args.idle_timeout_s + 5.0
-    ok = growth < 50 and active_sessions(server) == 0 and freed_after < limit + 5
+    ok = growth < 50 and open_sessions(server) == 0 and freed_after < limit + 5
     return Row(
         f"never-reading client flooding {args.flood_mb} MB of junk text",
         f"one error, closed by the idle timeout ({args.idle_timeout_s:g} s; junk is not input), "
@@ -754,14 +754,6 @@ def open_sessions(server: Server) -> int:
     prefix = "streamer_sessions_active{"
     lines = body.decode(errors="replace").splitlines()
     return int(sum(float(line.split()[-1]) for line in lines if line.startswith(prefix)))
-
-
-def active_sessions(server: Server) -> int:
-    status, body, _ = http_get(f"{server.http}/metrics")
-    for line in body.decode(errors="replace").splitlines():
-        if line.startswith("streamer_sessions_active "):
-            return int(float(line.split()[1]))
-    return -1
 
 
 # -- main ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from streamer.client.connection import ClientOptions, StreamingClient
 from streamer.client.streaming import transcribe
@@ -187,7 +187,8 @@ async def test_idle_timeout_fires_while_a_send_is_blocked(fake):
 
 
 async def test_junk_flood_is_answered_once_and_does_not_keep_the_session_alive(fake):
-    server = fake(idle_timeout_s=1.0)
+    # read unpaced (the next test paces one): 12 MB is past 1 s of the default pace
+    server = fake(idle_timeout_s=1.0, max_input_bytes_per_s=1e12)
     async with connect(server.url) as ws:
         await recv_json(ws)
         junk = "x" * 60000
@@ -199,6 +200,23 @@ async def test_junk_flood_is_answered_once_and_does_not_keep_the_session_alive(f
     assert errors[1]["suppressed"] == 199
     assert all(len(orjson.dumps(m)) < 400 for m in messages)  # nothing echoed
     assert code == 1008
+
+
+async def test_junk_sent_faster_than_the_pace_still_times_out(fake):
+    """A client that never stops sending junk faster than its pace: each pacing pause
+    used to count as input time, so the session never went idle and kept its slot."""
+    server = fake(idle_timeout_s=1.0, max_input_messages_per_s=20)
+    started = time.monotonic()
+    async with connect(server.url) as ws:
+        await recv_json(ws)
+        with pytest.raises(ConnectionClosed):
+            while time.monotonic() - started < timeout_s(BOUND_S):
+                await ws.send("junk")
+                await asyncio.sleep(0.005)  # 200 messages a second: paced at 20
+        messages, code = await messages_until_close(ws)
+    assert [e["code"] for e in messages if e["type"] == "error"][-1] == "idle_timeout"
+    assert code == 1008
+    await eventually(lambda: server.server.session_count == 0, BOUND_S, "the slot to be freed")
 
 
 async def test_shutdown_with_a_blocked_client_ends_within_the_grace_period(fake):

@@ -97,6 +97,7 @@ class Connection:
         self._loop = asyncio.get_running_loop()
         self._paused_since: float | None = None  # loop time the reader paused, if it is
         self._paused_total_s = 0.0  # time paused by back-pressure before _paused_since
+        self._paced = False  # the pause under way is input pacing's
         self._idle_timer: asyncio.TimerHandle | None = None
 
     # -- server-side events ----------------------------------------------------
@@ -128,7 +129,7 @@ class Connection:
         now = self._loop.time()
         pump = self.pump
         waiting_on_client = (
-            self._paused_since is None
+            (self._paused_since is None or self._paced)
             and not pump.backlog
             and self.session.state in (State.CONFIGURING, State.STREAMING)
         )
@@ -214,24 +215,29 @@ class Connection:
                 pump.receive(message)
                 wait_s = pump.charge(len(message))
                 if wait_s > 0:
-                    await self._pause(asyncio.sleep(wait_s))
+                    await self._pause(asyncio.sleep(wait_s), paced=True)
             # keep reading until the peer acknowledges the close
             while True:
                 await self.ws.recv()
         except ConnectionClosed:
             pass
 
-    async def _pause(self, until: Awaitable[object]) -> None:
+    async def _pause(self, until: Awaitable[object], *, paced: bool = False) -> None:
         """Stop reading until ``until`` is done; the time is ours, not the client's (for
-        the keepalive and the idle timeout)."""
+        the keepalive and the idle timeout). A pause for input pacing (``paced``) is the
+        client's for the idle timeout: it sent faster than allowed, and only its audio
+        and valid messages count as input (junk sent as fast as it can still times out).
+        """
         self._paused_since = self._loop.time()
+        self._paced = paced
         try:
             await until
         finally:
             now = self._loop.time()
             self._paused_total_s += now - self._paused_since
             self._paused_since = None
-            self.pump.last_input = now
+            if not paced:
+                self.pump.last_input = now
 
     async def _send(self, frame: OutFrame) -> None:
         try:
