@@ -252,7 +252,7 @@ def export_onnx(
     cmvn = read_am_mvn(files.cmvn)
     metadata = _metadata(cmvn, vocab_size, name or str(model_dir), digest)
     _set_metadata(out_dir / FP32_FILE, metadata)
-    _quantize(out_dir / FP32_FILE, out_dir / INT8_FILE, int8_weight_type)
+    quantize_int8(out_dir / FP32_FILE, out_dir / INT8_FILE, int8_weight_type)
     _set_metadata(out_dir / INT8_FILE, {**metadata, "int8_weight_type": int8_weight_type})
     write_tokens_txt(out_dir / TOKENS_FILE, pieces)
     shutil.copyfile(files.cmvn, out_dir / CMVN_FILE)
@@ -371,7 +371,16 @@ def _set_metadata(path: Path, metadata: dict[str, str]) -> None:
     onnx.save(model, str(path))
 
 
-def _quantize(source: Path, target: Path, weight_type: str) -> None:
+def quantize_int8(
+    source: Path,
+    target: Path,
+    weight_type: str,
+    *,
+    per_channel: bool = False,
+    reduce_range: bool = False,
+) -> None:
+    """Write ``target``: graph ``source`` with its MatMul weights quantized dynamically
+    (activations are always quantized to uint8 at run time by ONNX Runtime)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()
@@ -383,6 +392,8 @@ def _quantize(source: Path, target: Path, weight_type: str) -> None:
             model_output=str(target),
             op_types_to_quantize=["MatMul"],
             weight_type=getattr(QuantType, weight_type),
+            per_channel=per_channel,
+            reduce_range=reduce_range,
         )
     finally:
         root.removeFilter(chatter)
