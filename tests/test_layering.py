@@ -9,18 +9,23 @@
 - ``streamer/media/`` is the only importer of PyAV (``av``, FFmpeg), and imports neither
   the server nor the model.
 - Only the CLI configures logging; nothing in the package prints.
+- Every module imports only what its row of docs/architecture.md's package table names in
+  the "may import" column: the table is parsed from the doc, so the two cannot drift.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "streamer"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 MODEL_LIBRARIES = {
     "torch",
     "funasr",
@@ -30,8 +35,6 @@ MODEL_LIBRARIES = {
     "modelscope",
     "kaldi_native_fbank",
 }
-# What a core module may import besides the standard library's pure modules.
-CORE_THIRD_PARTY = {"numpy", "soxr", "webrtcvad", "orjson"}
 CORE_FORBIDDEN_STDLIB = {
     "time",
     "datetime",
@@ -47,6 +50,87 @@ CORE_FORBIDDEN_STDLIB = {
     "io",
     "logging.handlers",
 }
+
+
+@dataclass(frozen=True)
+class MayImport:
+    """One row of the package table: what the modules it covers may import."""
+
+    row: str  # the row's first cell, e.g. "streamer/core/" or "streamer/errors.py"
+    anything: bool  # "anything" / "everything": not restricted
+    version: bool  # `streamer`: ``from streamer import __version__``
+    internal: frozenset[str]  # dotted names under streamer: "streamer.core", "streamer.errors"
+    third_party: frozenset[str]  # import names: "numpy", "websockets"
+
+    def allows(self, name: str, own: str) -> bool:
+        """Whether a module of this row (``own``: its folder or its own dotted name) may
+        import ``name`` (an absolute dotted name as :func:`_imports` gives it)."""
+        top = _top(name)
+        if self.anything or top == "__future__" or top in sys.stdlib_module_names:
+            return True
+        if top != "streamer":
+            return top in self.third_party
+        if name == "streamer" or name == own or name.startswith(own + "."):
+            return True  # the package itself (a ``from streamer... import`` base) or its own
+        if name.startswith("streamer.__"):  # ``from streamer import __version__``
+            return self.version
+        for allowed in self.internal:
+            if name == allowed or name.startswith(allowed + "."):
+                return True
+            if allowed.startswith(name + "."):  # the base of ``from streamer.model import worker``
+                return True
+        return False
+
+
+def _may_import_cell(row: str, cell: str) -> MayImport:
+    words = cell.strip().lower()
+    allowed = cell.split(";", 1)[0]
+    internal, third_party, version = set(), set(), False
+    for token in re.findall(r"`([^`]+)`", allowed):
+        path = PACKAGE / token.strip("/")
+        if token == "streamer":
+            version = True
+        elif "/" in token:
+            assert path.is_dir() or path.with_suffix(".py").is_file(), (
+                f"the row {row} names {token}, which is not in streamer/"
+            )
+            internal.add("streamer." + token.strip("/").replace("/", "."))
+        elif path.with_suffix(".py").is_file() or path.is_dir():
+            internal.add(f"streamer.{token}")
+        else:
+            third_party.add(token)
+    return MayImport(
+        row=row,
+        anything=words.startswith(("anything", "everything")),
+        version=version,
+        internal=frozenset(internal),
+        third_party=frozenset(third_party),
+    )
+
+
+def may_import_table(text: str | None = None) -> dict[str, MayImport]:
+    """docs/architecture.md's package table: ``{"core/": ..., "errors.py": ...}`` (paths
+    under streamer/), read from the rows whose first cell names something in streamer/."""
+    lines = (text if text is not None else ARCHITECTURE.read_text(encoding="utf-8")).splitlines()
+    start = lines.index("| folder | owns | may import |")
+    table: dict[str, MayImport] = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        assert len(cells) == 3, f"a package-table row without three cells: {line[:80]}"
+        name = cells[0].strip("`")
+        if name.startswith("streamer/"):
+            table[name.removeprefix("streamer/")] = _may_import_cell(name, cells[2])
+    return table
+
+
+def _row_for(path: Path, table: dict[str, MayImport]) -> tuple[MayImport | None, str]:
+    """The row covering ``path`` and the dotted name its own imports start with."""
+    rel = path.relative_to(PACKAGE)
+    if len(rel.parts) == 1:
+        return table.get(rel.name), f"streamer.{rel.stem}"
+    return table.get(rel.parts[0] + "/"), f"streamer.{rel.parts[0]}"
 
 
 def _modules(folder: str | None = None) -> list[Path]:
@@ -93,9 +177,64 @@ def test_core_imports_only_core_and_pure_libraries(path: Path) -> None:
         elif top in sys.stdlib_module_names:
             if top in CORE_FORBIDDEN_STDLIB or name in CORE_FORBIDDEN_STDLIB:
                 bad.add(name)
-        elif top != "__future__" and top not in CORE_THIRD_PARTY:
+        elif top != "__future__" and top not in may_import_table()["core/"].third_party:
             bad.add(name)
     assert not bad, f"{_rel(path)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=_rel)
+def test_every_module_imports_only_what_its_row_of_the_architecture_table_names(
+    path: Path,
+) -> None:
+    row, own = _row_for(path, may_import_table())
+    assert row is not None, (
+        f"{_rel(path)} has no row in docs/architecture.md's package table ('Who owns what')"
+    )
+    bad = {name for name in _imports(path) if not row.allows(name, own)}
+    assert not bad, (
+        f"{_rel(path)} imports {sorted(bad)}, which its row ({row.row}) in "
+        "docs/architecture.md does not name under 'may import'"
+    )
+
+
+def test_the_table_is_read_from_the_doc() -> None:
+    """Every folder of the package has a row, and the rows say what the doc says."""
+    table = may_import_table()
+    folders = {p.name + "/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders <= set(table), f"folders without a row: {sorted(folders - set(table))}"
+    core, server = table["core/"], table["server/"]
+    assert core.internal == {"streamer.core", "streamer.errors"}
+    assert {"numpy", "soxr", "webrtcvad", "orjson"} == core.third_party
+    assert "torch" not in core.third_party  # named after the ';', as a ban
+    assert {"streamer.model.worker", "streamer.media"} <= server.internal
+    assert {"websockets", "h11", "multipart"} <= server.third_party
+    assert table["testkit/"].anything and table["cli/"].anything
+    assert server.version and not core.version
+    assert not table["errors.py"].internal and not table["errors.py"].third_party
+
+
+def test_the_table_check_catches_an_import_its_row_does_not_name() -> None:
+    """Not vacuous: media importing the server, or a library its row does not name, fails,
+    and naming it in the doc's cell is what makes it pass."""
+    probe = PACKAGE / "media" / "_probe_for_layering_test.py"
+    probe.write_text(
+        "def leak() -> object:\n"
+        "    from streamer.server.admission import Admission\n"
+        "    import requests\n\n"
+        "    return Admission, requests\n"
+    )
+    try:
+        with pytest.raises(AssertionError, match=r"requests.*streamer\.server\.admission"):
+            test_every_module_imports_only_what_its_row_of_the_architecture_table_names(probe)
+        doc = ARCHITECTURE.read_text(encoding="utf-8").replace(
+            "| `core/`, `errors`, `av` (FFmpeg), `numpy`,",
+            "| `core/`, `errors`, `av` (FFmpeg), `numpy`, `server/`, `requests`,",
+        )
+        row, own = _row_for(probe, may_import_table(doc))
+        assert row is not None
+        assert all(row.allows(name, own) for name in _imports(probe))
+    finally:
+        probe.unlink()
 
 
 @pytest.mark.parametrize("path", _modules(), ids=_rel)
