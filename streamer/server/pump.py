@@ -92,6 +92,11 @@ class SessionPump:
     def backlog_bytes(self) -> int:
         return self._backlog_bytes
 
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes of frames waiting to be written (at most ``limits.max_outbox_bytes``)."""
+        return self._outbox_bytes
+
     # -- session -> world --------------------------------------------------------------
 
     def pump(self) -> None:
