@@ -199,10 +199,10 @@ class DeepgramAdapter(WireAdapter):
         self.request_id = request_id
         self.created = created
         model = session.options.model_name
-        self._model_uuid = str(uuid.uuid5(_MODEL_NAMESPACE, model))
+        self._model_uuid = model_uuid(model)
         self._metadata = {
             "request_id": request_id,
-            "model_info": {"name": model, "version": "1", "arch": "sensevoice"},
+            "model_info": model_info(model),
             "model_uuid": self._model_uuid,
         }
         self._decoder = AudioDecoder(options.encoding, options.channels)
@@ -343,20 +343,8 @@ class DeepgramAdapter(WireAdapter):
 
     def _results(self, message: Partial | Final, *, is_final: bool) -> dict[str, Any]:
         start_s = _seconds(message.start_ms)
-        words = []
         language = message.language if self.options.detect_language else None
-        for w in common.message_words(message):
-            word: dict[str, Any] = {
-                "word": w.bare,
-                "start": _seconds(w.start_ms),
-                "end": _seconds(w.end_ms),
-                "confidence": w.confidence,
-            }
-            if self.options.punctuated_words:
-                word["punctuated_word"] = w.text
-            if language:
-                word["language"] = language
-            words.append(word)
+        words = result_words(message, punctuated=self.options.punctuated_words, language=language)
         alternative: dict[str, Any] = {
             "transcript": message.text,
             "confidence": common.message_confidence(message),
@@ -402,7 +390,7 @@ class DeepgramAdapter(WireAdapter):
             "duration": round(end.audio_ms / 1000, 3),
             "channels": self.options.channels,
             "models": [self._model_uuid],
-            "model_info": {self._model_uuid: {"name": model, "version": "1", "arch": "sensevoice"}},
+            "model_info": {self._model_uuid: model_info(model)},
         }
 
     def _send_error(
@@ -420,6 +408,38 @@ class DeepgramAdapter(WireAdapter):
 
     def _send(self, obj: dict[str, Any], message: ServerMessage | None = None) -> None:
         self._frames.append(OutFrame(orjson.dumps(obj), message=message))
+
+
+def model_uuid(model: str) -> str:
+    """The ``model_uuid`` Deepgram clients see for ``model`` (the same on every run)."""
+    return str(uuid.uuid5(_MODEL_NAMESPACE, model))
+
+
+def model_info(model: str) -> dict[str, str]:
+    """``model_info``'s entry for ``model``."""
+    return {"name": model, "version": "1", "arch": "sensevoice"}
+
+
+def result_words(
+    message: Partial | Final, *, punctuated: bool, language: str | None = None
+) -> list[dict[str, Any]]:
+    """A result's ``words``: bare and lower-case as Deepgram writes them, with
+    ``punctuated_word`` when ``punctuated`` (punctuate or smart_format), and the
+    detected ``language`` on each when given (language=multi)."""
+    words = []
+    for w in common.message_words(message):
+        word: dict[str, Any] = {
+            "word": w.bare,
+            "start": _seconds(w.start_ms),
+            "end": _seconds(w.end_ms),
+            "confidence": w.confidence,
+        }
+        if punctuated:
+            word["punctuated_word"] = w.text
+        if language:
+            word["language"] = language
+        words.append(word)
+    return words
 
 
 def _seconds(ms: float) -> float:
