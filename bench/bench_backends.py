@@ -57,7 +57,8 @@ def _load(config: str, args: argparse.Namespace, **onnx_kwargs: Any) -> Any:
     from streamer.model.files import locate_model
     from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
     from streamer.model.onnx_export import cached_export
-    from streamer.model.recognizer import Recognizer, RecognizerOptions
+    from streamer.model.options import RecognizerOptions
+    from streamer.model.torch_backend import Recognizer
     from streamer.testkit.models import RANDOM_MODELS
 
     backend, _, precision = config.partition("-")

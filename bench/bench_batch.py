@@ -52,7 +52,7 @@ def speech(cache_dir: Path) -> np.ndarray:
 
 def load(config: str, model: str, threads: int, cache_dir: Path, device: str) -> Any:
     from streamer.model.loading import load_recognizer
-    from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.options import RecognizerOptions
     from streamer.testkit.models import RANDOM_MODELS
 
     backend, quantize = CONFIGS[config]

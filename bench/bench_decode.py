@@ -55,7 +55,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     import psutil
 
     from streamer.model.funasr_quiet import import_funasr
-    from streamer.model.recognizer import Recognizer, RecognizerOptions
+    from streamer.model.options import RecognizerOptions
+    from streamer.model.torch_backend import Recognizer
     from streamer.testkit.models import RANDOM_MODELS
 
     process = psutil.Process()

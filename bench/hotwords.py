@@ -34,7 +34,7 @@ from streamer.core.hotwords import DEFAULT_BOOST, Hotword, Hotwords
 from streamer.core.jobs import DecodeJob
 from streamer.model.decoding import CtcRecognizer
 from streamer.model.loading import load_recognizer
-from streamer.model.recognizer import RecognizerOptions
+from streamer.model.options import RecognizerOptions
 from streamer.testkit.models import RANDOM_MODELS
 from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
 

@@ -830,10 +830,10 @@ def write_section(path: Path, text: str) -> None:
 def serve_injected() -> int:
     """``streamer serve`` whose recognizer hangs after $STRESS_HANG_AFTER_DECODES decodes."""
     from streamer import cli
-    from streamer.model import recognizer
+    from streamer.model import torch_backend
 
     hang_after = int(os.environ[HANG_ENV])
-    real = recognizer.Recognizer
+    real = torch_backend.Recognizer
 
     class Hanging(real):  # type: ignore[misc, valid-type]
         decodes = 0
@@ -844,7 +844,7 @@ def serve_injected() -> int:
                 threading.Event().wait()  # a stuck native call, as far as Python can tell
             return super().decode(*a, **k)
 
-    recognizer.Recognizer = Hanging  # type: ignore[misc]
+    torch_backend.Recognizer = Hanging  # type: ignore[misc]
     return cli.main(["serve", *sys.argv[2:]])
 
 

@@ -25,7 +25,7 @@ import orjson
 from streamer.core.protocol import Final, decode_server_message, encode
 from streamer.core.words import transcript_words
 from streamer.model.loading import load_recognizer
-from streamer.model.recognizer import RecognizerOptions
+from streamer.model.options import RecognizerOptions
 from streamer.testkit.models import ensure_random_model
 from streamer.testkit.speech import speak
 

@@ -30,7 +30,8 @@ from websockets.asyncio.client import connect
 
 from streamer.core.compat.common import join_texts
 from streamer.core.session import Session
-from streamer.model.recognizer import Recognizer, RecognizerOptions
+from streamer.model.options import RecognizerOptions
+from streamer.model.torch_backend import Recognizer
 from streamer.model.worker import ModelWorker
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth

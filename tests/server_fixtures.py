@@ -162,7 +162,8 @@ def recognizer_loader(model_dir: Path) -> Callable[[], SpeechRecognizer]:
     """Loads the real recognizer (funasr) from a model directory."""
 
     def load() -> SpeechRecognizer:
-        from streamer.model.recognizer import Recognizer, RecognizerOptions
+        from streamer.model.options import RecognizerOptions
+        from streamer.model.torch_backend import Recognizer
 
         return Recognizer(RecognizerOptions(model=str(model_dir), device="cpu", threads=2))
 

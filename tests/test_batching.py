@@ -18,7 +18,9 @@ from streamer.model.decoding import CtcRecognizer
 from streamer.model.interface import RecognizerBase
 from streamer.model.onnx_backend import OnnxRecognizer
 from streamer.model.onnx_export import cached_export
-from streamer.model.recognizer import MIN_DECODE_SAMPLES, Recognizer, RecognizerOptions
+from streamer.model.options import RecognizerOptions
+from streamer.model.sensevoice import MIN_DECODE_SAMPLES
+from streamer.model.torch_backend import Recognizer
 from streamer.model.worker import (
     DEFAULT_MAX_BATCH,
     ModelWorker,

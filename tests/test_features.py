@@ -14,7 +14,8 @@ from streamer.model.features import FeatureCache
 from streamer.model.frontend import WINDOW_SAMPLES, Cmvn, Frontend, fbank_frames, read_am_mvn
 from streamer.model.onnx_backend import OnnxRecognizer
 from streamer.model.onnx_export import cached_export
-from streamer.model.recognizer import Recognizer, RecognizerOptions
+from streamer.model.options import RecognizerOptions
+from streamer.model.torch_backend import Recognizer
 from streamer.model.worker import ModelWorker
 from tests.fakes import Answers
 from tests.timing import timeout_s

@@ -37,8 +37,8 @@ from streamer.model.decoding import (
     textnorm_row,
 )
 from streamer.model.loading import load_recognizer
+from streamer.model.options import RecognizerOptions
 from streamer.model.process import ProcessRecognizer
-from streamer.model.recognizer import RecognizerOptions
 from streamer.server.server import ServerOptions
 from streamer.testkit import speech as synth
 from tests import compat_clients as clients

@@ -132,7 +132,8 @@ def test_tagged_model_tolerates_silent_margins(
     tagged_model_dir: Path, speech_cache: Path, margins_ms: tuple[int, int]
 ) -> None:
     """Servers decode segments with silence around the speech: the tags and text hold."""
-    from streamer.model.recognizer import Recognizer, RecognizerOptions
+    from streamer.model.options import RecognizerOptions
+    from streamer.model.torch_backend import Recognizer
 
     recognizer = Recognizer(
         RecognizerOptions(model=str(tagged_model_dir), device="cpu", threads=2, warmup=False)

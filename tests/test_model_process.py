@@ -29,9 +29,9 @@ from streamer.core.protocol import Final
 from streamer.errors import ConfigError, DecodeError, ModelError
 from streamer.model import worker as worker_module
 from streamer.model.loading import LoadProgress, load_recognizer
+from streamer.model.options import RecognizerOptions
 from streamer.model.pool import WorkerPool, WorkerSlot
 from streamer.model.process import ProcessRecognizer
-from streamer.model.recognizer import RecognizerOptions
 from streamer.model.worker import ModelWorker, WorkerOptions
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth

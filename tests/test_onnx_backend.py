@@ -18,7 +18,9 @@ from streamer.model import onnx_export
 from streamer.model.loading import load_recognizer, resolve_backend
 from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
 from streamer.model.onnx_export import cached_export, read_manifest
-from streamer.model.recognizer import MIN_DECODE_SAMPLES, Recognizer, RecognizerOptions
+from streamer.model.options import RecognizerOptions
+from streamer.model.sensevoice import MIN_DECODE_SAMPLES
+from streamer.model.torch_backend import Recognizer
 from streamer.testkit.models import RANDOM_MODELS
 from streamer.testkit.onnx_layouts import funasr_layout, rewrite_graph, sherpa_layout
 from streamer.testkit.speech import SAMPLE_RATE, speak
@@ -331,7 +333,7 @@ def test_onnx_decoding_imports_neither_torch_nor_funasr(tiny_export: Path) -> No
     code = (
         "import sys\n"
         "from streamer.model.onnx_backend import OnnxRecognizer\n"
-        "from streamer.model.recognizer import RecognizerOptions\n"
+        "from streamer.model.options import RecognizerOptions\n"
         f"r = OnnxRecognizer(RecognizerOptions(model={str(tiny_export)!r}, device='cpu'))\n"
         "r.decode(b'\\x10\\x00' * 16000)\n"
         "print(sorted(m for m in ('torch', 'funasr') if m in sys.modules))\n"

@@ -16,8 +16,8 @@ import pytest
 from streamer.errors import ModelError
 from streamer.model.loading import load_recognizer, resolve_backend, resolve_model
 from streamer.model.onnx_export import cached_export
+from streamer.model.options import RecognizerOptions
 from streamer.model.published import PUBLISHED_FILES, PUBLISHED_ONNX_MODEL, fetch_published
-from streamer.model.recognizer import RecognizerOptions
 from streamer.testkit.speech import speak
 from tests.hub_standin import Hub, running
 

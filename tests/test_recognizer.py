@@ -14,12 +14,9 @@ import numpy as np
 import pytest
 
 from streamer.errors import ConfigError, ModelError
-from streamer.model.recognizer import (
-    LANGUAGES,
-    MIN_DECODE_SAMPLES,
-    Recognizer,
-    RecognizerOptions,
-)
+from streamer.model.options import RecognizerOptions
+from streamer.model.sensevoice import LANGUAGES, MIN_DECODE_SAMPLES
+from streamer.model.torch_backend import Recognizer
 from streamer.testkit.models import RANDOM_MODELS
 from streamer.testkit.speech import SAMPLE_RATE, speak
 from tests import clips as clips_module
@@ -106,7 +103,7 @@ def test_default_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 def test_importing_does_not_import_torch() -> None:
     code = (
-        "import sys, streamer.model.recognizer, streamer.testkit.models\n"
+        "import sys, streamer.model.torch_backend, streamer.testkit.models\n"
         "assert 'torch' not in sys.modules and 'funasr' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

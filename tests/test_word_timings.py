@@ -17,9 +17,10 @@ from streamer.core.words import FRAME_MS, QUERY_FRAMES, join_words, transcript_w
 from streamer.model.decoding import CtcRecognizer
 from streamer.model.onnx_backend import OnnxRecognizer
 from streamer.model.onnx_export import cached_export
-from streamer.model.recognizer import Recognizer, RecognizerOptions
+from streamer.model.options import RecognizerOptions
 from streamer.model.sensevoice import FRAME_MS as MODEL_FRAME_MS
 from streamer.model.sensevoice import QUERY_FRAMES as MODEL_QUERY_FRAMES
+from streamer.model.torch_backend import Recognizer
 from streamer.testkit import speech as synth
 from tests.clips import load_clips
 

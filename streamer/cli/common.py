@@ -175,7 +175,7 @@ def configure_logging(level: str, fmt: str) -> None:
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.options import RecognizerOptions
 
     recognizer = RecognizerOptions()  # the flags' defaults are its fields'
     g = parser.add_argument_group("model")
@@ -319,7 +319,7 @@ def random_models_for(model: str) -> Any:
 
 
 def _recognizer_options(args: argparse.Namespace) -> Any:
-    from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.options import RecognizerOptions
 
     kwargs: dict[str, Any] = dict(
         model=args.model,

@@ -112,7 +112,7 @@ def _add_build_model(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_build_model(args: argparse.Namespace) -> int:
-    from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.options import RecognizerOptions
     from streamer.testkit.models import ensure_random_model
 
     cache_dir = args.cache_dir or RecognizerOptions().cache_dir
@@ -151,7 +151,7 @@ def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
 def _cmd_export_onnx(args: argparse.Namespace) -> int:
     from streamer.model.files import locate_model
     from streamer.model.onnx_export import cached_export, export_onnx
-    from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.options import RecognizerOptions
 
     random_models = random_models_for(args.model)
     options = RecognizerOptions(

@@ -1,6 +1,6 @@
 """What every backend shares: audio in, CTC logits from the backend, a transcript out.
 
-A backend (:mod:`streamer.model.recognizer` for torch, :mod:`streamer.model.onnx_backend`
+A backend (:mod:`streamer.model.torch_backend` for torch, :mod:`streamer.model.onnx_backend`
 for ONNX Runtime) only turns a batch of waveforms into CTC logits, one ``(frames, vocab)``
 array per utterance. Everything around that lives here, once: checking the audio and the
 options, greedy CTC decoding (argmax, repeats collapsed, blanks dropped) with each token's
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from streamer.model.frontend import Frontend
     from streamer.model.hotword_graphs import CompiledHotwords, HotwordGraphs
     from streamer.model.interface import SpeechRecognizer
-    from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.options import RecognizerOptions
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 :class:`SpeechRecognizer` declares every capability the worker reads (the worker probes
 nothing); :class:`RecognizerBase` gives the defaults of a recognizer that runs in this
 process, decodes one utterance per call and keeps nothing per session, so a backend
-(``recognizer.py``'s torch one, ``onnx_backend.py``, both through
+(``torch_backend.py``, ``onnx_backend.py``, both through
 :class:`~streamer.model.decoding.CtcRecognizer`), the model process
 (:class:`~streamer.model.process.ProcessRecognizer`) and a test double each say only
 what differs.

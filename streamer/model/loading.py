@@ -26,13 +26,14 @@ from streamer.errors import ConfigError, ModelError
 from streamer.extras import TORCH, TORCH_MODULES, missing, require
 from streamer.model.decoding import CtcRecognizer
 from streamer.model.files import RANDOM_PREFIX, looks_like_path, model_files, random_model
+from streamer.model.options import RecognizerOptions
 from streamer.model.published import (
     AUTO_MODEL,
     DEFAULT_TORCH_MODEL,
     PUBLISHED_ONNX_MODEL,
     is_published,
 )
-from streamer.model.recognizer import Recognizer, RecognizerOptions
+from streamer.model.torch_backend import Recognizer
 
 logger = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ from streamer.model.published import (
 from streamer.model.sensevoice import FEATURE_DIM, LID_ROWS, QUERY_FRAMES, TEXTNORM_ROWS
 
 if TYPE_CHECKING:
-    from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.options import RecognizerOptions
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class OnnxRecognizer(CtcRecognizer):
         idle ONNX Runtime threads spin (faster on an idle machine, see the module doc)."""
         if options.dtype != "fp32":
             raise ConfigError(f"dtype {options.dtype} runs on the torch backend only")
-        from streamer.model.recognizer import default_threads
+        from streamer.model.options import default_threads
 
         started = time.perf_counter()
         self.options = options
@@ -231,7 +231,8 @@ def _download(options: RecognizerOptions) -> Path:
     from streamer.extras import TORCH, TORCH_MODULES, require
 
     require(f"downloading {options.model} and exporting it to ONNX", TORCH, *TORCH_MODULES)
-    from streamer.model.recognizer import Recognizer, RecognizerOptions
+    from streamer.model.options import RecognizerOptions
+    from streamer.model.torch_backend import Recognizer
 
     recognizer = Recognizer(
         RecognizerOptions(

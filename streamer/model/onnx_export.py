@@ -220,7 +220,8 @@ def export_onnx(
     require(
         f"exporting the torch model {name or model_dir} to ONNX", TORCH, "torch", "funasr", "onnx"
     )
-    from streamer.model.recognizer import Recognizer, RecognizerOptions
+    from streamer.model.options import RecognizerOptions
+    from streamer.model.torch_backend import Recognizer
 
     started = time.perf_counter()
     files = model_files(model_dir)
@@ -229,7 +230,7 @@ def export_onnx(
     # the torch model is only the export's source: "loaded ... with torch" would read as
     # the backend that serves
     loaded_line = _DropMessages("loaded model ")
-    recognizer_logger = logging.getLogger("streamer.model.recognizer")
+    recognizer_logger = logging.getLogger("streamer.model.torch_backend")
     recognizer_logger.addFilter(loaded_line)
     try:
         recognizer = Recognizer(

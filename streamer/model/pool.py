@@ -128,7 +128,7 @@ def plan_slots(
     cap each). With a single worker it is passed through unchanged, so one worker
     behaves as it always did (0 = the backend's default).
     """
-    from streamer.model.recognizer import MAX_DEFAULT_THREADS
+    from streamer.model.options import MAX_DEFAULT_THREADS
 
     if workers_per_device < 1:
         raise ConfigError(f"--workers must be at least 1, not {workers_per_device}")

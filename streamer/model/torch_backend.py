@@ -1,10 +1,10 @@
-"""Recognizer options, and SenseVoiceSmall on torch/funasr.
+"""SenseVoiceSmall on torch/funasr: the torch backend (beside :mod:`onnx_backend`).
 
 :func:`streamer.model.loading.load_recognizer` builds the backend
-:attr:`RecognizerOptions.backend` names: :class:`Recognizer` here (torch and funasr) or
-:class:`streamer.model.onnx_backend.OnnxRecognizer` (ONNX Runtime). Both decode through
-:class:`streamer.model.decoding.CtcRecognizer`, so greedy CTC, tokens, tags and token
-times are computed by the same code whichever runs the network.
+:attr:`RecognizerOptions.backend` names (:mod:`streamer.model.options`): :class:`Recognizer`
+here (torch and funasr) or :class:`streamer.model.onnx_backend.OnnxRecognizer` (ONNX
+Runtime). Both decode through :class:`streamer.model.decoding.CtcRecognizer`, so greedy CTC,
+tokens, tags and token times are computed by the same code whichever runs the network.
 
 :class:`Recognizer` runs the model directly (features, query frames, encoder, CTC logits)
 instead of going through ``AutoModel.generate()``, whose per-call bookkeeping
@@ -20,21 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import re
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from streamer.core.hotwords import MAX_PHRASE_TOKENS
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
-from streamer.model.ctc_beam import DEFAULT_BEAM, DEFAULT_PARTIAL_BEAM, MAX_BEAM
 from streamer.model.decoding import (
     CtcRecognizer,
     SentencePieceTokenizer,
@@ -46,21 +42,17 @@ from streamer.model.decoding import (
     padded_features,
 )
 from streamer.model.files import (
-    RANDOM_PREFIX,
-    RandomModels,
     check_vocabulary,
-    default_cache_dir,
     locate_model,
     model_files,
-    random_model,
 )
 from streamer.model.frontend import Cmvn, Frontend
 from streamer.model.funasr_quiet import import_funasr, quiet_funasr
+from streamer.model.options import RecognizerOptions, default_threads
 from streamer.model.published import AUTO_MODEL, DEFAULT_TORCH_MODEL
 from streamer.model.sensevoice import (
     EMO_UNKNOWN_ID,
     FRONTEND_CONF,
-    LANGUAGES,
     LFR_M,
     MIN_DECODE_SAMPLES,
     N_MELS,
@@ -70,89 +62,7 @@ from streamer.model.sensevoice import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "LANGUAGES",
-    "MIN_DECODE_SAMPLES",
-    "SAMPLE_RATE",
-    "BACKENDS",
-    "Recognizer",
-    "RecognizerOptions",
-    "default_threads",
-]
-
-BACKENDS = ("auto", "torch", "onnx")
-MAX_DEFAULT_THREADS = 8  # beyond this, intra-op threads stop paying on one decode
-
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-@dataclass(frozen=True)
-class RecognizerOptions:
-    """How to load the model. Validated on construction (raises ConfigError)."""
-
-    # hub id, local directory, random:tiny|small|tagged, or "auto": the backend's default
-    # (loading.resolve_model: sherpa-onnx's int8 export on ONNX Runtime, else iic/SenseVoiceSmall)
-    model: str = "auto"
-    backend: str = "auto"  # "torch", "onnx", or "auto" (see loading.resolve_backend)
-    hub: str = "ms"  # where a hub id comes from: "ms" (ModelScope) or "hf" (Hugging Face)
-    device: str = "auto"  # "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N"
-    dtype: str = "fp32"  # weights and activations: "fp32"; "fp16" or "bf16" on CUDA only
-    quantize: str | None = None  # "int8": int8 weights (torch: dynamic Linear; onnx: MatMul)
-    threads: int = 0  # intra-op threads; 0 = one per usable CPU core, at most 8
-    warmup: bool = True  # decode 1, 3 and 7 s at start-up so no user pays first-call costs
-    cache_dir: Path = field(default_factory=default_cache_dir)  # random models, ONNX exports
-    # hotwords: prefixes the biased CTC search keeps per frame on finals (and on the
-    # speculative partials that become finals), on other partials, and the longest
-    # phrase in tokens (longer ones are not used, and the session is told)
-    hotword_beam: int = DEFAULT_BEAM
-    hotword_partial_beam: int = DEFAULT_PARTIAL_BEAM
-    hotwords_max_tokens: int = MAX_PHRASE_TOKENS
-    # what builds random:NAME (streamer.testkit.models.RANDOM_MODELS, passed by the CLI and
-    # the test fixtures: nothing in streamer.model imports the test kit); None: no random:
-    random_models: RandomModels | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
-        if not self.model:
-            raise ConfigError("model must name a hub id, a directory or random:NAME")
-        if self.model.startswith(RANDOM_PREFIX):
-            random_model(self.model, self.random_models)  # ConfigError unless it can be built
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
-        if self.hub not in ("ms", "hf"):
-            raise ConfigError(f"hub must be 'ms' or 'hf', not {self.hub!r}")
-        if not _DEVICE_RE.match(self.device):
-            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
-        if self.dtype not in ("fp32", "fp16", "bf16"):
-            raise ConfigError(f"dtype must be fp32, fp16 or bf16, not {self.dtype!r}")
-        if self.dtype != "fp32" and self.device == "cpu":
-            raise ConfigError(f"dtype {self.dtype} needs a CUDA device; use fp32 on the CPU")
-        if self.dtype != "fp32" and self.backend == "onnx":
-            raise ConfigError(f"dtype {self.dtype} runs on the torch backend only")
-        if not 1 <= self.hotword_partial_beam <= self.hotword_beam <= MAX_BEAM:
-            raise ConfigError(
-                f"hotword beams must be 1 <= partial beam <= beam <= {MAX_BEAM}, not "
-                f"{self.hotword_partial_beam} and {self.hotword_beam}"
-            )
-        if not 1 <= self.hotwords_max_tokens <= 256:
-            raise ConfigError(f"hotwords max tokens must be 1..256, not {self.hotwords_max_tokens}")
-        if self.quantize not in (None, "int8"):
-            raise ConfigError(f"quantize must be int8 or unset, not {self.quantize!r}")
-        if self.quantize == "int8" and self.device.startswith("cuda"):
-            raise ConfigError("int8 quantization runs on the CPU only; use --device cpu")
-        if self.quantize == "int8" and self.dtype != "fp32":
-            raise ConfigError("int8 quantization starts from fp32 weights; drop the dtype")
-        if self.threads < 0:
-            raise ConfigError(f"threads must be 0 (automatic) or positive, not {self.threads}")
-
-
-def default_threads() -> int:
-    """One intra-op thread per CPU core this process may use, at most 8."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        usable = os.cpu_count() or 1
-    return max(1, min(usable, MAX_DEFAULT_THREADS))
+__all__ = ["Recognizer"]
 
 
 class Recognizer(CtcRecognizer):
