@@ -25,6 +25,10 @@ class Kind:
 KINDS = {
     "wav": Kind("wav", "pcm_s16le", ".wav"),
     "flac": Kind("flac", "flac", ".flac"),
+    # other sample formats in a WAV: 8-bit, 24-bit (decoded as s32), float
+    "wav-u8": Kind("wav", "pcm_u8", ".wav"),
+    "wav-s24": Kind("wav", "pcm_s24le", ".wav"),
+    "wav-f32": Kind("wav", "pcm_f32le", ".wav"),
     "ogg-opus": Kind("ogg", "libopus", ".ogg", rate=48000),
     "ogg-vorbis": Kind("ogg", "vorbis", ".ogg", codec_options=(("strict", "experimental"),)),
     "mp3": Kind("mp3", "libmp3lame", ".mp3"),

@@ -68,6 +68,16 @@ def test_16k_mono_s16_comes_out_bit_identical(kind, tmp_path):
     assert np.array_equal(decode(io.BytesIO(path.read_bytes())), samples)
 
 
+@pytest.mark.parametrize(
+    ("kind", "kept"),
+    [("wav-u8", lambda x: (x >> 8) << 8), ("wav-s24", lambda x: x), ("wav-f32", lambda x: x)],
+)
+def test_other_sample_formats_come_out_at_full_scale(kind, kept, tmp_path):
+    samples = np.random.default_rng(9).integers(-32768, 32768, RATE, dtype=np.int16)
+    path = write_audio(samples, RATE, kind, tmp_path / "x.wav")
+    assert np.array_equal(decode(path), kept(samples.astype(np.int32)).astype(np.int16))
+
+
 def test_stereo_is_averaged_exactly(tmp_path):
     rng = np.random.default_rng(8)
     stereo = rng.integers(-32768, 32768, (2, 2 * RATE), dtype=np.int16)
