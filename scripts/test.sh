@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 # System packages: speech synthesis (espeak-ng, sox), recorded test speech (alsa-utils,
 # pocketsphinx-testdata), the browser for the web-demo test, ffmpeg for mp3/m4a input,
-# nginx and haproxy for the load-balancer tests (tests/test_balancer.py starts its own).
-packages=(espeak-ng sox alsa-utils pocketsphinx-testdata chromium ffmpeg libsndfile1 nginx haproxy)
+# nginx and haproxy for the load-balancer tests (tests/test_balancer.py starts its own),
+# curl for the file-upload tests.
+packages=(espeak-ng sox alsa-utils pocketsphinx-testdata chromium ffmpeg libsndfile1 nginx haproxy curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -7,6 +7,7 @@
     ├── ModelError                  model weights missing, unloadable or inconsistent
     ├── DecodeError                 one decode failed; that segment's final carries it
     │   └── ModelProcessGone            the model process it was sent to died or was killed
+    ├── FileRefused                 a file upload cannot be transcribed now (has ``code``)
     ├── ClientError                 raised by :mod:`streamer.client`
     │   ├── ConnectionRefusedByServer   handshake refused (auth, capacity, origin)
     │   ├── ServerUnreachable           nothing answered at the URL
@@ -34,6 +35,7 @@ __all__ = [
     "ModelError",
     "DecodeError",
     "ModelProcessGone",
+    "FileRefused",
     "ClientError",
     "ConnectionRefusedByServer",
     "ServerClosed",
@@ -79,6 +81,17 @@ class DecodeError(StreamerError):
 class ModelProcessGone(DecodeError):
     """The model process (``serve --model-process``) died or was killed: the worker
     starts another or fails; the message says why, and there is no traceback to show."""
+
+
+class FileRefused(StreamerError):
+    """The server cannot transcribe a file now: every file slot is taken
+    (``too_many_files``), or it stopped the file's transcription (``shutting_down``, a
+    model failure). The HTTP APIs answer it with 429 or 503 and ``Retry-After``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class ClientError(StreamerError):

@@ -19,6 +19,7 @@ from streamer.model.options import RecognizerOptions
 from streamer.model.pool import DEFAULT_WORKERS_PER_DEVICE
 from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL_PROCESS, WorkerOptions
 from streamer.server import server as server_module
+from streamer.server.options import FileOptions
 from streamer.server.server import ConnectionLimits, ServerOptions
 
 # flags whose value is not a field of the same name, and what their default must be
@@ -34,6 +35,9 @@ RENAMED: dict[str, Any] = {
     "max_batch_audio_s": WorkerOptions().max_batch_audio_s,  # the worker's (None: auto)
     "model_restarts": WorkerOptions().max_restarts,  # the worker's
     "capacity_admission": CapacityOptions().enabled,
+    "max_file_jobs": FileOptions().max_jobs,
+    "max_upload_mb": FileOptions().max_upload_bytes / (1 << 20),
+    "max_file_duration_s": FileOptions().max_duration_s,
 }
 # flags that set no option field
 # (--hotwords is a file: SessionOptions.hotwords holds its phrases, () without it)
@@ -54,6 +58,7 @@ OWNERS = (
     SegmenterOptions,
     RecognizerOptions,
     CapacityOptions,
+    FileOptions,
 )
 
 

@@ -44,7 +44,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="run the streaming server",
-        description="Serve protocol v1 on ws://HOST:PORT/v1/asr, the web demo "
+        description="Serve protocol v1 on ws://HOST:PORT/v1/asr, file uploads on "
+        "POST /v1/audio/transcriptions and POST /v1/listen, the web demo "
         "on /, and /healthz, /readyz, /metrics. Every flag has a "
         "STREAMER_* environment equivalent (--max-sessions -> "
         "STREAMER_MAX_SESSIONS).",
@@ -255,6 +256,38 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="the most share of the workers' time the finals may take with one more "
         "session (measured per session over 15 s) [%(default)s]",
     )
+    f = p.add_argument_group("file APIs (POST /v1/audio/transcriptions, POST /v1/listen)")
+    _flag(
+        f,
+        "--max-file-jobs",
+        server.files.max_jobs,
+        _within(int, 0),
+        help="files transcribed at once (their jobs wait behind every live one); more "
+        "are refused with 429; 0 refuses every upload [%(default)s]",
+    )
+    _flag(
+        f,
+        "--max-upload-mb",
+        server.files.max_upload_bytes / (1 << 20),
+        _within(float, 0.001),
+        help="a larger upload is refused with 413 [%(default)s]",
+    )
+    _flag(
+        f,
+        "--max-file-duration-s",
+        server.files.max_duration_s,
+        _within(float, 1),
+        help="longer audio is refused with 400 [%(default)s]",
+    )
+    _flag(
+        f,
+        "--allow-url-fetch",
+        server.files.allow_url_fetch,
+        _bool,
+        action=argparse.BooleanOptionalAction,
+        help='let Deepgram\'s {"url": ...} bodies make the server fetch that URL (off: '
+        "a request cannot make the server reach what only it can reach) [%(default)s]",
+    )
     _flag(
         g,
         "--max-batch",
@@ -380,6 +413,7 @@ def _server_options(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
     from streamer.core.capacity import CapacityOptions
+    from streamer.server.options import FileOptions
     from streamer.server.server import ConnectionLimits, ServerOptions
 
     default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
@@ -430,6 +464,12 @@ def _server_options(args: argparse.Namespace) -> Any:
         funasr_port=args.funasr_port,
         wyoming_port=args.wyoming_port,
         wyoming_insecure=args.wyoming_insecure,
+        files=FileOptions(
+            max_jobs=args.max_file_jobs,
+            max_upload_bytes=round(args.max_upload_mb * (1 << 20)),
+            max_duration_s=args.max_file_duration_s,
+            allow_url_fetch=args.allow_url_fetch,
+        ),
     )
 
 

@@ -28,7 +28,7 @@ from streamer.media import open_decoder
 from streamer.server.http import Endpoint, Negotiation, json_response, offered_subprotocols
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
     now = datetime.datetime.now(datetime.UTC)
     return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -54,7 +54,7 @@ def _deepgram_negotiate(
         keywords=[v for k, v in every if k == "keywords"],
         keyterms=[v for k, v in every if k == "keyterm"],
     )
-    request_id, created = str(uuid.uuid4()), _now_iso()
+    request_id, created = str(uuid.uuid4()), now_iso()
 
     def make_adapter(session: Session) -> DeepgramAdapter:
         return DeepgramAdapter(
@@ -66,7 +66,7 @@ def _deepgram_negotiate(
 
 def _deepgram_default_adapter(session: Session) -> DeepgramAdapter:
     options = ListenOptions(stream=session.stream)
-    return DeepgramAdapter(session, options, request_id=str(uuid.uuid4()), created=_now_iso())
+    return DeepgramAdapter(session, options, request_id=str(uuid.uuid4()), created=now_iso())
 
 
 def _deepgram_refusal(status: http.HTTPStatus, code: str, message: str) -> Response:

@@ -91,6 +91,14 @@ class Metrics:
             ["reason", "protocol"],
             registry=r,
         )
+        # the file APIs (api: "openai-files", "deepgram-files"): uploads being transcribed,
+        # and every upload's outcome ("ok", or the error code it was answered with)
+        self.file_jobs_active = Gauge(
+            "streamer_file_jobs_active", "Uploaded files being transcribed", ["api"], registry=r
+        )
+        self.files_total = Counter(
+            "streamer_files", "Uploaded files answered", ["api", "outcome"], registry=r
+        )
         self.audio_seconds_total = Counter(
             "streamer_audio_seconds", "Client audio received", registry=r
         )

@@ -77,6 +77,23 @@ class ConnectionLimits:
 
 
 @dataclass(frozen=True)
+class FileOptions:
+    """The file APIs' limits (``--max-file-jobs``, ``--max-upload-mb``, ...)."""
+
+    max_jobs: int = 4  # files transcribed at once; more are refused with 429
+    max_upload_bytes: int = 100 << 20  # a larger upload is refused with 413
+    max_duration_s: float = 4 * 3600.0  # longer audio is refused with 400
+    allow_url_fetch: bool = False  # Deepgram's {"url": ...} bodies (off: no SSRF)
+    read_timeout_s: float = 30.0  # each piece of an upload within this
+
+    def __post_init__(self) -> None:
+        if self.max_jobs < 0:
+            raise ConfigError("max_file_jobs must not be negative (0 turns the file APIs off)")
+        if self.max_upload_bytes < 1 or self.max_duration_s <= 0 or self.read_timeout_s <= 0:
+            raise ConfigError("max_upload_mb, max_file_duration_s and the timeout must be positive")
+
+
+@dataclass(frozen=True)
 class ServerOptions:
     """How the server listens and which limits it enforces."""
 
@@ -104,6 +121,7 @@ class ServerOptions:
     max_total_input_bytes_per_s: float = DEFAULT_TOTAL_BYTES_PER_S
     # new sessions are refused while the model would fall behind: streamer.core.capacity
     capacity: CapacityOptions = field(default_factory=CapacityOptions)
+    files: FileOptions = field(default_factory=FileOptions)  # the file APIs' limits
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import http
 import importlib.resources
 import logging
 import signal
@@ -34,9 +35,13 @@ from streamer.model.worker import ModelWorker
 from streamer.server.admission import Admission
 from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import serve_websocket
+from streamer.server.deepgram_files import DEEPGRAM_FILES
+from streamer.server.file_routes import FileRoutes
 from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import V1_ENDPOINT, Endpoint, StaticFiles
+from streamer.server.main_port import connection_class
 from streamer.server.metrics import Metrics
+from streamer.server.openai_files import OPENAI_FILES, TRANSLATION_REFUSAL, TRANSLATIONS_PATH
 from streamer.server.options import WS_MAX_QUEUE_FRAMES, ConnectionLimits, ServerOptions
 from streamer.server.routes import Routes, guarded, process_response
 from streamer.server.wyoming import WyomingListener
@@ -104,10 +109,17 @@ class StreamingServer:
         for endpoint in self._endpoints.values():
             self.metrics.sessions_active.labels(endpoint.name)  # exported at 0 from the start
         self.routes = Routes(self.admission, self._endpoints, StaticFiles(web_root), loading)
+        # requests with a body on the main port: the file APIs (docs/files.md)
+        self.files = FileRoutes(
+            self.admission,
+            options.files,
+            (OPENAI_FILES, DEEPGRAM_FILES),
+            refused={TRANSLATIONS_PATH: (http.HTTPStatus.BAD_REQUEST, TRANSLATION_REFUSAL)},
+        )
         loop = asyncio.get_running_loop()
 
         def on_failure(reason: str) -> None:  # called in the worker's thread
-            loop.call_soon_threadsafe(self.admission.model_failed, reason)
+            loop.call_soon_threadsafe(self._model_failed, reason)
 
         worker.on_failure = on_failure
         self.ssl_context: ssl.SSLContext | None = None  # set by start() when TLS is on
@@ -121,6 +133,12 @@ class StreamingServer:
             self.metrics.sessions_active.labels(name)  # exported at 0 from the start
 
     # -- lifecycle -------------------------------------------------------------
+
+    def _model_failed(self, reason: str) -> None:
+        self.admission.model_failed(reason)
+        self.files.jobs.stop_all(
+            "model_stalled", "the model stopped answering; the server is restarting (retry shortly)"
+        )
 
     @property
     def port(self) -> int:
@@ -184,6 +202,7 @@ class StreamingServer:
                 ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
                 close_timeout=o.limits.close_timeout_s,
                 server_header="sensevoice-streamer",
+                create_connection=connection_class(self.files.exchange),
             )
         except OSError as error:
             raise _listen_error(o.host, o.port, "--port", error) from error
@@ -261,7 +280,7 @@ class StreamingServer:
         self.start_draining()
         try:
             async with asyncio.timeout(timeout_s):
-                await self.admission.no_connections.wait()
+                await self._all_closed()  # files being transcribed finish too
             logger.info("drained: no session is open")
         except TimeoutError:
             logger.info("drain period over: %d sessions still open", self.session_count)
@@ -279,6 +298,10 @@ class StreamingServer:
             listener.stop_accepting()
         for connection in list(self.admission.connections):
             connection.shutdown()
+        # a file not finished in the drain is refused (503: send it again elsewhere)
+        self.files.jobs.stop_all(
+            "shutting_down", "the server is shutting down; send the file again"
+        )
         # after a model failure, sessions only wait for their close: no decode will come
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -286,7 +309,7 @@ class StreamingServer:
         if self.admission.failure is not None:
             grace_s = min(grace_s, FAILED_GRACE_S)
         waits = {
-            asyncio.ensure_future(self.admission.no_connections.wait()),
+            asyncio.ensure_future(self._all_closed()),
             asyncio.ensure_future(self._grace_cut.wait()),
         }
         await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
@@ -302,6 +325,8 @@ class StreamingServer:
         # (a client that does not read would block a close handshake forever).
         for connection in list(self.admission.connections):
             connection.abort()
+        for exchange in list(self.files.exchanges):
+            exchange.abort()
         if self._server is not None:
             for ws in list(self._server.connections):
                 ws.transport.abort()
@@ -320,6 +345,11 @@ class StreamingServer:
         if self._lag_task is not None:
             self._lag_task.cancel()
         self.metrics.model_ready.set(0)
+
+    async def _all_closed(self) -> None:
+        """Until no session is open and every file job has been answered."""
+        await self.admission.no_connections.wait()
+        await self.files.jobs.idle.wait()
 
     def cut_grace_short(self) -> None:
         """Stop waiting for open sessions: :meth:`shutdown` aborts them now (SIGTERM or

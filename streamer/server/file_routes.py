@@ -1,0 +1,281 @@
+"""The main port's requests with a body: file uploads (OpenAI's and Deepgram's file APIs).
+
+:class:`FileRoutes` is the handler of every :class:`HttpExchange`: it routes by method
+and path, checks the key and the server's state the way the WebSocket endpoints do, and
+hands the request to its API (:mod:`streamer.server.openai_files`,
+:mod:`streamer.server.deepgram_files`). What both APIs share lives here: the options
+(:class:`FileOptions`), admission of a file (:meth:`FileRoutes.admit`), spooling a body
+to a temporary file with its size limit (:func:`spool`), CORS.
+"""
+
+from __future__ import annotations
+
+import http
+import logging
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import IO
+
+from streamer.errors import FileRefused
+from streamer.server.admission import RETRY_AFTER_S, Admission
+from streamer.server.http import BadRequest, single_header, token_matches
+from streamer.server.http_exchange import (
+    BodyError,
+    HttpError,
+    HttpExchange,
+    HttpLimits,
+    HttpRequest,
+)
+from streamer.server.options import FileOptions
+from streamer.server.routes import check_request_line
+from streamer.server.uploads import FileJob, FileJobs
+
+logger = logging.getLogger(__name__)
+
+SPOOL_MEMORY_BYTES = 8 << 20  # an upload is kept in memory up to this, then on disk
+BODY_METHODS = ("POST",)
+MULTIPART_OVERHEAD_BYTES = 1 << 20  # an upload's form fields beside its file
+
+
+class ApiError(Exception):
+    """A refused request, in the API's own error shape (its ``shape`` builds the body)."""
+
+    def __init__(
+        self,
+        status: http.HTTPStatus,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+
+ErrorShape = Callable[[ApiError], Mapping[str, object]]
+ApiHandler = Callable[["FileRoutes", HttpExchange], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class FileApi:
+    """One file API: its path, its handler, how it presents keys and shapes errors."""
+
+    name: str  # metrics label
+    path: str
+    handler: ApiHandler
+    presented_token: Callable[[HttpRequest], str | None]
+    error_shape: ErrorShape
+    error_headers: Callable[[ApiError], Mapping[str, str]] = lambda error: {}
+
+    def http_error(self, error: ApiError) -> HttpError:
+        headers = dict(self.error_headers(error))
+        if error.retry_after_s is not None:
+            headers["Retry-After"] = str(error.retry_after_s)
+        return HttpError(error.status, self.error_shape(error), headers)
+
+
+class FileRoutes:
+    """Every request with a body on the main port."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        options: FileOptions,
+        apis: tuple[FileApi, ...],
+        refused: Mapping[str, tuple[http.HTTPStatus, str]] | None = None,
+    ) -> None:
+        self.admission = admission
+        self.options = options
+        self.jobs = FileJobs(options.max_jobs)
+        self.apis = {api.path: api for api in apis}
+        self.refused = dict(refused or {})  # path -> (status, message): known, not served
+        self.exchanges: set[HttpExchange] = set()
+
+    def exchange(self, peer: str) -> HttpExchange:
+        """A new exchange for one connection (``MainPortConnection``'s factory)."""
+        limits = HttpLimits(
+            max_body_bytes=self.options.max_upload_bytes + MULTIPART_OVERHEAD_BYTES,
+            read_timeout_s=self.options.read_timeout_s,
+            write_timeout_s=self.admission.options.limits.write_timeout_s,
+        )
+        return HttpExchange(self.handle, limits, peer=peer)
+
+    async def handle(self, exchange: HttpExchange) -> None:
+        request = exchange.request
+        assert request is not None
+        self.exchanges.add(exchange)  # shutdown aborts what is left
+        try:
+            try:
+                check_request_line(request.ws_request)
+            except BadRequest as error:
+                raise HttpError(
+                    http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": error.message}
+                ) from None
+            api = self.apis.get(request.path)
+            if request.method == "OPTIONS" and (api is not None or request.path in self.refused):
+                await self.preflight(exchange)
+                return
+            if api is None:
+                self._not_served(request)
+            elif request.method not in BODY_METHODS:
+                raise HttpError(
+                    http.HTTPStatus.METHOD_NOT_ALLOWED,
+                    {"error": "method_not_allowed", "message": f"{api.path} takes POST"},
+                    {"Allow": "POST, OPTIONS"},
+                )
+            else:
+                metrics = self.admission.metrics
+                try:
+                    await api.handler(self, exchange)
+                except ApiError as error:
+                    metrics.files_total.labels(api.name, error.code).inc()
+                    logger.info("refused an upload (%s): %s", api.name, error.message)
+                    raise api.http_error(error) from None
+                metrics.files_total.labels(api.name, "ok").inc()
+        finally:
+            self.exchanges.discard(exchange)
+
+    def _not_served(self, request: HttpRequest) -> None:
+        refused = self.refused.get(request.path)
+        if refused is not None:
+            status, message = refused
+            raise HttpError(
+                status,
+                {
+                    "error": {
+                        "message": message,
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": "unsupported",
+                    }
+                },
+            )
+        if request.path in ("/healthz", "/readyz", "/metrics", "/") or request.path.startswith(
+            "/v1/"
+        ):
+            raise HttpError(
+                http.HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": "method_not_allowed", "message": "this path takes GET"},
+                {"Allow": "GET, HEAD"},
+            )
+        raise HttpError(
+            http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
+        )
+
+    async def preflight(self, exchange: HttpExchange) -> None:
+        """A browser's CORS preflight for an upload from another origin."""
+        request = exchange.request
+        assert request is not None
+        headers = {
+            "Access-Control-Allow-Methods": "POST, OPTIONS",
+            "Access-Control-Allow-Headers": "Authorization, Content-Type",
+            "Access-Control-Max-Age": "600",
+            **self.cors_headers(request),
+        }
+        await exchange.respond(http.HTTPStatus.NO_CONTENT, "text/plain", b"", headers)
+
+    def cors_headers(self, request: HttpRequest) -> dict[str, str]:
+        """``Access-Control-Allow-Origin`` for an allowed origin (any, without
+        ``--allowed-origins``: the APIs authenticate with a key, never a cookie)."""
+        origin = request.headers.get("Origin")
+        allowed = self.admission.options.allowed_origins
+        if origin is None:
+            return {}
+        if not allowed:
+            return {"Access-Control-Allow-Origin": "*"}
+        if origin in allowed:
+            return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        return {}
+
+    def admit(self, api: FileApi, request: HttpRequest) -> FileJob:
+        """A slot for the request's file, once its key, origin and the server allow it
+        (raises :class:`ApiError`)."""
+        options = self.admission.options
+        if options.token is not None and not token_matches(
+            api.presented_token(request), options.token
+        ):
+            raise ApiError(
+                http.HTTPStatus.UNAUTHORIZED, "invalid_api_key", "a valid key is required"
+            )
+        origin = single_header(request.ws_request, "Origin")
+        if options.allowed_origins and origin is not None and origin not in options.allowed_origins:
+            raise ApiError(
+                http.HTTPStatus.FORBIDDEN, "origin_not_allowed", "this origin is not allowed"
+            )
+        refusal = self.admission.refusal()
+        # a file is background work: a full or saturated server still takes it (its
+        # jobs wait behind every live one); the server's own state refuses it
+        if refusal is not None and refusal[0] not in ("server_full", "saturated"):
+            code, message = refusal
+            raise ApiError(
+                http.HTTPStatus.SERVICE_UNAVAILABLE, code, message, retry_after_s=RETRY_AFTER_S
+            )
+        if self.options.max_jobs == 0:
+            raise ApiError(
+                http.HTTPStatus.FORBIDDEN,
+                "files_disabled",
+                "this server takes no file uploads (--max-file-jobs 0); stream the audio",
+            )
+        try:
+            job = self.jobs.add(api.name)
+        except FileRefused as error:
+            raise ApiError(
+                http.HTTPStatus.TOO_MANY_REQUESTS,
+                "too_many_files",
+                f"{error}; retry shortly",
+                retry_after_s=RETRY_AFTER_S,
+            ) from None
+        self.admission.metrics.file_jobs_active.labels(api.name).inc()
+        return job
+
+    def release(self, job: FileJob) -> None:
+        """The file's slot, once its request is answered."""
+        self.jobs.remove(job)
+        self.admission.metrics.file_jobs_active.labels(job.name).dec()
+
+
+def new_spool() -> IO[bytes]:
+    """Where an upload waits for its decoder: memory, then a temporary file."""
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115
+
+
+async def spool(exchange: HttpExchange, limit_bytes: int) -> IO[bytes]:
+    """The whole body in a spool (raises :class:`ApiError` 413 past ``limit_bytes``)."""
+    target = new_spool()
+    size = 0
+    try:
+        while data := await read(exchange):
+            size += len(data)
+            if size > limit_bytes:
+                raise too_large(limit_bytes)
+            target.write(data)
+    except BaseException:
+        target.close()
+        raise
+    target.seek(0)
+    return target
+
+
+async def read(exchange: HttpExchange) -> bytes:
+    """The body's next piece (b"" at its end); a body that cannot be read is an
+    :class:`ApiError` in the API's shape."""
+    try:
+        return await exchange.read()
+    except BodyError as error:
+        code = "file_too_large" if error.status == 413 else "bad_request"
+        raise ApiError(error.status, code, error.message) from None
+
+
+def too_large(limit_bytes: int) -> ApiError:
+    return ApiError(
+        http.HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        "file_too_large",
+        f"the file is larger than the server's limit of {limit_bytes / (1 << 20):g} MB",
+        param="file",
+    )

@@ -1,0 +1,298 @@
+"""OpenAI's file API: ``POST /v1/audio/transcriptions`` (multipart, as the openai SDK,
+Open WebUI, LibreChat, n8n and Home Assistant send it).
+
+The form is parsed as it arrives (``multipart``'s push parser): small fields are kept,
+the ``file`` part goes to a spool with the upload limit. The key and the server's state
+are checked before the body is read. The transcript is the file's protocol v1 finals
+(:func:`streamer.server.uploads.transcribe_file`) in the asked ``response_format``;
+``stream=true`` answers ``text/event-stream``: one ``transcript.text.delta`` per final
+as soon as it is decoded, then ``transcript.text.done``. Errors have OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import IO
+
+import multipart
+
+from streamer.core import hotwords
+from streamer.core.compat import common, transcripts
+from streamer.core.protocol import Final, StreamOptions
+from streamer.errors import FileRefused, InvalidHotwords, UndecodableAudio
+from streamer.server.admission import RETRY_AFTER_S
+from streamer.server.file_routes import ApiError, FileApi, FileRoutes, new_spool, read, too_large
+from streamer.server.http_exchange import HttpExchange, HttpRequest
+from streamer.server.uploads import FileJob, media_chunks, transcribe_file
+
+logger = logging.getLogger(__name__)
+
+PATH = "/v1/audio/transcriptions"
+TRANSLATIONS_PATH = "/v1/audio/translations"
+RESPONSE_FORMATS = transcripts.RESPONSE_FORMATS
+GRANULARITIES = transcripts.GRANULARITIES
+MAX_FIELD_BYTES = 64 * 1024  # a form field other than the file
+MAX_PARTS = 64
+SSE_KEEPALIVE_S = 15.0  # a comment line while no event is due
+TRANSLATION_REFUSAL = (
+    "SenseVoice transcribes speech in its own language and does not translate; "
+    f"use {PATH} (the transcript keeps the spoken language)"
+)
+
+
+@dataclass
+class Form:
+    """An upload's form: its fields (repeatable ones in order) and its file."""
+
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    file: IO[bytes] | None = None
+    filename: str | None = None
+    file_bytes: int = 0
+
+    def value(self, name: str) -> str | None:
+        values = self.fields.get(name)
+        return values[-1] if values else None
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the form asks for."""
+
+    model: str
+    response_format: str
+    stream: bool
+    granularities: tuple[str, ...]
+    language: str  # the core's ("auto" when absent or unknown)
+    hotwords: hotwords.Hotwords
+
+
+def _invalid(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
+    return ApiError(http.HTTPStatus.BAD_REQUEST, code, message, param=param)
+
+
+async def read_form(exchange: HttpExchange, request: HttpRequest, limit_bytes: int) -> Form:
+    """The multipart form, its file spooled (raises :class:`ApiError`)."""
+    content_type = request.headers.get("Content-Type") or ""
+    kind, params = multipart.parse_options_header(content_type)
+    boundary = params.get("boundary")
+    if kind != "multipart/form-data" or not boundary:
+        raise _invalid(
+            "the request must be multipart/form-data with a 'file' part (as the openai SDK "
+            "sends it)",
+            None,
+            "invalid_request",
+        )
+    form = Form()
+    part: multipart.MultipartSegment | None = None
+    buffer = bytearray()
+    try:
+        parser = multipart.PushMultipartParser(
+            boundary, max_segment_count=MAX_PARTS, max_header_size=8192, max_header_count=16
+        )
+        while True:
+            data = await read(exchange)
+            for event in parser.parse(data):
+                if isinstance(event, multipart.MultipartSegment):
+                    part = event
+                    buffer.clear()
+                    if part.name == "file" and part.filename is not None:
+                        form.close()
+                        form.file = new_spool()
+                        form.filename = part.filename
+                        form.file_bytes = 0
+                elif event is None:
+                    if part is not None and part.name != "file":
+                        text = bytes(buffer).decode("utf-8", "replace")
+                        form.fields.setdefault(part.name, []).append(text)
+                    part = None
+                elif part is not None:
+                    if part.name == "file" and form.file is not None:
+                        form.file_bytes += len(event)
+                        if form.file_bytes > limit_bytes:
+                            raise too_large(limit_bytes)
+                        form.file.write(event)
+                    else:
+                        buffer += event
+                        if len(buffer) > MAX_FIELD_BYTES:
+                            raise _invalid(f"the form field {part.name!r} is too long", part.name)
+            if not data:
+                break
+        if not parser.closed:
+            raise _invalid("the multipart body ended early", None, "invalid_request")
+    except multipart.ParserError as error:
+        form.close()
+        raise _invalid(
+            f"the multipart body is malformed ({error})"[:200], None, "invalid_request"
+        ) from None
+    except BaseException:
+        form.close()
+        raise
+    if form.file is None:
+        raise _invalid("the form has no 'file' part with the audio", "file", "missing_file")
+    if form.file_bytes == 0:
+        form.close()
+        raise _invalid("the uploaded file is empty", "file")
+    form.file.seek(0)
+    return form
+
+
+def parse_request(form: Form, defaults: StreamOptions) -> Request:
+    response_format = (form.value("response_format") or "json").strip().lower()
+    if response_format not in RESPONSE_FORMATS:
+        raise _invalid(
+            f"response_format must be one of {', '.join(RESPONSE_FORMATS)}",
+            "response_format",
+        )
+    granularities: list[str] = []
+    for name in ("timestamp_granularities[]", "timestamp_granularities"):
+        for value in form.fields.get(name, []):
+            value = value.strip().lower()
+            if value not in GRANULARITIES:
+                raise _invalid(
+                    "timestamp_granularities must be 'segment' and/or 'word'",
+                    "timestamp_granularities",
+                )
+            if value not in granularities:
+                granularities.append(value)
+    stream = common.lenient_bool(form.value("stream"), False)
+    language = form.value("language")
+    prompt = form.value("prompt") or ""
+    try:
+        terms = hotwords.parse_prompt(prompt) if prompt.strip() else ()
+    except InvalidHotwords as error:
+        raise _invalid(error.message, "prompt") from None
+    return Request(
+        model=(form.value("model") or "sensevoice").strip()[:100],
+        response_format=response_format,
+        stream=stream,
+        granularities=tuple(granularities) or ("segment",),
+        language=common.core_language(language) if language else defaults.language,
+        hotwords=terms,
+    )
+
+
+def _presented_key(request: HttpRequest) -> str | None:
+    auth = request.headers.get("Authorization") or ""
+    scheme, _, key = auth.strip().partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+def _error_shape(error: ApiError) -> dict[str, object]:
+    return transcripts.openai_error_body(error.message, code=error.code, param=error.param)
+
+
+async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
+    request = exchange.request
+    assert request is not None
+    job = routes.admit(OPENAI_FILES, request)  # before a byte of the body is read
+    form: Form | None = None
+    try:
+        form = await read_form(exchange, request, routes.options.max_upload_bytes)
+        asked = parse_request(form, routes.admission.options.default_stream)
+        stream = replace(
+            routes.admission.options.default_stream,
+            language=asked.language,
+            hotwords=asked.hotwords,
+            words="word" in asked.granularities or routes.admission.options.default_stream.words,
+        )
+        cors = routes.cors_headers(request)
+        logger.info(
+            "transcribing an upload from %s (%d bytes, %s%s)",
+            request.peer,
+            form.file_bytes,
+            asked.response_format,
+            ", streamed" if asked.stream else "",
+        )
+        assert form.file is not None
+        try:  # a file that is not audio is refused before anything is sent
+            chunks = await media_chunks(form.file, routes.options.max_duration_s)
+        except UndecodableAudio as error:
+            raise _invalid(error.message, "file", "invalid_file") from None
+        if asked.stream:
+            await _stream(routes, exchange, job, chunks, stream, cors)
+            return
+        try:
+            transcript = await transcribe_file(routes.admission, job, chunks, stream)
+        except UndecodableAudio as error:
+            raise _invalid(error.message, "file", "invalid_file") from None
+        except FileRefused as error:
+            raise _unavailable(error) from None
+        body, content_type = transcripts.transcription_body(
+            transcript.finals,
+            response_format=asked.response_format,
+            duration_s=transcript.duration_s,
+            granularities=asked.granularities,
+            language=asked.language,
+        )
+        await exchange.respond(http.HTTPStatus.OK, content_type, body, cors)
+    finally:
+        routes.release(job)
+        if form is not None:
+            form.close()
+
+
+def _unavailable(error: FileRefused) -> ApiError:
+    return ApiError(
+        http.HTTPStatus.SERVICE_UNAVAILABLE, error.code, error.message, retry_after_s=RETRY_AFTER_S
+    )
+
+
+async def _stream(
+    routes: FileRoutes,
+    exchange: HttpExchange,
+    job: FileJob,
+    chunks: Callable[[], Iterator[bytes]],
+    stream: StreamOptions,
+    cors: dict[str, str],
+) -> None:
+    """``stream=true``: server-sent events, a delta per final as soon as it is decoded,
+    and a comment line while none comes for :data:`SSE_KEEPALIVE_S` (so that proxies do
+    not time the stream out while live work goes first)."""
+    events = transcripts.TranscriptStream()
+    await exchange.start(
+        http.HTTPStatus.OK, "text/event-stream", {"X-Accel-Buffering": "no", **cors}
+    )
+
+    async def on_final(final: Final) -> None:
+        if (delta := events.delta(final)) is not None:
+            await exchange.write(transcripts.sse_frame(delta))
+
+    async def keepalive() -> None:
+        while True:
+            await asyncio.sleep(SSE_KEEPALIVE_S)
+            await exchange.write(b": keepalive\n\n")
+
+    pinger = asyncio.create_task(keepalive(), name="sse keepalive")
+    try:
+        await transcribe_file(routes.admission, job, chunks, stream, on_final=on_final)
+    except UndecodableAudio as error:  # met after the start: the last event says it
+        last = _error_shape(_invalid(error.message, "file", "invalid_file"))
+    except FileRefused as error:
+        last = _error_shape(_unavailable(error))
+    else:
+        last = events.done()
+    finally:
+        pinger.cancel()
+    await exchange.write(transcripts.sse_frame(last))
+    await exchange.finish()
+
+
+async def _serve(routes: FileRoutes, exchange: HttpExchange) -> None:
+    await serve(routes, exchange)
+
+
+OPENAI_FILES = FileApi(
+    name="openai-files",
+    path=PATH,
+    handler=_serve,
+    presented_token=_presented_key,
+    error_shape=_error_shape,
+)
