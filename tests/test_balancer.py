@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from streamer.client.connection import ClientOptions, StreamingClient
@@ -29,7 +31,7 @@ from streamer.client.streaming import stream_file, transcribe
 from streamer.client.timeline import SessionResult
 from streamer.core.protocol import End, Error, Final, SpeechStart, StreamOptions
 from streamer.testkit import speech as synth
-from tests.fakes import FakeRecognizer, loudness_classifier
+from tests.fakes import FakeRecognizer, loudness_classifier, tone
 from tests.server_fixtures import ServerThread, make_server, recognizer_loader  # noqa: F401
 from tests.test_readiness import on_loop
 from tests.timing import eventually, timeout_s
@@ -327,6 +329,24 @@ async def test_nginx_sends_new_sessions_past_a_full_or_draining_server(
         for client in clients:
             await client.close()
     await held.close()
+
+
+@needs_nginx
+def test_nginx_passes_uploads_larger_than_its_default_limit(make_fake_server, tmp_path) -> None:
+    # larger than nginx's default client_max_body_size (1 MB): deploy/nginx.conf raises it
+    server = make_fake_server()
+    pcm = np.concatenate([np.zeros(8000, np.int16), tone(600), np.zeros(16000 * 40, np.int16)])
+    with running_nginx(tmp_path, [server.port]) as base:
+        port = int(base.rsplit(":", 1)[1])
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s(30))
+        connection.request(
+            "POST", "/v1/listen?encoding=linear16&sample_rate=16000", body=pcm.tobytes()
+        )
+        response = connection.getresponse()
+        body = orjson.loads(response.read())
+        connection.close()
+    assert response.status == 200, body
+    assert body["results"]["channels"][0]["alternatives"][0]["transcript"].startswith("audio")
 
 
 # -- nginx: 20 clients, one server shut down mid-stream ----------------------------------
