@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -34,6 +35,9 @@ class ServerOptions:
     max_sessions: int = 1000  # --max-sessions, above any sweep step
     log_level: str = "warning"  # --log-level
     extra_args: tuple[str, ...] = ()  # passed through verbatim
+    # the server's streamer package from another checkout (PYTHONPATH), e.g. an older
+    # commit exported with ``git archive``, to measure old and new code in one run
+    code_dir: Path | None = None
     ready_timeout_s: float = 900.0  # building a real-size random model takes a while
 
     def command(self, port: int) -> list[str]:
@@ -115,7 +119,13 @@ class ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         started = time.monotonic()
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        env, cwd = None, None
+        if self.options.code_dir is not None:  # python -m looks in the current folder first
+            env = {**os.environ, "PYTHONPATH": str(self.options.code_dir)}
+            cwd = self.options.code_dir
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
+        )
         log.close()  # the child holds its own descriptor
         ready = f"{http_base(self.url)}/readyz"
         deadline = started + self.options.ready_timeout_s
