@@ -71,3 +71,20 @@ def small_model_dir(cache_dir: Path) -> Path:
     from streamer.testkit.models import ensure_random_model
 
     return ensure_random_model("small", cache_dir)
+
+
+TAGGED_TEXTS = ["the quick brown fox jumps over the lazy dog", "hello there"]
+
+
+@pytest.fixture(scope="module")
+def speech16(speech_cache: Path):
+    """The tagged model's two clips (:data:`TAGGED_TEXTS`), 1.5 s apart, with silence
+    after: 16 kHz int16."""
+    import numpy as np
+
+    from streamer.testkit import speech as synth
+
+    fox = synth.speak(TAGGED_TEXTS[0], "en", cache_dir=speech_cache)
+    hello = synth.speak(TAGGED_TEXTS[1], "en", cache_dir=speech_cache)
+    pcm, _ = synth.join_with_silence([("en", "fox", fox), ("en", "hello", hello)], 1500)
+    return np.concatenate([pcm, np.zeros(16000, dtype=np.int16)])

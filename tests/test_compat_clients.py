@@ -15,19 +15,7 @@ import soxr
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions
-from streamer.testkit import speech as synth
 from tests import compat_clients as clients
-
-EXPECTED = ["the quick brown fox jumps over the lazy dog", "hello there"]
-
-
-@pytest.fixture(scope="module")
-def speech16(speech_cache) -> np.ndarray:
-    """The tagged model's two clips, 1.5 s apart, with silence after."""
-    fox = synth.speak(EXPECTED[0], "en", cache_dir=speech_cache)
-    hello = synth.speak(EXPECTED[1], "en", cache_dir=speech_cache)
-    pcm, _ = synth.join_with_silence([("en", "fox", fox), ("en", "hello", hello)], 1500)
-    return np.concatenate([pcm, np.zeros(16000, dtype=np.int16)])
 
 
 @pytest.fixture(scope="module")

@@ -22,21 +22,12 @@ import pytest
 
 from streamer.core.compat.common import join_texts
 from streamer.media.files import iter_pcm
-from streamer.testkit import speech as synth
 from tests.audio_files import write_audio
 from tests.server_fixtures import ServerThread, recognizer_loader, server_options
-from tests.test_compat_clients import EXPECTED, v1_finals
+from tests.test_compat_clients import v1_finals
 from tests.timing import eventually_sync, timeout_s
 
 KEY = "sk-test"
-
-
-@pytest.fixture(scope="module")
-def speech16(speech_cache) -> np.ndarray:
-    fox = synth.speak(EXPECTED[0], "en", cache_dir=speech_cache)
-    hello = synth.speak(EXPECTED[1], "en", cache_dir=speech_cache)
-    pcm, _ = synth.join_with_silence([("en", "fox", fox), ("en", "hello", hello)], 1500)
-    return np.concatenate([pcm, np.zeros(16000, dtype=np.int16)])
 
 
 @pytest.fixture(scope="module")
