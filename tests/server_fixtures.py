@@ -7,6 +7,7 @@ and the browser talk to the same server as async tests do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
@@ -33,13 +34,21 @@ def server_options(**options) -> ServerOptions:
 
 
 class ServerThread:
-    """A :class:`StreamingServer` with its model worker, running in a background thread."""
+    """A :class:`StreamingServer` with its model worker, running in a background thread.
+
+    With ``lifecycle`` it runs the process's whole life as the CLI does,
+    :meth:`StreamingServer.run` (without signal handlers: :meth:`request_stop` is what a
+    signal does), and :attr:`exit_status` is what it returned. Without, it calls
+    ``start()`` and, at :meth:`shutdown`, ``shutdown()`` itself, and stays up after a load
+    error or a model failure so that tests can look at it.
+    """
 
     def __init__(
         self,
         load: Callable[[], SpeechRecognizer],
         options: ServerOptions,
         classifier_factory: Callable | None = None,
+        lifecycle: bool = False,
         **worker_options,
     ) -> None:
         if options.capacity == CapacityOptions():
@@ -55,6 +64,8 @@ class ServerThread:
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
+        self.lifecycle = lifecycle
+        self.exit_status: int | None = None  # what run() returned (lifecycle only)
         self._thread = threading.Thread(target=self._run, name="test-server", daemon=True)
 
     def start(self, wait_ready: bool = True) -> ServerThread:
@@ -75,6 +86,9 @@ class ServerThread:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
+        if self.lifecycle:
+            await self._run_lifecycle()
+            return
         try:
             self.worker.start()
             self.server = StreamingServer(
@@ -90,15 +104,48 @@ class ServerThread:
         await self.server.shutdown()
         await asyncio.to_thread(self.worker.stop)
 
+    async def _run_lifecycle(self) -> None:
+        server = self.server = StreamingServer(
+            self.options, self.worker, classifier_factory=self.classifier_factory
+        )
+        serving = asyncio.ensure_future(server.run(signals=False))
+        listening = asyncio.ensure_future(server.listening.wait())
+        await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
+        listening.cancel()
+        if serving.done() and serving.exception() is not None:
+            self._error = serving.exception()
+        self._started.set()
+        try:
+            self.exit_status = await serving
+        except BaseException as exc:  # the model's loading error: start() raised it already
+            self._error = exc
+
+    def request_stop(self, *, now: bool = False) -> None:
+        """What SIGTERM (``now``: SIGINT) does to a ``lifecycle`` server, from any thread."""
+        assert self.lifecycle and self.server is not None
+        server = self.server
+        with contextlib.suppress(RuntimeError):  # the loop is closed: run() has returned
+            self.loop.call_soon_threadsafe(lambda: server.request_stop(now=now))
+
+    def join(self, timeout: float = 30) -> bool:
+        """Wait for the thread to end (``timeout`` unscaled); whether it did."""
+        self._thread.join(scaled(timeout))
+        return not self._thread.is_alive()
+
     def call(self, coro, timeout: float = 30):
         """Run ``coro`` on the server's loop and return its result (``timeout`` unscaled)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(scaled(timeout))
 
     def shutdown(self, timeout: float = 30) -> None:
-        """Graceful shutdown (what SIGTERM does), then wait for the thread (timeout unscaled)."""
-        if self._thread.is_alive() and self._stop is not None:
+        """The graceful shutdown without a drain (what SIGINT does; SIGTERM drains first),
+        then wait for the thread (timeout unscaled)."""
+        if not self._thread.is_alive() or self._stop is None:
+            return
+        if self.lifecycle:
+            self.request_stop(now=True)
+        else:
             self.loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(scaled(timeout))
+        self._thread.join(scaled(timeout))
 
     @property
     def port(self) -> int:
@@ -123,10 +170,15 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
         wait_ready: bool = True,
         classifier_factory: Callable | None = None,
         decode_timeout_s: float = 30.0,
+        lifecycle: bool = False,
         **options,
     ) -> ServerThread:
         thread = ServerThread(
-            load, server_options(**options), classifier_factory, decode_timeout_s=decode_timeout_s
+            load,
+            server_options(**options),
+            classifier_factory,
+            lifecycle=lifecycle,
+            decode_timeout_s=decode_timeout_s,
         )
         started.append(thread)
         return thread.start(wait_ready=wait_ready)

@@ -102,6 +102,7 @@ class StreamingServer:
         self._grace_cut = asyncio.Event()  # stop waiting for open sessions (a 2nd signal)
         self._stop = asyncio.Event()  # run(): stop serving (SIGTERM, SIGINT)
         self._stop_now = asyncio.Event()  # run(): stop without draining (SIGINT, 2nd signal)
+        self.listening = asyncio.Event()  # start() has bound every port (run() starts it)
         self._server: Server | None = None
         self._lag_task: asyncio.Task[None] | None = None
         web_root = options.web_root or Path(str(importlib.resources.files("streamer.web_demo")))
@@ -226,6 +227,7 @@ class StreamingServer:
             except OSError as error:
                 port = getattr(o, f"{name}_port")
                 raise _listen_error(o.host, port, f"--{name}-port", error) from error
+        self.listening.set()
 
     async def wait_ready(self) -> None:
         """Wait until the model is loaded and warmed; raises its loading error."""
