@@ -327,3 +327,23 @@ def test_curl_uploads(files_server, speech16, reference, tmp_path) -> None:
         check=True,
     ).stdout
     assert [u["transcript"] for u in orjson.loads(listen)["results"]["utterances"]] == reference
+
+
+ALSA_WORDS = Path("/usr/share/sounds/alsa/Front_Center.wav")  # real speech, 48 kHz (alsa-utils)
+
+
+@pytest.mark.skipif(not ALSA_WORDS.exists(), reason="needs alsa-utils' recordings")
+def test_a_real_48k_recording_equals_v1_at_its_own_rate(files_server, tmp_path) -> None:
+    import soundfile
+
+    samples, rate = soundfile.read(ALSA_WORDS, dtype="int16")
+    assert rate == 48000
+    padded = np.concatenate([samples, np.zeros(rate, dtype=np.int16)])
+    url = f"{files_server.url}?token={KEY}"
+    expected = asyncio.run(v1_finals(url, padded, rate, partials=False))
+    path = write_audio(padded, rate, "wav", tmp_path / "words.wav")
+    with path.open("rb") as f:
+        result = _openai(files_server).audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json"
+        )
+    assert expected and [s.text.strip() for s in result.segments] == expected
