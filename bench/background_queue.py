@@ -47,7 +47,7 @@ FILE_QUEUE_DEPTH = 8  # the upload's finals kept waiting (its session's pending 
 
 def load(model: str, threads: int, cache_dir: Path, quantize: str | None) -> Any:
     from streamer.model.loading import load_recognizer
-    from streamer.model.recognizer import RecognizerOptions
+    from streamer.model.options import RecognizerOptions
     from streamer.testkit.models import RANDOM_MODELS
 
     options = RecognizerOptions(

@@ -10,11 +10,11 @@ the queue discipline puts first always included (so an older final never waits b
 newer work), the others of its kind (finals with finals, partials with partials) and
 class (live jobs, or file uploads' background ones) in queue order as long as padding
 them to the longest keeps the batch within ``max_padding_ratio`` of its unpadded
-length, and one ``decode_batch`` call decodes them all. A batch is token-exact (each job gets the tokens
-it gets alone) in fp32; int8 picks one activation scale per tensor, so a batch's other
-rows change a row's result. ``max_batch=None`` (automatic) batches on an accelerator in
-fp32/fp16 only; on the CPU it stays at batch 1, where batching measured no better
-(bench/RESULTS.md, "Dynamic batching").
+length, and one ``decode_batch`` call decodes them all. A batch is token-exact (each
+job gets the tokens it gets alone) in fp32; int8 picks one activation scale per tensor,
+so a batch's other rows change a row's result. ``max_batch=None`` (automatic) batches
+on an accelerator in fp32/fp16 only; on the CPU it stays at batch 1, where batching
+measured no better (bench/RESULTS.md, "Dynamic batching").
 
 The queue discipline (live finals first, a segment's first partial before refreshes, one
 pending partial per session, then file uploads' background finals round robin among
