@@ -17,6 +17,7 @@ from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions
 from streamer.server.options import FileOptions
+from tests.audio_files import write_audio
 from tests.fakes import FakeRecognizer, silence, tone
 from tests.test_server import self_signed_cert
 from tests.timing import eventually_sync, timeout_s
@@ -154,3 +155,48 @@ def test_other_methods_on_the_file_paths(make_fake_server, method):
         assert response.status == 405 and "POST" in response.getheader("Allow")
     finally:
         connection.close()
+
+
+def _post_file(port: int, path: str, body: bytes, content_type: str) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s(60))
+    try:
+        connection.request("POST", path, body=body, headers={"Content-Type": content_type})
+        response = connection.getresponse()
+        return response.status, orjson.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_multichannel_is_refused_for_a_stereo_file_and_mixed_without_it(make_fake_server, tmp_path):
+    server = make_fake_server()
+    stereo = np.stack([bursts(2), bursts(2)])
+    data = write_audio(stereo, 16000, "wav", tmp_path / "stereo.wav").read_bytes()
+    status, body = _post_file(server.port, "/v1/listen?multichannel=true", data, "audio/wav")
+    assert status == 400 and "multichannel" in body["err_msg"]
+    status, body = _post_file(server.port, "/v1/listen?utterances=true", data, "audio/wav")
+    assert status == 200 and utterance_count(body) == 2
+
+
+def test_a_file_over_the_duration_limit_is_refused_before_a_stream_starts(
+    make_fake_server, tmp_path
+):
+    server = make_fake_server(files=FileOptions(max_duration_s=2.0))
+    data = write_audio(bursts(3), 16000, "flac", tmp_path / "long.flac").read_bytes()
+    boundary = "x-boundary"
+    form = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="stream"\r\n\r\ntrue\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.flac"\r\n'
+            "Content-Type: audio/flac\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    status, body = _post_file(
+        server.port,
+        "/v1/audio/transcriptions",
+        form,
+        f"multipart/form-data; boundary={boundary}",
+    )
+    assert status == 400 and body["error"]["code"] == "invalid_file"
+    assert "at most 2 s" in body["error"]["message"]

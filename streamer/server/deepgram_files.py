@@ -22,7 +22,7 @@ from typing import IO
 
 import orjson
 
-from streamer.core.compat import deepgram, transcripts
+from streamer.core.compat import common, deepgram, transcripts
 from streamer.core.containers import PCM
 from streamer.errors import FileRefused, ProtocolError, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
@@ -88,7 +88,15 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
             if listen.container == PCM:  # raw audio, as encoding and sample_rate say
                 chunks = _raw(source, listen, routes.options.max_duration_s)
             else:
-                chunks = await media_chunks(source, routes.options.max_duration_s)
+                chunks, info = await media_chunks(source, routes.options.max_duration_s)
+                if info.channels > 1 and common.lenient_bool(
+                    request.query.get("multichannel"), False
+                ):
+                    raise _invalid(
+                        f"multichannel=true is not supported: the file's {info.channels} "
+                        "channels would each need a transcript; omit it to transcribe them "
+                        "mixed to one"
+                    )
                 stream = replace(stream, sample_rate=16000)
             transcript = await transcribe_file(routes.admission, job, chunks, stream)
         except UndecodableAudio as error:

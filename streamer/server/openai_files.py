@@ -213,7 +213,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         )
         assert form.file is not None
         try:  # a file that is not audio is refused before anything is sent
-            chunks = await media_chunks(form.file, routes.options.max_duration_s)
+            chunks, _ = await media_chunks(form.file, routes.options.max_duration_s)
         except UndecodableAudio as error:
             raise _invalid(error.message, "file", "invalid_file") from None
         if asked.stream:

@@ -27,8 +27,8 @@ from streamer.core.compat.audio import AudioDecoder
 from streamer.core.containers import PCM
 from streamer.core.protocol import Error, Final, StreamOptions
 from streamer.core.wire import OutFrame, WireAdapter
-from streamer.errors import FileRefused, UndecodableAudio
-from streamer.media.files import iter_pcm, probe_file
+from streamer.errors import AudioTooLong, FileRefused, UndecodableAudio
+from streamer.media.files import FileInfo, iter_pcm, probe_file
 from streamer.server.admission import Admission
 from streamer.server.pump import SessionPump
 
@@ -109,17 +109,24 @@ class FileJobs:
 
 async def media_chunks(
     source: IO[bytes], max_duration_s: float | None
-) -> Callable[[], Iterator[bytes]]:
-    """A container file's PCM (any format :mod:`streamer.media.files` opens) once its
-    header says it is audio within ``max_duration_s`` (raises :class:`UndecodableAudio`,
-    :class:`~streamer.errors.AudioTooLong`)."""
-    await asyncio.to_thread(probe_file, source)  # a non-audio file is refused at once
+) -> tuple[Callable[[], Iterator[bytes]], FileInfo]:
+    """A container file's PCM (any format :mod:`streamer.media.files` opens), and what
+    the file is, once its header says it is audio within ``max_duration_s`` (raises
+    :class:`UndecodableAudio`, :class:`~streamer.errors.AudioTooLong`): what is refused
+    is refused before anything is answered."""
+    info = await asyncio.to_thread(probe_file, source)
+    header_s = None if info.duration_estimated else info.duration_s
+    if max_duration_s is not None and header_s is not None and header_s > max_duration_s:
+        raise AudioTooLong(
+            f"the audio is {header_s:.0f} s long; this server transcribes at most "
+            f"{max_duration_s:g} s (--max-file-duration-s)"
+        )
     source.seek(0)
 
     def chunks() -> Iterator[bytes]:
         return iter_pcm(source, max_duration_s=max_duration_s, chunk_samples=CHUNK_SAMPLES)
 
-    return chunks
+    return chunks, info
 
 
 def raw_chunks(source: IO[bytes], encoding: str, channels: int) -> Iterator[bytes]:
