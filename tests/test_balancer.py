@@ -412,7 +412,7 @@ async def test_nginx_twenty_clients_one_server_shut_down_mid_stream(
     caplog,
 ):
     load = recognizer_loader(tagged_model_dir)
-    a = make_server(load, drain_s=2.0)
+    a = make_server(load, drain_s=2.0, lifecycle=True)  # run(): stopped as by SIGTERM
     b = make_server(load)
     fox = synth.speak("the quick brown fox jumps over the lazy dog", "en", cache_dir=speech_cache)
     hello = synth.speak("hello there", "en", cache_dir=speech_cache)
@@ -441,16 +441,16 @@ async def test_nginx_twenty_clients_one_server_shut_down_mid_stream(
         on_a, on_b = a.server.session_count, b.server.session_count
         assert abs(on_a - on_b) <= 2, (on_a, on_b)  # least_conn spreads them
 
-        # SIGTERM's sequence on `a`: drain (new sessions refused, open ones served), then
-        # the graceful shutdown (open segments finished, `end`, close 1001)
-        drained = asyncio.run_coroutine_threadsafe(a.server.drain(), a.loop)
+        # SIGTERM on `a` (run()'s own sequence): drain (new sessions refused, open ones
+        # served), then the graceful shutdown (open segments finished, `end`, close 1001)
+        a.request_stop()
         await eventually(lambda: a.server.draining)
         late = [await StreamingClient.connect(options) for _ in range(2)]  # one attempt each
         assert b.server.session_count == on_b + 2 and a.server.session_count == on_a
         for client in late:
             await client.close()
-        await asyncio.wait_for(asyncio.wrap_future(drained), timeout_s(30))
-        await asyncio.to_thread(a.shutdown)
+        assert await asyncio.to_thread(a.join, 30), "a's run() did not return"
+        assert a.exit_status == 0
         results = await asyncio.wait_for(asyncio.gather(*runs), timeout_s(60))
     # a and b were identical: the first on_a sessions were a's, and a's only
     assert len(resumed_at) == on_a
