@@ -1,5 +1,6 @@
-"""One limit, every transport: the session pump's outbox bound and write timeout hold for a
-never-reading client of the WebSocket port and of the Wyoming port alike.
+"""One limit, every transport: what the session pump owns holds for the WebSocket port and
+the Wyoming port alike: the outbox bound and the write timeout for a never-reading client,
+the idle timeout for a silent one, and the accounting (audio seconds, finals) for speech.
 
 The pump (``server/pump.py``) owns the outbox and the write timeout; the transports are
 thin readers and writers over it. Each case runs the same check through each transport:
@@ -15,12 +16,18 @@ import asyncio
 import contextlib
 import socket
 
+import numpy as np
+import orjson
 import pytest
 from websockets.asyncio.client import connect
 
 from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event
-from tests.fakes import FakeRecognizer, loudness_classifier
-from tests.server_fixtures import ServerThread, make_server  # noqa: F401  (fixture)
+from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
+from tests.server_fixtures import (  # noqa: F401  (make_server: a fixture)
+    ServerThread,
+    make_server,
+    messages_until_close,
+)
 from tests.timing import eventually, timeout_s
 
 BOUND_S = 20  # every wait gives up after this, scaled (a failure, never a pass)
@@ -163,3 +170,99 @@ async def test_a_never_reading_client_is_bounded_and_closed_on_every_transport(
     assert terminated() == 1
     assert 0 < most_waiting <= limits["max_outbox_bytes"]
     assert await client.still_served()
+
+
+# -- the same session through each transport: idle timeout, accounting ----------------------
+
+AUDIO_FORMAT = {"rate": 16000, "width": 2, "channels": 1}
+
+
+async def wyoming_events_until_close(reader) -> list[WyomingEvent]:
+    parser, events = EventParser(), []
+    async with asyncio.timeout(timeout_s(BOUND_S)):
+        while data := await reader.read(65536):
+            events += parser.feed(data)
+    return events
+
+
+async def websocket_session(server: ServerThread, pcm: np.ndarray | None) -> list[str]:
+    """A v1 session: ``pcm`` then stop (None: silent, nothing sent); what it was told."""
+    async with connect(server.url + "?partials=false") as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+        if pcm is not None:
+            await ws.send(pcm.tobytes())
+            await ws.send('{"type":"stop"}')
+        messages, _ = await messages_until_close(ws, BOUND_S)
+    return [m["type"] if m["type"] != "error" else m["code"] for m in messages]
+
+
+async def wyoming_session(server: ServerThread, pcm: np.ndarray | None) -> list[str]:
+    """A Wyoming session: audio-start, ``pcm``, audio-stop (None: audio-start, then
+    silent); the events it was told (an error's code in place of "error")."""
+    port = server.server.listeners["wyoming"].port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    events = [WyomingEvent("audio-start", AUDIO_FORMAT)]
+    if pcm is not None:
+        data = pcm.astype("<i2").tobytes()
+        events += [
+            WyomingEvent("audio-chunk", AUDIO_FORMAT, data[i : i + 2048])
+            for i in range(0, len(data), 2048)
+        ]
+        events.append(WyomingEvent("audio-stop"))
+    writer.write(b"".join(encode_event(e) for e in events))
+    await writer.drain()
+    if pcm is not None:
+        writer.write_eof()  # done sending (like `nc -N`), still reading
+    told = await wyoming_events_until_close(reader)
+    writer.close()
+    return [e.type if e.type != "error" else e.data["code"] for e in told]
+
+
+SESSIONS = {"websocket": websocket_session, "wyoming": wyoming_session}
+
+
+def counter(server: ServerThread, name: str, **labels: str) -> float:
+    registry = server.server.metrics.registry
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        for sample in metric.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+@pytest.mark.parametrize("transport", sorted(SESSIONS))
+async def test_a_silent_client_is_closed_by_the_idle_timeout_on_every_transport(
+    make_server,  # noqa: F811
+    transport: str,
+) -> None:
+    server = make_server(
+        FakeRecognizer, classifier_factory=loudness_classifier, wyoming_port=0, idle_timeout_s=0.5
+    )
+    told = await SESSIONS[transport](server, None)
+    assert "idle_timeout" in told, told
+    assert counter(server, "streamer_errors_total", code="idle_timeout") == 1
+    await eventually(lambda: server.server.session_count == 0, BOUND_S, "the slot to be freed")
+
+
+@pytest.mark.parametrize("transport", sorted(SESSIONS))
+async def test_speech_is_counted_alike_on_every_transport(
+    make_server,  # noqa: F811
+    transport: str,
+) -> None:
+    """Two utterances: two finals, the session's own audio seconds, one session; and the
+    client is told of both (v1: two finals; Wyoming: one transcript of both)."""
+    server = make_server(
+        lambda: FakeRecognizer(delay_s=0.01), classifier_factory=loudness_classifier, wyoming_port=0
+    )
+    pcm = np.concatenate([silence(300), tone(600), silence(900), tone(800), silence(900)])
+    told = await SESSIONS[transport](server, pcm)
+    assert told.count("final" if transport == "websocket" else "transcript") == (
+        2 if transport == "websocket" else 1
+    ), told
+    await eventually(lambda: server.server.session_count == 0, BOUND_S, "the session's end")
+    assert counter(server, "streamer_segments_total") == 2
+    assert counter(server, "streamer_audio_seconds_total") == pytest.approx(pcm.size / 16000)
+    assert counter(server, "streamer_sessions_total") == 1
+    assert counter(server, "streamer_sessions_terminated_total") == 0
+    assert counter(server, "streamer_time_to_first_partial_seconds_count") == 2

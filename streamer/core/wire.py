@@ -23,7 +23,7 @@ from streamer.errors import CLOSE_UNSUPPORTED_DATA, ProtocolError, UndecodableAu
 class OutFrame:
     """One frame for the client, and the core message it came from (for metrics)."""
 
-    data: bytes  # the encoded frame
+    data: bytes  # the encoded frame; empty: nothing is sent, the message is only counted
     text: bool = True  # a text frame (JSON); False sends a binary frame
     message: ServerMessage | None = None  # the core message it translates, if any
 

@@ -140,6 +140,8 @@ class SessionPump:
             self._outbox_bytes -= len(frame.data)
             if frame.message is not None:
                 self._account(frame.message)
+            if not frame.data:
+                continue  # the client is told nothing of this message: it is only counted
             self.send_blocked = True
             try:
                 async with asyncio.timeout(self.limits.write_timeout_s):

@@ -34,7 +34,7 @@ import orjson
 from streamer.core import protocol
 from streamer.core.compat.common import core_language
 from streamer.core.compat.textjoin import AppendOnlyText, separator
-from streamer.core.protocol import End, Error, Final, Partial
+from streamer.core.protocol import End, Error, Final, Partial, SpeechStart
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter
 from streamer.errors import (
@@ -343,9 +343,15 @@ class WyomingAdapter(WireAdapter):
     def _send(self, event: WyomingEvent, message: protocol.ServerMessage | None = None) -> None:
         self._frames.append(OutFrame(encode_event(event), text=False, message=message))
 
+    def _count(self, message: protocol.ServerMessage) -> None:
+        """A message Wyoming has no event for, still counted by the server's metrics (a
+        speech start times the first partial, a final is a segment)."""
+        self._frames.append(OutFrame(b"", text=False, message=message))
+
     def _chunk(self, text: str, message: protocol.ServerMessage) -> None:
         delta = self._streamed.extend_to(text)
         if not delta:
+            self._count(message)  # a final the chunks already told: still a segment
             return
         self._start_transcript()
         self._send(WyomingEvent("transcript-chunk", {"text": delta}), message)
@@ -358,7 +364,9 @@ class WyomingAdapter(WireAdapter):
 
     def drain(self) -> list[OutFrame]:
         for message in self.session.messages_to_send():
-            if isinstance(message, Partial):
+            if isinstance(message, SpeechStart):
+                self._count(message)
+            elif isinstance(message, Partial):
                 head = self._committed + separator(self._committed, message.stable_text)
                 self._chunk(head + message.stable_text, message)
             elif isinstance(message, Final):
@@ -387,7 +395,9 @@ class WyomingAdapter(WireAdapter):
             self._send(WyomingEvent("transcript-stop"))
         if self._failure is not None:
             failure = self._failure
-            self._send(WyomingEvent("error", {"text": failure.message, "code": failure.code}))
+            self._send(
+                WyomingEvent("error", {"text": failure.message, "code": failure.code}), failure
+            )
 
     def _transcript_language(self) -> str | None:
         if self._language != "auto":
