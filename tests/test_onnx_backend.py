@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -198,7 +199,7 @@ def test_cache_is_keyed_by_content(
     def no_export(*args, **kwargs):
         raise AssertionError("exported again")
 
-    monkeypatch.setattr(onnx_export, "export_onnx", no_export)
+    monkeypatch.setattr(onnx_export, "export_in_child", no_export)
     started = time.perf_counter()
     assert cached_export(tiny_model_dir, cache_dir) == tiny_export
     assert time.perf_counter() - started < 5  # the hash memo makes this a stat per file
@@ -208,6 +209,36 @@ def test_cache_is_keyed_by_content(
         stream.write("\n")
     with pytest.raises(AssertionError, match="exported again"):
         cached_export(copy, tmp_path / "cache")
+
+
+def test_export_runs_in_a_child_and_its_log_shows_here(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    export = cached_export(tiny_model_dir, tmp_path / "cache")
+    messages = [(r.name, r.getMessage()) for r in caplog.records]
+    assert any(m.startswith("export: running in child process") for _, m in messages)
+    # the child's own lines, logged again here under their logger
+    assert any(n == "streamer.model.onnx_export" and m.startswith("exported ") for n, m in messages)
+    assert read_manifest(export) is not None
+    # the weights are beside the graph, once: the graph file holds only its structure
+    import onnx
+
+    graph = onnx.load(str(export / "model.onnx"), load_external_data=False)
+    assert graph.graph.initializer
+    for weight in graph.graph.initializer:
+        assert weight.data_location == onnx.TensorProto.EXTERNAL and not weight.raw_data
+    assert (export / "model.onnx.data").stat().st_size > 3_000_000  # 0.8 M float32
+
+
+def test_a_failing_export_says_why(tiny_model_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelError, match="export of .* failed"):
+        onnx_export.export_in_child(
+            broken, tmp_path / "out", int8_weight_type="QUInt8", name="broken", digest="0" * 64
+        )
 
 
 def test_cli_export(tiny_model_dir: Path, tmp_path: Path) -> None:

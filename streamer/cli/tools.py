@@ -144,6 +144,10 @@ def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
     )
     _flag(p, "--hub", "ms", choices=("ms", "hf"))
     _flag(p, "--cache-dir", None, Path)
+    # what a server passes when it runs the export as its child (model/export_process.py)
+    p.add_argument("--source-name", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--source-sha256", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     _add_logging_arguments(p)
     p.set_defaults(func=_cmd_export_onnx)
 
@@ -168,7 +172,17 @@ def _cmd_export_onnx(args: argparse.Namespace) -> int:
     else:
         if args.out.exists() and any(args.out.iterdir()):
             raise ConfigError(f"{args.out} exists and is not empty")
-        export_onnx(source, args.out, int8_weight_type=args.int8_weight_type, name=args.model)
+        if args.die_with_parent:
+            from streamer.model.process import die_with_parent
+
+            die_with_parent()
+        export_onnx(
+            source,
+            args.out,
+            int8_weight_type=args.int8_weight_type,
+            name=args.source_name or args.model,
+            digest=args.source_sha256,
+        )
         out = args.out
     sys.stdout.write(f"{out}\n")
     return 0

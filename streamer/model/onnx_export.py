@@ -19,6 +19,7 @@ torch, funasr, onnx and onnxruntime are imported inside functions only.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -26,30 +27,22 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from streamer.errors import ConfigError, ModelError
-from streamer.model.decoding import write_tokens_txt
+from streamer.model.decoding import SentencePieceTokenizer, write_tokens_txt
+from streamer.model.export_process import export_in_child
 from streamer.model.files import ModelFiles, file_sha256, model_files
 from streamer.model.frontend import read_am_mvn
-from streamer.model.sensevoice import (
-    EVENT_EMO_ROWS,
-    FEATURE_DIM,
-    LFR_M,
-    LFR_N,
-    LID_ROWS,
-    QUERY_FRAMES,
-    TEXTNORM_ROWS,
-)
+from streamer.model.onnx_trace import DATA_SUFFIX, ONNX_OPSET
+from streamer.model.sensevoice import LFR_M, LFR_N, LID_ROWS, TEXTNORM_ROWS
 
 logger = logging.getLogger(__name__)
 
 # Bump when the exported graph or the directory layout changes: the cache is keyed by it.
 EXPORT_VERSION = 1
-ONNX_OPSET = 13
 INT8_WEIGHT_TYPES = ("QInt8", "QUInt8")
 # CPU flags of an int8 dot-product unit (x86 VNNI, Arm dotprod): with one, ONNX Runtime's
 # u8 x s8 kernels are exact and 2-3x faster than u8 x u8 (bench/RESULTS.md); without one,
@@ -64,8 +57,6 @@ INT8_FILE = "model.int8.onnx"
 TOKENS_FILE = "tokens.txt"
 TOKENIZER_FILE = "bpe.model"
 CMVN_FILE = "am.mvn"
-INPUT_NAMES = ("x", "x_length", "language", "text_norm")
-OUTPUT_NAME = "logits"
 _HASH_MEMO_FILE = "hashes.json"
 
 
@@ -163,7 +154,9 @@ def cached_export(
 
     Keyed by :func:`source_sha256` and the int8 weight type (default:
     :func:`default_int8_weight_type`): a changed model gets a new export, an unchanged one
-    is found in milliseconds. The directory appears atomically, as random models do.
+    is found in milliseconds. The directory appears atomically, as random models do. The
+    export runs in a child process (:mod:`streamer.model.export_process`), so this
+    process never imports torch for it.
     """
     weight_type = int8_weight_type or default_int8_weight_type()
     files = model_files(model_dir)
@@ -181,7 +174,7 @@ def cached_export(
     )
     building = Path(tempfile.mkdtemp(prefix=".exporting-", dir=onnx_dir))
     try:
-        export_onnx(model_dir, building, int8_weight_type=weight_type, name=name, digest=digest)
+        export_in_child(model_dir, building, int8_weight_type=weight_type, name=name, digest=digest)
         building.chmod(0o755)
         try:
             building.rename(target)
@@ -220,31 +213,26 @@ def export_onnx(
     require(
         f"exporting the torch model {name or model_dir} to ONNX", TORCH, "torch", "funasr", "onnx"
     )
-    from streamer.model.options import RecognizerOptions
-    from streamer.model.torch_backend import Recognizer
+    import torch
+
+    from streamer.model.onnx_trace import read_torch_model, trace_to_onnx
+    from streamer.model.options import default_threads
 
     started = time.perf_counter()
     files = model_files(model_dir)
+    if files.tokenizer is None:
+        raise ModelError(f"{model_dir}: the export needs a sentencepiece tokenizer (bpe.model)")
     digest = digest or source_sha256(files)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # the torch model is only the export's source: "loaded ... with torch" would read as
-    # the backend that serves
-    loaded_line = _DropMessages("loaded model ")
-    recognizer_logger = logging.getLogger("streamer.model.torch_backend")
-    recognizer_logger.addFilter(loaded_line)
-    try:
-        recognizer = Recognizer(
-            RecognizerOptions(
-                model=str(model_dir), backend="torch", device="cpu", warmup=False, threads=threads
-            )
-        )
-    finally:
-        recognizer_logger.removeFilter(loaded_line)
+    torch.set_num_threads(threads or default_threads())
+    pieces = SentencePieceTokenizer(files.tokenizer).pieces()
+    model = read_torch_model(files, len(pieces))
     logger.info(
         "export: read the torch model in %.1f s; tracing it to ONNX", time.perf_counter() - started
     )
-    pieces = recognizer.tokenizer.pieces()
-    vocab_size = _export_graph(recognizer, out_dir / FP32_FILE)
+    proto, vocab_size = trace_to_onnx(model, out_dir / FP32_FILE)
+    del model  # the mapped checkpoint goes before the quantizer loads the graph
+    gc.collect()
     if vocab_size != len(pieces):
         raise ModelError(
             f"{model_dir}: the CTC head has {vocab_size} outputs but the tokenizer has "
@@ -252,16 +240,29 @@ def export_onnx(
         )
     cmvn = read_am_mvn(files.cmvn)
     metadata = _metadata(cmvn, vocab_size, name or str(model_dir), digest)
-    _set_metadata(out_dir / FP32_FILE, metadata)
+    _put_metadata(proto, metadata)
+    import onnx
+
+    onnx.save(proto, str(out_dir / FP32_FILE))  # the graph; its weights are in .data
+    del proto
+    logger.info(
+        "export: traced in %.1f s; quantizing the MatMul weights to %s",
+        time.perf_counter() - started,
+        int8_weight_type,
+    )
     quantize_int8(out_dir / FP32_FILE, out_dir / INT8_FILE, int8_weight_type)
     _set_metadata(out_dir / INT8_FILE, {**metadata, "int8_weight_type": int8_weight_type})
     write_tokens_txt(out_dir / TOKENS_FILE, pieces)
     shutil.copyfile(files.cmvn, out_dir / CMVN_FILE)
-    roles = {"fp32": FP32_FILE, "int8": INT8_FILE, "tokens": TOKENS_FILE, "cmvn": CMVN_FILE}
-    tokenizer_file = recognizer.tokenizer_file
-    if tokenizer_file is not None:
-        shutil.copyfile(tokenizer_file, out_dir / TOKENIZER_FILE)
-        roles["tokenizer"] = TOKENIZER_FILE
+    shutil.copyfile(files.tokenizer, out_dir / TOKENIZER_FILE)
+    roles = {
+        "fp32": FP32_FILE,
+        "fp32_weights": FP32_FILE + DATA_SUFFIX,
+        "int8": INT8_FILE,
+        "tokens": TOKENS_FILE,
+        "cmvn": CMVN_FILE,
+        "tokenizer": TOKENIZER_FILE,
+    }
     manifest = ExportManifest(
         format="sensevoice-streamer-onnx",
         export_version=EXPORT_VERSION,
@@ -276,67 +277,6 @@ def export_onnx(
     (out_dir / MANIFEST_FILE).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
     logger.info("exported %s to %s in %.1f s", model_dir, out_dir, time.perf_counter() - started)
     return manifest
-
-
-def _export_graph(recognizer: Any, path: Path) -> int:
-    """Trace embedding + encoder + CTC head into ``path``; returns the vocabulary size."""
-    import torch
-
-    model = recognizer._model
-
-    class _Graph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(
-            self,
-            x: torch.Tensor,
-            x_length: torch.Tensor,
-            language: torch.Tensor,
-            text_norm: torch.Tensor,
-        ) -> torch.Tensor:
-            # As SenseVoiceSmall.inference(): [language, event/emotion rows, textnorm] + x
-            language_query = self.model.embed(language).unsqueeze(1)
-            textnorm_query = self.model.embed(text_norm).unsqueeze(1)
-            rows = torch.tensor([list(EVENT_EMO_ROWS)], dtype=torch.int64)
-            event_emo_query = self.model.embed(rows).repeat(x.size(0), 1, 1)
-            speech = torch.cat((language_query, event_emo_query, textnorm_query, x), dim=1)
-            encoded, _ = self.model.encoder(speech, x_length + QUERY_FRAMES)
-            if isinstance(encoded, tuple):
-                encoded = encoded[0]
-            return self.model.ctc.ctc_lo(encoded)
-
-    graph = _Graph().eval()
-    frames = 20
-    example = (
-        torch.zeros(2, frames, FEATURE_DIM),
-        torch.tensor([frames - 5, frames], dtype=torch.int32),
-        torch.tensor([LID_ROWS["auto"], LID_ROWS["en"]], dtype=torch.int32),
-        torch.tensor([TEXTNORM_ROWS["withitn"], TEXTNORM_ROWS["woitn"]], dtype=torch.int32),
-    )
-    with torch.inference_mode():
-        vocab_size = int(graph(*[t.clone() for t in example]).shape[-1])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer warnings about Python control flow
-        torch.onnx.export(
-            graph,
-            example,
-            str(path),
-            opset_version=ONNX_OPSET,
-            dynamo=False,
-            do_constant_folding=True,
-            input_names=list(INPUT_NAMES),
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={
-                "x": {0: "N", 1: "T"},
-                "x_length": {0: "N"},
-                "language": {0: "N"},
-                "text_norm": {0: "N"},
-                OUTPUT_NAME: {0: "N", 1: "frames"},
-            },
-        )
-    return vocab_size
 
 
 def _metadata(cmvn: Any, vocab_size: int, source: str, digest: str) -> dict[str, str]:
@@ -365,11 +305,15 @@ def _set_metadata(path: Path, metadata: dict[str, str]) -> None:
     import onnx
 
     model = onnx.load(str(path))
+    _put_metadata(model, metadata)
+    onnx.save(model, str(path))
+
+
+def _put_metadata(model: Any, metadata: dict[str, str]) -> None:
     del model.metadata_props[:]
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
-    onnx.save(model, str(path))
 
 
 def quantize_int8(
@@ -409,15 +353,6 @@ class _RootChatterFilter(logging.Filter):
         if record.getMessage().startswith("Please consider to run pre-processing"):
             return False
         return record.levelno >= logging.WARNING
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefix)
 
 
 def _versions() -> dict[str, str]:

@@ -316,7 +316,7 @@ def _child_main(
 ) -> None:
     """The child process: load, then decode what the server sends until it says stop
     or goes away."""
-    _die_with_parent()
+    die_with_parent()
     # Ctrl-C in a terminal, and systemd's stop (KillMode=control-group), signal the whole
     # group: the server shuts down gracefully and closes this process after the decodes
     # still owed to its sessions, so the signals are the server's to handle, not ours
@@ -383,7 +383,7 @@ def _child_main(
             return
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the kernel kills this process when the thread that started it ends (the
     server's worker thread, or the whole server killed with SIGKILL), even while a decode
     is stuck in a native call and cannot read the pipe's end."""

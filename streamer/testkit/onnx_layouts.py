@@ -63,10 +63,13 @@ def funasr_layout(export_dir: Path, out_dir: Path, *, tokenizer: str = "bpe") ->
 def sherpa_layout(
     export_dir: Path, out_dir: Path, *, graphs: tuple[str, ...] = ("model.onnx", "model.int8.onnx")
 ) -> Path:
-    """A sherpa-onnx-shaped directory: the graphs (metadata kept) and tokens.txt only."""
+    """A sherpa-onnx-shaped directory: the graphs (metadata kept, and the external
+    weights of one that has them) and tokens.txt only."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in graphs:
         shutil.copyfile(export_dir / name, out_dir / name)
+        if (export_dir / f"{name}.data").is_file():
+            shutil.copyfile(export_dir / f"{name}.data", out_dir / f"{name}.data")
     shutil.copyfile(export_dir / "tokens.txt", out_dir / "tokens.txt")
     return out_dir
 
