@@ -1,0 +1,189 @@
+"""A first start that exports: peak memory of the process tree, time to ready, /healthz meanwhile.
+
+Starts ``streamer serve --backend onnx --model MODEL`` with an empty ONNX cache (a fresh
+cache directory whose ``models/`` is a link to the given cache's, so the torch model is
+there and its ONNX export is not), once per ``--code`` checkout (``PYTHONPATH`` set to
+it, so two versions of the code are measured side by side in one run). While it loads
+it samples, every ``--sample-s``:
+
+- the resident memory of the server and of every process below it (``/proc``), summed:
+  the tree's peak is what a container's memory limit must hold;
+- ``GET /healthz`` (latency, 2 s timeout), and ``/readyz`` until it answers 200.
+
+    python -m bench.first_start --code /work/main --code . --model random:small
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench import common
+
+HEALTH_TIMEOUT_S = 2.0
+READY_TIMEOUT_S = 900.0
+
+
+def main() -> int:
+    parser = common.parser(__doc__)
+    parser.add_argument("--code", action="append", type=Path, required=True)
+    parser.add_argument("--model", default="random:small")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sample-s", type=float, default=0.25)
+    common.add_output_args(parser, out="bench/out/first_start")
+    args = parser.parse_args()
+    common.setup_logging()
+    results = [_one_start(code.resolve(), args) for code in args.code]
+    common.write_results(args.out, {"starts": results}, args)
+    for result in results:
+        print(json.dumps({k: v for k, v in result.items() if k != "timeline"}))
+    return 0
+
+
+def _one_start(code: Path, args: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="first-start-") as scratch:
+        cache = Path(scratch) / "cache"
+        cache.mkdir()
+        (cache / "models").symlink_to(Path(args.cache_dir).resolve() / "models")
+        port = common.free_port()
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(code),
+            "STREAMER_CACHE_DIR": str(cache),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "streamer",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend",
+            "onnx",
+            "--model",
+            args.model,
+            "--device",
+            "cpu",
+            "--threads",
+            str(args.threads),
+        ]
+        args.out.mkdir(parents=True, exist_ok=True)
+        log_path = args.out / f"server-{code.name or 'root'}.log"
+        with log_path.open("w") as log:
+            started = time.monotonic()
+            server = subprocess.Popen(  # in ``code``: ``-m`` puts the working directory first
+                command, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+            try:
+                result = _watch(server, port, started, args.sample_s)
+            finally:
+                server.send_signal(signal.SIGINT)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait(timeout=10)
+        result.update(code=str(code), commit=_commit(code), command=" ".join(command))
+        return result
+
+
+def _watch(server: subprocess.Popen[bytes], port: int, started: float, every_s: float) -> dict:
+    base = f"http://127.0.0.1:{port}"
+    tree_peak = server_peak = 0
+    health_ms: list[float] = []
+    health_failures = 0
+    timeline = []
+    ready_s = None
+    while time.monotonic() - started < READY_TIMEOUT_S:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with status {server.returncode}")
+        own, tree = _rss_mib(server.pid)
+        server_peak, tree_peak = max(server_peak, own), max(tree_peak, tree)
+        sent = time.monotonic()
+        status = _get(base + "/healthz")
+        if status is None:
+            health_failures += 1
+        elif status == 200:
+            health_ms.append((time.monotonic() - sent) * 1000)
+        now = time.monotonic() - started
+        timeline.append((round(now, 2), own, tree, round(health_ms[-1], 1) if health_ms else None))
+        if _get(base + "/readyz") == 200:
+            ready_s = now
+            break
+        time.sleep(max(0.0, every_s - (time.monotonic() - sent)))
+    if ready_s is None:
+        raise RuntimeError(f"not ready within {READY_TIMEOUT_S:.0f} s")
+    return {
+        "ready_s": round(ready_s, 1),
+        "tree_peak_mib": tree_peak,
+        "server_peak_mib": server_peak,
+        "healthz_samples": len(health_ms),
+        "healthz_failures": health_failures,
+        "healthz_p50_ms": round(statistics.median(health_ms), 1) if health_ms else None,
+        "healthz_max_ms": round(max(health_ms), 1) if health_ms else None,
+        "healthz_over_100ms": sum(ms > 100 for ms in health_ms),
+        "timeline": timeline,
+    }
+
+
+def _get(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except (OSError, TimeoutError):
+        return None
+
+
+def _rss_mib(pid: int) -> tuple[int, int]:
+    """Resident MiB of ``pid`` and of ``pid`` with every descendant."""
+    children: dict[int, list[int]] = {}
+    resident: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        parent = int(fields.get("PPid", "0").strip())
+        children.setdefault(parent, []).append(int(entry))
+        resident[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0]) // 1024
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        total += resident.get(current, 0)
+        stack.extend(children.get(current, []))
+    return resident.get(pid, 0), total
+
+
+def _commit(code: Path) -> str:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(code), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
