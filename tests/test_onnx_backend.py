@@ -231,6 +231,50 @@ def test_export_runs_in_a_child_and_its_log_shows_here(
     assert (export / "model.onnx.data").stat().st_size > 3_000_000  # 0.8 M float32
 
 
+@pytest.mark.parametrize(("weight_type", "reduce_range"), [("QUInt8", False), ("QInt8", True)])
+def test_the_lean_quantizer_writes_onnxruntimes_graph(
+    tiny_export: Path, tmp_path: Path, weight_type: str, reduce_range: bool
+) -> None:
+    """quantize_matmuls holds one weight at a time; what it writes is quantize_dynamic's."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from streamer.model.onnx_quantize import quantize_matmuls
+
+    source, ours, theirs = tiny_export / "model.onnx", tmp_path / "ours", tmp_path / "theirs"
+    quantize_matmuls(source, ours, weight_type, reduce_range=reduce_range)
+    quantize_dynamic(
+        str(source),
+        str(theirs),
+        op_types_to_quantize=["MatMul"],
+        weight_type=getattr(QuantType, weight_type),
+        reduce_range=reduce_range,
+    )
+    a, b = onnx.load(str(ours)), onnx.load(str(theirs))
+    assert sum(n.op_type == "MatMulInteger" for n in a.graph.node) == 17
+
+    def nodes(model: onnx.ModelProto) -> list[bytes]:  # theirs are sorted differently
+        return sorted(n.SerializeToString(deterministic=True) for n in model.graph.node)
+
+    assert nodes(a) == nodes(b)
+    mine = {t.name: numpy_helper.to_array(t) for t in a.graph.initializer}
+    reference = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
+    assert list(mine) == list(reference)
+    for name, array in reference.items():
+        assert mine[name].dtype == array.dtype and np.array_equal(mine[name], array), name
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((2, 40, 560)).astype(np.float32),
+        "x_length": np.array([40, 25], dtype=np.int32),
+        "language": np.array([0, 4], dtype=np.int32),
+        "text_norm": np.array([14, 15], dtype=np.int32),
+    }
+    outputs = [ort.InferenceSession(str(p)).run(None, feeds)[0] for p in (ours, theirs)]
+    assert np.array_equal(*outputs)
+
+
 def test_a_failing_export_says_why(tiny_model_dir: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(tiny_model_dir, broken)

@@ -325,7 +325,17 @@ def quantize_int8(
     reduce_range: bool = False,
 ) -> None:
     """Write ``target``: graph ``source`` with its MatMul weights quantized dynamically
-    (activations are always quantized to uint8 at run time by ONNX Runtime)."""
+    (activations are always quantized to uint8 at run time by ONNX Runtime).
+
+    Per tensor, one weight at a time (:func:`~streamer.model.onnx_quantize.quantize_matmuls`:
+    onnxruntime's graph and numbers, a fraction of its memory); ``per_channel`` goes
+    through onnxruntime's ``quantize_dynamic``, which holds three copies of the weights.
+    """
+    if not per_channel:
+        from streamer.model.onnx_quantize import quantize_matmuls
+
+        quantize_matmuls(source, target, weight_type, reduce_range=reduce_range)
+        return
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()
