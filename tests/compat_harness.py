@@ -45,7 +45,7 @@ class Harness:
 
     @property
     def sent(self) -> list[dict]:
-        return [orjson.loads(f.data) for f in self.frames]
+        return [orjson.loads(f.data) for f in self.frames if f.data]  # count-only: not sent
 
     def types(self) -> list[str]:
         return [m["type"] for m in self.sent]

@@ -45,7 +45,7 @@ def make(finals=("the quick brown fox jumps", "hello there")):
 
 
 def out(adapter) -> list[dict]:
-    return [orjson.loads(frame.data) for frame in adapter.drain()]
+    return [orjson.loads(frame.data) for frame in adapter.drain() if frame.data]
 
 
 def send_audio(adapter, worker, pcm, chunk=1920, **answer):

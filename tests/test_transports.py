@@ -1,6 +1,7 @@
 """One limit, every transport: what the session pump owns holds for the WebSocket port and
 the Wyoming port alike: the outbox bound and the write timeout for a never-reading client,
-the idle timeout for a silent one, and the accounting (audio seconds, finals) for speech.
+the idle timeout for a silent one, and the accounting (audio seconds, finals, the first
+partial) for speech, which holds for every protocol's adapter too.
 
 The pump (``server/pump.py``) owns the outbox and the write timeout; the transports are
 thin readers and writers over it. Each case runs the same check through each transport:
@@ -13,13 +14,16 @@ slot freed, and the server goes on serving that transport.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import socket
 
 import numpy as np
 import orjson
 import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event
 from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
@@ -266,3 +270,99 @@ async def test_speech_is_counted_alike_on_every_transport(
     assert counter(server, "streamer_sessions_total") == 1
     assert counter(server, "streamer_sessions_terminated_total") == 0
     assert counter(server, "streamer_time_to_first_partial_seconds_count") == 2
+
+
+# -- the same accounting through every protocol ---------------------------------------------
+
+
+async def until_closed_or(ws, done) -> list[dict]:
+    """Messages until the server closes or ``done(messages)``; then the client closes."""
+    messages: list[dict] = []
+    with contextlib.suppress(ConnectionClosed):
+        while not done(messages):
+            messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s(BOUND_S))))
+    await ws.close()
+    return messages
+
+
+async def deepgram_session(server: ServerThread, pcm: np.ndarray) -> list[dict]:
+    query = "encoding=linear16&sample_rate=16000&channels=1"
+    async with connect(f"ws://127.0.0.1:{server.port}/v1/listen?{query}") as ws:
+        await ws.send(pcm.tobytes())
+        await ws.send('{"type": "CloseStream"}')
+        return await until_closed_or(ws, lambda m: False)
+
+
+async def openai_session(server: ServerThread, pcm: np.ndarray) -> list[dict]:
+    update = {
+        "type": "session.update",
+        "session": {
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 16000},
+                    "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+                }
+            },
+        },
+    }
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+    async with connect(url) as ws:
+        await ws.send(json.dumps(update))
+        audio = base64.b64encode(pcm.tobytes()).decode()
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+        completed = "conversation.item.input_audio_transcription.completed"
+        return await until_closed_or(ws, lambda m: sum(x.get("type") == completed for x in m) == 2)
+
+
+async def funasr_session(server: ServerThread, pcm: np.ndarray) -> list[dict]:
+    first = {"mode": "2pass", "wav_name": "t", "is_speaking": True, "audio_fs": 16000}
+    port = server.server.listeners["funasr"].port
+    async with connect(f"ws://127.0.0.1:{port}/", subprotocols=["binary"]) as ws:
+        await ws.send(json.dumps(first))
+        await ws.send(pcm.tobytes())
+        await ws.send('{"is_speaking": false}')
+        return await until_closed_or(ws, lambda m: bool(m) and m[-1].get("is_final") is True)
+
+
+async def v1_session(server: ServerThread, pcm: np.ndarray) -> list[dict]:
+    async with connect(server.url) as ws:
+        await ws.send(pcm.tobytes())
+        await ws.send('{"type":"stop"}')
+        return await until_closed_or(ws, lambda m: False)
+
+
+async def wyoming_protocol_session(server: ServerThread, pcm: np.ndarray) -> list[str]:
+    return await wyoming_session(server, pcm)
+
+
+PROTOCOLS = {
+    "v1": v1_session,
+    "deepgram": deepgram_session,
+    "openai": openai_session,
+    "funasr": funasr_session,
+    "wyoming": wyoming_protocol_session,
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+async def test_speech_is_counted_alike_through_every_protocol(
+    make_server,  # noqa: F811
+    protocol: str,
+) -> None:
+    """Two utterances through each protocol's adapter: two segments and two first-text
+    observations in /metrics, whether or not the protocol has an event for a speech
+    start (Deepgram without vad_events, FunASR and Wyoming have none)."""
+    server = make_server(
+        lambda: FakeRecognizer(delay_s=0.01),
+        classifier_factory=loudness_classifier,
+        wyoming_port=0,
+        funasr_port=0,
+    )
+    pcm = np.concatenate([silence(300), tone(600), silence(900), tone(800), silence(900)])
+    told = await PROTOCOLS[protocol](server, pcm)
+    assert told, "the client was told nothing"
+    await eventually(lambda: server.server.session_count == 0, BOUND_S, "the session's end")
+    assert counter(server, "streamer_segments_total") == 2
+    assert counter(server, "streamer_time_to_first_partial_seconds_count") == 2
+    assert counter(server, "streamer_audio_seconds_total") == pytest.approx(pcm.size / 16000)

@@ -28,6 +28,13 @@ class OutFrame:
     message: ServerMessage | None = None  # the core message it translates, if any
 
 
+def count_only(message: ServerMessage) -> OutFrame:
+    """A frame that sends nothing: ``message``, which the protocol has no event for, is
+    still counted by the server's metrics (a speech start times the first partial, a
+    final is a segment)."""
+    return OutFrame(b"", message=message)
+
+
 class WireAdapter:
     """Base class: protocol v1's behaviour, which adapters override where they differ.
 

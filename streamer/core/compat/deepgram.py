@@ -49,7 +49,7 @@ from streamer.core.protocol import (
     StreamOptions,
 )
 from streamer.core.session import Session, State
-from streamer.core.wire import OutFrame, WireAdapter
+from streamer.core.wire import OutFrame, WireAdapter, count_only
 from streamer.errors import (
     CLOSE_POLICY_VIOLATION,
     InvalidOption,
@@ -304,6 +304,8 @@ class DeepgramAdapter(WireAdapter):
                     },
                     message,
                 )
+            else:
+                self._frames.append(count_only(message))  # no event for it, still counted
         elif isinstance(message, Partial):
             self._send(self._results(message, is_final=False), message)
         elif isinstance(message, Final):

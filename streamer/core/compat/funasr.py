@@ -53,7 +53,7 @@ from streamer.core.hotwords import Hotwords, as_v1
 from streamer.core.hotwords import parse_funasr as parse_funasr_hotwords
 from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart, Word
 from streamer.core.session import Session, State
-from streamer.core.wire import OutFrame, WireAdapter
+from streamer.core.wire import OutFrame, WireAdapter, count_only
 from streamer.errors import (
     CLOSE_NORMAL,
     CLOSE_POLICY_VIOLATION,
@@ -451,6 +451,7 @@ class FunAsrAdapter(WireAdapter):
         for message in self.session.messages_to_send():
             if isinstance(message, SpeechStart):
                 self._streamed.reset()
+                self._frames.append(count_only(message))  # no event for it, still counted
             elif isinstance(message, Partial):
                 self._on_partial(message, items)
             elif isinstance(message, Final):
@@ -470,6 +471,8 @@ class FunAsrAdapter(WireAdapter):
         for item in items:
             if item.body.get("is_final") or item.body.get("text") or item.last:
                 frames.append(OutFrame(orjson.dumps(item.body), message=item.message))
+            elif isinstance(item.message, Final):
+                frames.append(count_only(item.message))  # an empty final: still a segment
         return frames
 
     @property

@@ -66,7 +66,7 @@ from streamer.core.compat.openai_negotiation import (
 )
 from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart
 from streamer.core.session import Session, State
-from streamer.core.wire import OutFrame, WireAdapter
+from streamer.core.wire import OutFrame, WireAdapter, count_only
 from streamer.errors import InvalidHotwords, ProtocolError, UnexpectedMessage
 
 _PROMPT_PARAM = "session.audio.input.transcription.prompt"  # its terms are the hotwords
@@ -360,6 +360,8 @@ class RealtimeAdapter(WireAdapter):
                     },
                     message,
                 )
+            else:
+                self._frames.append(count_only(message))  # no event for it, still counted
         elif isinstance(message, Partial):
             open_item = self._item_of_segment.get(message.segment_id)
             if open_item is not None and self.config.server_vad:

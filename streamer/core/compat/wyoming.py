@@ -36,7 +36,7 @@ from streamer.core.compat.common import core_language
 from streamer.core.compat.textjoin import AppendOnlyText, separator
 from streamer.core.protocol import End, Error, Final, Partial, SpeechStart
 from streamer.core.session import Session, State
-from streamer.core.wire import OutFrame, WireAdapter
+from streamer.core.wire import OutFrame, WireAdapter, count_only
 from streamer.errors import (
     InvalidOption,
     MalformedMessage,
@@ -344,9 +344,7 @@ class WyomingAdapter(WireAdapter):
         self._frames.append(OutFrame(encode_event(event), text=False, message=message))
 
     def _count(self, message: protocol.ServerMessage) -> None:
-        """A message Wyoming has no event for, still counted by the server's metrics (a
-        speech start times the first partial, a final is a segment)."""
-        self._frames.append(OutFrame(b"", text=False, message=message))
+        self._frames.append(count_only(message))  # no event for it, still counted
 
     def _chunk(self, text: str, message: protocol.ServerMessage) -> None:
         delta = self._streamed.extend_to(text)
