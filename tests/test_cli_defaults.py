@@ -36,6 +36,7 @@ RENAMED: dict[str, Any] = {
     "model_restarts": WorkerOptions().max_restarts,  # the worker's
     "capacity_admission": CapacityOptions().enabled,
     "max_file_jobs": FileOptions().max_jobs,
+    "file_worker": False,  # the pool's (plan_slots(file_worker=...))
     "max_upload_mb": FileOptions().max_upload_bytes / (1 << 20),
     "max_file_duration_s": FileOptions().max_duration_s,
 }

@@ -8,6 +8,7 @@ runs the real tiny model on loopback with one worker and with two.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -24,13 +25,14 @@ from streamer.errors import ConfigError, ModelError
 from streamer.model import loading
 from streamer.model.interface import RecognizerBase
 from streamer.model.pool import (
+    FILE_WORKER_NICE,
     WorkerHooks,
     WorkerPool,
     WorkerSlot,
     parse_devices,
     plan_slots,
 )
-from streamer.model.worker import ModelWorker
+from streamer.model.worker import ModelWorker, WorkerOptions
 from streamer.server.metrics import Metrics
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
@@ -423,4 +425,45 @@ def test_auto_is_shown_as_the_device_the_worker_loaded_on() -> None:
         assert metrics.registry.get_sample_value("streamer_worker_decodes_total", decodes) == 1
     finally:
         gate.opened.set()
+        pool.stop()
+
+
+def test_the_file_worker_takes_background_jobs_only_at_its_niceness() -> None:
+    assert [
+        s.background
+        for s in plan_slots(
+            ("cpu",), workers_per_device=1, threads=0, usable_cores=2, file_worker=True
+        )
+    ] == [False, True]
+    niceness: dict[int, int] = {}
+    gates = [Gate(), Gate()]
+
+    def factory(slot: WorkerSlot, hooks: WorkerHooks) -> ModelWorker:
+        def load() -> Gate:  # in the worker's thread, after it set its priority
+            niceness[slot.index] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            return gates[slot.index]
+
+        nice = FILE_WORKER_NICE if slot.background else 0
+        return ModelWorker(load, options=WorkerOptions(nice=nice), on_failure=hooks.on_failure)
+
+    slots = [WorkerSlot(0, "cpu", 1), WorkerSlot(1, "cpu", 1, background=True)]
+    pool = WorkerPool(factory, slots)
+    pool.start()
+    try:
+        assert pool.ready.wait(timeout_s(GUARD_S))
+        assert niceness[1] == FILE_WORKER_NICE and niceness[0] < FILE_WORKER_NICE
+        answers = Answers()
+        pool.submit(replace(job("file"), background=True), answers)
+        assert gates[1].entered.acquire(timeout=timeout_s(GUARD_S))  # on the file worker
+        # live sessions never go to it, however busy the live worker is
+        for session in ("a", "b", "c"):
+            pool.submit(job(session), answers)
+        assert {pool.worker_of(s).index for s in "abc"} == {0}
+        assert pool.worker_of("file").index == 1
+        for gate in gates:
+            gate.opened.set()
+        assert len(answers.wait(4)) == 4
+    finally:
+        for gate in gates:
+            gate.opened.set()
         pool.stop()

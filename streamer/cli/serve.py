@@ -281,6 +281,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         f,
+        "--file-worker",
+        False,
+        _bool,
+        action=argparse.BooleanOptionalAction,
+        help="decode the uploads on a model worker of their own whose threads run at nice "
+        "19, so that a live decode never waits for a file's (on 2 CPU cores the file "
+        "queue alone lets a live final wait for one file decode); costs one more model "
+        "in memory; the ONNX backend's threads are its own, torch's are shared and do "
+        "not take the priority [%(default)s]",
+    )
+    _flag(
+        f,
         "--allow-url-fetch",
         server.files.allow_url_fetch,
         _bool,
@@ -478,7 +490,13 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
     from dataclasses import replace
 
     from streamer.model.loading import load_recognizer, preflight, resolve_devices
-    from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot, plan_slots
+    from streamer.model.pool import (
+        FILE_WORKER_NICE,
+        WorkerHooks,
+        WorkerPool,
+        WorkerSlot,
+        plan_slots,
+    )
     from streamer.model.worker import ModelWorker, SpeechRecognizer, WorkerOptions
 
     devices = resolve_devices(args.device)
@@ -486,7 +504,11 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
     for device in devices:  # impossible devices, missing files: fail in seconds
         preflight(replace(base, device=device))
     slots = plan_slots(
-        devices, workers_per_device=args.workers, threads=args.threads, usable_cores=_cores()
+        devices,
+        workers_per_device=args.workers,
+        threads=args.threads,
+        usable_cores=_cores(),
+        file_worker=args.file_worker and args.max_file_jobs > 0,
     )
 
     def build(slot: WorkerSlot, hooks: WorkerHooks) -> ModelWorker:
@@ -508,6 +530,7 @@ def _worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
                 max_batch=args.max_batch,
                 max_batch_audio_s=args.max_batch_audio_s,
                 max_restarts=args.model_restarts,
+                nice=FILE_WORKER_NICE if slot.background else 0,
             ),
             on_decoded=hooks.on_decoded,
             on_failure=hooks.on_failure,

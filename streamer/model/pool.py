@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 MAX_WORKERS = 64  # more model copies than this is a typo, not a machine
 DEFAULT_WORKERS_PER_DEVICE = 1  # one worker (thread and model copy) per device
 
+FILE_WORKER_NICE = 19  # the uploads' worker: the kernel gives a live decode the cores first
+
 
 @dataclass(frozen=True)
 class WorkerSlot:
@@ -56,6 +58,8 @@ class WorkerSlot:
     index: int  # 0, 1, ...: the worker's label in logs, metrics and /readyz
     device: str  # "cpu", "cuda:0", ...: passed to the recognizer's options
     threads: int  # intra-op CPU threads of this worker; 0 = the backend's default
+    # decodes the file uploads' (background) jobs only, at low priority (--file-worker)
+    background: bool = False
 
     @property
     def label(self) -> str:
@@ -119,6 +123,25 @@ def parse_devices(spec: str) -> tuple[str, ...]:
 
 
 def plan_slots(
+    devices: Sequence[str],
+    *,
+    workers_per_device: int,
+    threads: int,
+    usable_cores: int,
+    file_worker: bool = False,
+) -> tuple[WorkerSlot, ...]:
+    """The live slots (:func:`plan_live_slots`), and with ``file_worker`` one more on
+    the first device for the file uploads' jobs, with as many threads as a live one: it
+    runs at nice 19, so it takes the cores only when the live workers leave them."""
+    live = plan_live_slots(
+        devices, workers_per_device=workers_per_device, threads=threads, usable_cores=usable_cores
+    )
+    if not file_worker:
+        return live
+    return (*live, WorkerSlot(len(live), live[0].device, live[0].threads, background=True))
+
+
+def plan_live_slots(
     devices: Sequence[str], *, workers_per_device: int, threads: int, usable_cores: int
 ) -> tuple[WorkerSlot, ...]:
     """One slot per worker: ``workers_per_device`` on each device, threads shared out.
@@ -176,6 +199,10 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._pinned: dict[str, int] = {}  # session_id -> worker index
         self._sessions = [0] * len(self.slots)  # sessions pinned to each worker
+        # the worker of the file uploads' jobs (--file-worker), if there is one
+        self._file_worker = next((s.index for s in self.slots if s.background), None)
+        if self._file_worker is not None and all(s.background for s in self.slots):
+            raise ConfigError("a worker pool needs a worker for live sessions")
         self._loaded = 0  # workers whose ready event is set
         self._failure: str | None = None
         self.on_failure: Callable[[str], None] | None = None  # once, from a worker's thread
@@ -344,7 +371,9 @@ class WorkerPool:
         with self._lock:
             index = self._pinned.get(job.session_id)
             if index is None:
-                index = self._least_loaded()
+                index = self._file_worker if job.background else None
+                if index is None:
+                    index = self._least_loaded()
                 self._pinned[job.session_id] = index
                 self._sessions[index] += 1
         self.workers[index].submit(job, callback)
@@ -367,7 +396,8 @@ class WorkerPool:
             queued = s.queued_finals + s.queued_partials + s.queued_background + int(s.busy)
             return (s.restarting is not None, self._sessions[index] + queued, index)
 
-        return min(range(len(self.workers)), key=load)
+        live = [i for i, slot in enumerate(self.slots) if not slot.background]
+        return min(live, key=load)
 
     # -- failure ---------------------------------------------------------------
 

@@ -43,6 +43,7 @@ loading again fails, the worker fails for good as above.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -95,6 +96,9 @@ class WorkerOptions:
     max_batch_audio_s: float | None = None
     # restarts of a model process per RESTART_WINDOW_S; 0: a failure is for good
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    # the worker thread's niceness (Linux), set before the model loads so that the
+    # threads the backend starts inherit it: 19 for the file uploads' worker (--file-worker)
+    nice: int = 0
 
     def __post_init__(self) -> None:
         if self.decode_timeout_s is not None and self.decode_timeout_s <= 0:
@@ -105,6 +109,8 @@ class WorkerOptions:
             raise ConfigError("max_batch_audio_s must be positive")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be 0 or more, not {self.max_restarts}")
+        if not 0 <= self.nice <= 19:
+            raise ConfigError(f"nice must be 0..19, not {self.nice}")
         if self.max_padding_ratio < 1:
             raise ConfigError(f"max_padding_ratio must be 1 or more, not {self.max_padding_ratio}")
 
@@ -290,6 +296,8 @@ class ModelWorker:
     # -- thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.options.nice:
+            _lower_priority(self.options.nice)
         try:
             self.recognizer = self._load()
         except (ModelError, ConfigError) as exc:  # a clear message; the CLI reports it
@@ -602,3 +610,12 @@ def _stalled(job: DecodeJob, reason: str) -> DecodeResult:
     if job.kind == "partial":
         return DecodeResult(job=job, dropped=True)
     return DecodeResult(job=job, failure=DecodeFailure.MODEL_STALLED, detail=reason)
+
+
+def _lower_priority(nice: int) -> None:
+    """This thread at ``nice`` (Linux: niceness is per thread, and threads started from
+    it inherit it); elsewhere a warning, and the worker runs at normal priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError) as error:
+        logger.warning("cannot lower the file worker's priority (%s): it runs as the others", error)

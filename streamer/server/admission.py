@@ -171,7 +171,7 @@ class Admission:
             stats.final_decode_ms_total,
             stats.oldest_final_age_ms,
             len(self.connections),
-            max(1, len(self.worker.workers)),
+            max(1, sum(not slot.background for slot in self.worker.slots)),  # live ones
         )
         capacity = self.capacity.observe(sample)
         self.metrics.final_load.set(capacity.final_load)
