@@ -49,6 +49,8 @@ class ServerThread:
         options: ServerOptions,
         classifier_factory: Callable | None = None,
         lifecycle: bool = False,
+        *,
+        uvloop: bool = False,
         **worker_options,
     ) -> None:
         if options.capacity == CapacityOptions():
@@ -60,7 +62,8 @@ class ServerThread:
         self.classifier_factory = classifier_factory
         self.worker = ModelWorker(load, **worker_options)
         self.server: StreamingServer | None = None
-        self.loop = asyncio.new_event_loop()
+        # uvloop: the loop `streamer serve` runs (its transports are not asyncio's classes)
+        self.loop = _uvloop_loop() if uvloop else asyncio.new_event_loop()
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
@@ -171,6 +174,7 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
         classifier_factory: Callable | None = None,
         decode_timeout_s: float = 30.0,
         lifecycle: bool = False,
+        uvloop: bool = False,
         **options,
     ) -> ServerThread:
         thread = ServerThread(
@@ -178,6 +182,7 @@ def make_server() -> Iterator[Callable[..., ServerThread]]:
             server_options(**options),
             classifier_factory,
             lifecycle=lifecycle,
+            uvloop=uvloop,
             decode_timeout_s=decode_timeout_s,
         )
         started.append(thread)
@@ -251,3 +256,9 @@ def tagged_server_url(tagged_server: ServerThread) -> str:
 @pytest.fixture(scope="session")
 def http_base_url(tagged_server: ServerThread) -> str:
     return tagged_server.http_url
+
+
+def _uvloop_loop() -> asyncio.AbstractEventLoop:
+    import uvloop
+
+    return uvloop.new_event_loop()

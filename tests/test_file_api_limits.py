@@ -99,9 +99,17 @@ def test_shutdown_refuses_an_unfinished_file_with_503(make_fake_server):
     assert body["err_code"] == "SHUTTING_DOWN"
 
 
-def test_uploads_over_tls(make_fake_server, tmp_path):
+def test_uploads_on_uvloop(make_fake_server):
+    # `streamer serve` runs uvloop, whose transports are not asyncio's classes
+    server = make_fake_server(uvloop=True)
+    status, _, body = post_raw(server.port, bursts(2))
+    assert status == 200 and utterance_count(body) == 2
+
+
+@pytest.mark.parametrize("uvloop", [False, True], ids=["asyncio", "uvloop"])
+def test_uploads_over_tls(make_fake_server, tmp_path, uvloop):
     certfile, keyfile = self_signed_cert(tmp_path)
-    server = make_fake_server(certfile=certfile, keyfile=keyfile)
+    server = make_fake_server(certfile=certfile, keyfile=keyfile, uvloop=uvloop)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE

@@ -26,6 +26,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 from urllib.parse import parse_qsl, urlsplit
 
 import h11
@@ -140,8 +141,8 @@ class HttpExchange(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # a stream transport (asyncio's, or uvloop's, which is not a subclass of it)
+        self._transport = cast(asyncio.Transport, transport)
         self._head_timer = self._loop.call_later(self.limits.read_timeout_s, self._head_timeout)
 
     def data_received(self, data: bytes) -> None:
