@@ -217,7 +217,10 @@ class Routes:
                 "state": load.state,
                 "restarts": load.restarts,
                 "sessions": load.sessions,
-                "queued": load.stats.queued_finals + load.stats.queued_partials,
+                "queued": load.stats.queued_finals
+                + load.stats.queued_partials
+                + load.stats.queued_background,
+                "file_worker": load.slot.background,
             }
             for load in self.worker.loads()
         ]
