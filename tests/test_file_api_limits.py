@@ -208,3 +208,23 @@ def test_a_file_over_the_duration_limit_is_refused_before_a_stream_starts(
     )
     assert status == 400 and body["error"]["code"] == "invalid_file"
     assert "at most 2 s" in body["error"]["message"]
+
+
+def test_a_chunked_upload_is_read_to_its_end(make_fake_server):
+    server = make_fake_server()
+    pcm = bursts(2).tobytes()
+    pieces = [pcm[i : i + 7000] for i in range(0, len(pcm), 7000)]
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout_s(30))
+    try:
+        connection.request(
+            "POST",
+            "/v1/listen?encoding=linear16&sample_rate=16000&utterances=true",
+            body=iter(pieces),
+            headers={"Transfer-Encoding": "chunked"},
+            encode_chunked=True,
+        )
+        response = connection.getresponse()
+        assert response.status == 200
+        assert utterance_count(orjson.loads(response.read())) == 2
+    finally:
+        connection.close()

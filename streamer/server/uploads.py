@@ -201,7 +201,11 @@ async def transcribe_file(
                 raise FileRefused(*job.stopped)
             if feeder in done:
                 feeder.result()  # raises the decoder's error
-        if not writer.result():
+        try:
+            finished = writer.result()
+        except _SessionFailed as failed:  # the session ended with a fatal error
+            raise FileRefused(failed.error.code, failed.error.message) from None
+        if not finished:
             raise FileRefused("internal_error", "the transcription stopped early")
     finally:
         for task in (feeder, writer, stopped):
