@@ -50,7 +50,6 @@ __all__ = [
     "int_list",
     "machine_info",
     "parser",
-    "recognizer_random_models",
     "server_options",
     "setup_logging",
     "started_server",
@@ -151,16 +150,6 @@ def started_server(args: argparse.Namespace, log_path: Path, **fields: Any) -> M
     """A ``streamer serve`` on a free 127.0.0.1 port; enter it to start it and wait for
     ``/readyz`` (``random:NAME`` models are built on first use, into the cache)."""
     return ManagedServer(server_options(args, **fields), log_path)
-
-
-def recognizer_random_models(model: str) -> Any:
-    """What ``RecognizerOptions.random_models`` needs for ``model``: the test kit's builder
-    for ``random:NAME``, None for a real model (the test kit is then not imported)."""
-    if not model.startswith("random:"):
-        return None
-    from streamer.testkit.models import RANDOM_MODELS
-
-    return RANDOM_MODELS
 
 
 def command_line(module: str, argv: list[str] | None = None) -> str:
