@@ -95,11 +95,11 @@ def run(protocol: str, pcm: bytes) -> tuple[float, float, int, int]:
         t0 = time.perf_counter()
         send(piece)
         t1 = time.perf_counter()
-        frames += len(adapter.drain())
+        frames += sum(1 for f in adapter.drain() if f.data)  # count-only frames: not sent
         t2 = time.perf_counter()
         answer(adapter.session)
         t3 = time.perf_counter()
-        frames += len(adapter.drain())
+        frames += sum(1 for f in adapter.drain() if f.data)  # count-only frames: not sent
         t4 = time.perf_counter()
         t_in += t1 - t0
         t_out += (t2 - t1) + (t4 - t3)
