@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -275,8 +276,23 @@ def export_onnx(
         files=roles,
     )
     (out_dir / MANIFEST_FILE).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
-    logger.info("exported %s to %s in %.1f s", model_dir, out_dir, time.perf_counter() - started)
+    logger.info(
+        "exported %s to %s in %.1f s (this process's peak resident memory: %d MiB)",
+        model_dir,
+        out_dir,
+        time.perf_counter() - started,
+        _peak_rss_mib(),
+    )
     return manifest
+
+
+def _peak_rss_mib() -> int:
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak // (1 << 20) if sys.platform == "darwin" else peak // 1024)  # bytes / KiB
 
 
 def _metadata(cmvn: Any, vocab_size: int, source: str, digest: str) -> dict[str, str]:
