@@ -272,6 +272,48 @@ async def test_speech_is_counted_alike_on_every_transport(
     assert counter(server, "streamer_time_to_first_partial_seconds_count") == 2
 
 
+@pytest.mark.parametrize("transport", sorted(SESSIONS))
+async def test_an_unpaced_client_is_back_pressured_and_gets_every_final_on_every_transport(
+    make_server,  # noqa: F811
+    transport: str,
+) -> None:
+    """Eight utterances sent as fast as the socket takes them to a model slower than the
+    audio: the pending-finals gate fills the backlog, reading pauses (TCP pushes back),
+    and every utterance still gets its final, on either transport."""
+    server = make_server(
+        lambda: FakeRecognizer(delay_s=0.2),
+        classifier_factory=loudness_classifier,
+        wyoming_port=0,
+        max_pending_finals=1,
+        max_backlog_bytes=64 * 1024,
+    )
+    parts = [silence(300)]
+    for i in range(8):
+        parts += [tone(600 + 200 * i), silence(900)]
+    pcm = np.concatenate(parts)
+    paused: list[bool] = []
+
+    async def watch() -> None:  # whether the pump ever stopped reading
+        while True:
+            paused.extend(
+                not c.pump.backlog_has_room.is_set() for c in server.server.admission.connections
+            )
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        told = await SESSIONS[transport](server, pcm)
+    finally:
+        watcher.cancel()
+    assert any(paused), "reading never paused: the backlog was not back-pressured"
+    assert counter(server, "streamer_segments_total") == 8
+    if transport == "websocket":
+        assert told.count("final") == 8, told
+    else:
+        assert told.count("transcript") == 1, told
+    assert counter(server, "streamer_sessions_terminated_total") == 0
+
+
 # -- the same accounting through every protocol ---------------------------------------------
 
 
