@@ -1,7 +1,8 @@
 """One limit, every transport: what the session pump owns holds for the WebSocket port and
 the Wyoming port alike: the outbox bound and the write timeout for a never-reading client,
-the idle timeout for a silent one, and the accounting (audio seconds, finals, the first
-partial) for speech, which holds for every protocol's adapter too.
+the idle timeout for a silent one, back-pressure (the pending-finals gate pauses reading)
+for an unpaced one, and the accounting (audio seconds, finals, the first partial) for
+speech, which holds for every protocol's adapter too.
 
 The pump (``server/pump.py``) owns the outbox and the write timeout; the transports are
 thin readers and writers over it. Each case runs the same check through each transport:
