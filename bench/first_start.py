@@ -10,7 +10,12 @@ it samples, every ``--sample-s``:
   the tree's peak is what a container's memory limit must hold;
 - ``GET /healthz`` (latency, 2 s timeout), and ``/readyz`` until it answers 200.
 
+``--starts 2`` starts each checkout twice on the same cache: the second is a later start
+(the export and any download already cached). A directory as
+``--model`` (a sherpa-onnx layout, say) measures a start with nothing to export.
+
     python -m bench.first_start --code /work/main --code . --model random:small
+    python -m bench.first_start --code OLD --code . --model DIR --starts 2
 """
 
 from __future__ import annotations
@@ -40,63 +45,73 @@ def main() -> int:
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sample-s", type=float, default=0.25)
+    parser.add_argument(
+        "--starts",
+        type=int,
+        default=1,
+        help="starts per checkout, on the same cache (2: a later start)",
+    )
     common.add_output_args(parser, out="bench/out/first_start")
     args = parser.parse_args()
     common.setup_logging()
-    results = [_one_start(code.resolve(), args) for code in args.code]
+    results = [result for code in args.code for result in _starts(code.resolve(), args)]
     common.write_results(args.out, {"starts": results}, args)
     for result in results:
         print(json.dumps({k: v for k, v in result.items() if k != "timeline"}))
     return 0
 
 
-def _one_start(code: Path, args: Any) -> dict[str, Any]:
+def _starts(code: Path, args: Any) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="first-start-") as scratch:
         cache = Path(scratch) / "cache"
         cache.mkdir()
         (cache / "models").symlink_to(Path(args.cache_dir).resolve() / "models")
-        port = common.free_port()
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(code),
-            "STREAMER_CACHE_DIR": str(cache),
-        }
-        command = [
-            sys.executable,
-            "-m",
-            "streamer",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend",
-            "onnx",
-            "--model",
-            args.model,
-            "--device",
-            "cpu",
-            "--threads",
-            str(args.threads),
-        ]
-        args.out.mkdir(parents=True, exist_ok=True)
-        log_path = args.out / f"server-{code.name or 'root'}.log"
-        with log_path.open("w") as log:
-            started = time.monotonic()
-            server = subprocess.Popen(  # in ``code``: ``-m`` puts the working directory first
-                command, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+        return [_one_start(code, cache, number, args) for number in range(1, args.starts + 1)]
+
+
+def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any]:
+    port = common.free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(code),
+        "STREAMER_CACHE_DIR": str(cache),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "streamer",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend",
+        "onnx",
+        "--model",
+        args.model,
+        "--device",
+        "cpu",
+        "--threads",
+        str(args.threads),
+    ]
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_path = args.out / f"server-{code.name or 'root'}-{number}.log"
+    with log_path.open("w") as log:
+        started = time.monotonic()
+        server = subprocess.Popen(  # in ``code``: ``-m`` puts the working directory first
+            command, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            result = _watch(server, port, started, args.sample_s)
+        finally:
+            server.send_signal(signal.SIGINT)
             try:
-                result = _watch(server, port, started, args.sample_s)
-            finally:
-                server.send_signal(signal.SIGINT)
-                try:
-                    server.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait(timeout=10)
-        result.update(code=str(code), commit=_commit(code), command=" ".join(command))
-        return result
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(timeout=10)
+    result.update(code=str(code), start=number, commit=_commit(code), command=" ".join(command))
+    return result
 
 
 def _watch(server: subprocess.Popen[bytes], port: int, started: float, every_s: float) -> dict:
