@@ -128,8 +128,9 @@ def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export-onnx",
         help="export a torch/funasr model to ONNX",
-        description="Write model.onnx (fp32), model.int8.onnx (MatMul weights quantized "
-        "dynamically), tokens.txt, bpe.model, am.mvn and manifest.json for --backend "
+        description="Write model.onnx (fp32, its weights in model.onnx.data), model.int8.onnx "
+        "(MatMul weights quantized dynamically), tokens.txt, bpe.model, am.mvn and "
+        "manifest.json for --backend "
         "onnx. Without --out the export goes to the cache that serve --backend onnx "
         "reads, keyed by the model's content hash.",
     )

@@ -10,9 +10,11 @@ The graph is SenseVoiceSmall's embedding, encoder and CTC head::
 
 N and T are dynamic, so one call can decode a padded batch. The names and the metadata
 are sherpa-onnx's (scripts/sense-voice/export-onnx.py), so an export made here is also a
-sherpa-onnx model. ``model.int8.onnx`` holds the same graph with MatMul weights quantized
-dynamically to 8 bits (QInt8 on CPUs with an int8 dot-product unit, QUInt8 elsewhere:
-:func:`default_int8_weight_type`). ``manifest.json`` records where it came from.
+sherpa-onnx model. ``model.onnx``'s weights are in ``model.onnx.data`` (ONNX external
+data: :mod:`streamer.model.onnx_trace`). ``model.int8.onnx`` holds the same graph with
+MatMul weights quantized dynamically to 8 bits (QInt8 on CPUs with an int8 dot-product
+unit, QUInt8 elsewhere: :func:`default_int8_weight_type`). ``manifest.json`` records
+where it came from.
 
 torch, funasr, onnx and onnxruntime are imported inside functions only.
 """
@@ -201,7 +203,9 @@ def export_onnx(
     """Write ``model.onnx``, ``model.int8.onnx``, tokens, CMVN and a manifest to ``out_dir``.
 
     ``model_dir`` is a torch/funasr SenseVoiceSmall directory (as ``streamer serve`` takes
-    it). Loads the model with torch on the CPU (seconds; about 2 GiB for the real size).
+    it). Reads it with torch on the CPU, its weights mapped from the checkpoint, and frees
+    torch before quantizing: about 2.1 GiB at the peak for the real size, while tracing
+    (bench/RESULTS.md). A server runs this in a child process (:func:`cached_export`).
     """
     int8_weight_type = int8_weight_type or default_int8_weight_type()
     if int8_weight_type not in INT8_WEIGHT_TYPES:
