@@ -15,7 +15,8 @@ and how it was measured::
         args = parser.parse_args()
         common.setup_logging()
         with common.started_server(args, args.out / "server.log") as server:
-            ...  # server.url, server.port, server.http
+            with common.PeakRss(server.pid) as memory:
+                ...  # server.url, server.port; memory.growth_mb afterwards
         common.write_results(args.out, results, args)
 
 Run benches from the repository root as ``python -m bench.NAME`` (or ``python -m bench NAME``);
@@ -30,15 +31,20 @@ import logging
 import os
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.latency.monitor import machine_info
+from bench.latency.poller import Poller
 from bench.latency.serverproc import ManagedServer, ServerOptions, free_port, http_base, http_get
 
 __all__ = [
     "REPO",
     "ManagedServer",
+    "PeakRss",
+    "Poller",
     "ServerOptions",
     "add_output_args",
     "add_server_args",
@@ -50,9 +56,11 @@ __all__ = [
     "int_list",
     "machine_info",
     "parser",
+    "rss_mb",
     "server_options",
     "setup_logging",
     "started_server",
+    "wait_until",
     "write_results",
 ]
 
@@ -183,3 +191,45 @@ def write_results(
     path = out / "results.json"
     path.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
     return path
+
+
+# -- polling -------------------------------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (VmRSS) in MiB; 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class PeakRss(Poller):
+    """A process's resident memory sampled in a thread while the ``with`` block runs:
+    ``start_mb`` on entry, ``peak_mb`` the highest seen."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+        super().__init__(interval_s)
+        self.pid = pid
+        self.start_mb = self.peak_mb = rss_mb(pid)
+
+    def poll(self) -> None:
+        self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
+
+    @property
+    def growth_mb(self) -> float:
+        return self.peak_mb - self.start_mb
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1, what: str = ""
+) -> None:
+    """Poll ``predicate`` until it holds; TimeoutError (naming ``what``) after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what or 'the condition'} did not hold within {timeout_s:g} s")
+        time.sleep(interval_s)

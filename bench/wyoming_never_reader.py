@@ -18,14 +18,11 @@ comes from DIR (e.g. ``git archive 1131bf8 | tar -x -C /tmp/old``), in the same 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import time
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from bench import common
 from streamer.core.compat.wyoming import WyomingEvent, encode_event
@@ -62,31 +59,17 @@ async def never_reader(port: int, seconds: float) -> dict[str, Any]:
 
 
 async def step(pid: int, port: int, clients: int, seconds: float) -> dict[str, Any]:
-    process = psutil.Process(pid)
-    baseline = process.memory_info().rss
-    peak = baseline
-    done = asyncio.Event()
-
-    async def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            with contextlib.suppress(psutil.Error):
-                peak = max(peak, process.memory_info().rss)
-            await asyncio.sleep(SAMPLE_S)
-
-    sampler = asyncio.create_task(sample())
-    runs = await asyncio.gather(*(never_reader(port, seconds) for _ in range(clients)))
-    done.set()
-    await sampler
+    with common.PeakRss(pid, SAMPLE_S) as memory:
+        runs = await asyncio.gather(*(never_reader(port, seconds) for _ in range(clients)))
     await asyncio.sleep(1.0)  # let the server notice the aborts
-    after = process.memory_info().rss
+    after = common.rss_mb(pid)
     closed = [r["closed_by_server_after_s"] for r in runs if r["closed_by_server_after_s"]]
     return {
         "clients": clients,
         "seconds": seconds,
-        "rss_idle_mb": round(baseline / 2**20, 1),
-        "rss_peak_growth_mb": round((peak - baseline) / 2**20, 1),
-        "rss_after_mb": round(after / 2**20, 1),
+        "rss_idle_mb": round(memory.start_mb, 1),
+        "rss_peak_growth_mb": round(memory.growth_mb, 1),
+        "rss_after_mb": round(after, 1),
         "closed_by_server": len(closed),
         "closed_after_s": sorted(closed),
         "describes_sent": sum(r["describes_sent"] for r in runs),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,22 @@ def test_cpu_name_names_the_cpu() -> None:
         if line.startswith("model name")
     )
     assert name.startswith(model)
+
+
+def test_peak_rss_sees_memory_held_inside_the_block() -> None:
+    with common.PeakRss(os.getpid(), interval_s=0.01) as memory:
+        held = bytearray(64 << 20)  # 64 MiB, touched
+        for i in range(0, len(held), 4096):
+            held[i] = 1
+        common.wait_until(lambda: memory.peak_mb - memory.start_mb >= 32, timeout_s(10))
+    assert memory.growth_mb >= 32
+    assert common.rss_mb(os.getpid()) > 0
+    del held
+
+
+def test_wait_until_returns_once_it_holds_and_names_what_it_waited_for() -> None:
+    calls = []
+    common.wait_until(lambda: calls.append(1) or len(calls) >= 3, 5, interval_s=0.001)
+    assert len(calls) == 3
+    with pytest.raises(TimeoutError, match="the answer did not hold within 0.05 s"):
+        common.wait_until(lambda: False, 0.05, interval_s=0.01, what="the answer")
