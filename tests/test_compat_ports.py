@@ -353,19 +353,19 @@ async def test_metrics_count_sessions_by_protocol(make_ports_server):
 
 def test_cli_flags_and_environment(monkeypatch):
     from streamer.cli import build_parser
-    from streamer.cli.serve import _server_options
+    from streamer.cli.serve_options import server_options_from
 
     args = build_parser().parse_args(["serve", "--funasr-port", "10095", "--wyoming-port", "0"])
-    options = _server_options(args)
+    options = server_options_from(args)
     assert (options.funasr_port, options.wyoming_port, options.wyoming_insecure) == (
         10095,
         0,
         False,
     )
-    assert _server_options(build_parser().parse_args(["serve"])).funasr_port is None
+    assert server_options_from(build_parser().parse_args(["serve"])).funasr_port is None
     monkeypatch.setenv("STREAMER_WYOMING_PORT", "10300")
     monkeypatch.setenv("STREAMER_WYOMING_INSECURE", "1")
-    options = _server_options(build_parser().parse_args(["serve", "--token", "t"]))
+    options = server_options_from(build_parser().parse_args(["serve", "--token", "t"]))
     assert (options.wyoming_port, options.wyoming_insecure) == (10300, True)
 
 

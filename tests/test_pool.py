@@ -316,11 +316,11 @@ def test_cuda_all_without_a_gpu_fails_before_anything_slow() -> None:
 
 def test_the_cli_checks_every_listed_device() -> None:
     from streamer.cli import build_parser
-    from streamer.cli.serve import _worker_pool
+    from streamer.cli.serve_options import worker_pool
 
     def pool_of(*argv: str):
         args = build_parser().parse_args(["serve", "--model", "random:tiny", *argv])
-        return _worker_pool(args, Metrics(), loading.LoadProgress())
+        return worker_pool(args, Metrics(), loading.LoadProgress())
 
     with pytest.raises(ConfigError, match="twice"):
         pool_of("--device", "cpu,cpu")

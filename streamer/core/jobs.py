@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Literal
 
@@ -73,3 +73,8 @@ class DecodeResult:
     queue_ms: float = 0.0  # time between submission and the start of decoding
     decode_ms: float = 0.0  # time the model spent (on the whole batch this job ran in)
     batch_size: int = 1  # jobs decoded in the same model call as this one
+
+
+def final_of_speculation(job: DecodeJob, reason: EndReason) -> DecodeJob:
+    """The final's job for a segment that a speculative decode (``job``) already covered."""
+    return replace(job, kind="final", reason=reason, first=False, speculative=False)

@@ -19,7 +19,7 @@ from streamer.core import hotwords, protocol
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.error_burst import ErrorBurst
 from streamer.core.framing import AudioBuffer, PcmFramer, S16Decoder
-from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
+from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult, final_of_speculation
 from streamer.core.open_segment import OpenSegment, Speculation
 from streamer.core.protocol import (
     ConfigMessage,
@@ -37,12 +37,7 @@ from streamer.core.protocol import (
     Word,
 )
 from streamer.core.resample import StreamResampler
-from streamer.core.segmenter import (
-    SegmentEnd,
-    Segmenter,
-    SegmentEvent,
-    SegmentStart,
-)
+from streamer.core.segmenter import SegmentEnd, Segmenter, SegmentEvent, SegmentStart
 from streamer.core.session_state import SessionOptions, SessionStats, State
 from streamer.core.transcript import Transcript
 from streamer.core.vad import FrameClassifier, frame_energies
@@ -397,7 +392,9 @@ class Session:
             if self._spec.result is not None:
                 result = self._spec.result
                 self._spec.reset()
-                self._final_finished(replace(result, job=_final_job(result.job, event)))
+                self._final_finished(
+                    replace(result, job=final_of_speculation(result.job, event.reason))
+                )
             else:
                 self._awaiting_spec[event.segment_id] = event
             return
@@ -518,9 +515,9 @@ class Session:
         ):
             del self._awaiting_spec[job.segment_id]
             if result.dropped:  # superseded or the worker stopped: decode it as a final
-                self._jobs.append(_final_job(job, waiting))
+                self._jobs.append(final_of_speculation(job, waiting.reason))
             else:  # decoded, or failed (a final of the same audio would fail the same way)
-                self._final_finished(replace(result, job=_final_job(job, waiting)))
+                self._final_finished(replace(result, job=final_of_speculation(job, waiting.reason)))
             return True
         if (
             result.transcript is not None
@@ -623,8 +620,3 @@ def _ms(samples: int) -> float:
 
 def _words(transcript: Transcript, job: DecodeJob) -> tuple[Word, ...]:
     return transcript_words(transcript, _ms(job.start_sample), _ms(job.end_sample))
-
-
-def _final_job(job: DecodeJob, event: SegmentEnd) -> DecodeJob:
-    """The final's job for a segment that a speculative decode already covered."""
-    return replace(job, kind="final", reason=event.reason, first=False, speculative=False)
