@@ -1,0 +1,65 @@
+"""No module in streamer/ over 500 code lines (issue 20: one concern per module).
+
+Code lines are lines holding a token other than a comment, and not part of a module's,
+class's or function's docstring; blank lines do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+MAX_CODE_LINES = 500
+PACKAGE = Path(__file__).resolve().parent.parent / "streamer"
+SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+
+
+def code_lines(source: str) -> int:
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in SKIPPED or token.type == tokenize.ENDMARKER:
+            continue
+        lines.update(n for n in range(token.start[0], token.end[0] + 1) if n not in docstrings)
+    return len(lines)
+
+
+def test_the_counter_counts_code_only() -> None:
+    source = "\n".join(
+        [
+            '"""Doc.',
+            "",
+            'More."""',
+            "# a comment",
+            "x = 1  # trailing",
+            "",
+            "def f():",
+            '    """Doc."""',
+            "    return (",
+            "        x",
+            "    )",
+            "",
+        ]
+    )
+    assert code_lines(source) == 5  # x = 1, def, return (, x, )
+
+
+def test_no_module_is_over_500_code_lines() -> None:
+    sizes = {
+        str(path.relative_to(PACKAGE.parent)): code_lines(path.read_text())
+        for path in PACKAGE.rglob("*.py")
+    }
+    assert len(sizes) > 50
+    over = {name: n for name, n in sizes.items() if n > MAX_CODE_LINES}
+    assert not over, f"split these modules by concern: {over}"
