@@ -477,3 +477,38 @@ async def test_audio_streamed_after_server_shutdown_is_dropped_quietly(fake):
         await stopper
     assert code == 1001 and messages[-1]["type"] == "end"
     assert [m["code"] for m in messages if m["type"] == "error"] == ["server_shutdown"]
+
+
+async def test_a_flood_of_tiny_frames_is_parsed_a_slice_at_a_time(fake, monkeypatch):
+    """websockets parsed each socket read whole (up to 256 KiB: 32768 frames of 2 bytes,
+    270 ms of the loop) and queued every frame; now one callback parses at most a slice,
+    only while the queue has room, and every byte still arrives, in order."""
+    from websockets.asyncio.connection import Connection
+
+    from streamer.server.reads import READ_SLICE_BYTES
+
+    parsed: list[int] = []
+    queued: list[int] = []
+    original = Connection.data_received
+
+    def recording(self, data: bytes) -> None:
+        parsed.append(len(data))
+        original(self, data)
+        queued.append(len(self.recv_messages.frames))
+
+    monkeypatch.setattr(Connection, "data_received", recording)
+    server = fake(max_input_messages_per_s=1e6)  # unpaced: the parsing is what is tested
+    frames = 20000
+    async with connect(server.url, max_queue=None) as ws:
+        await recv_json(ws)
+        for i in range(frames):
+            await ws.send(b"\x00\x00")
+            if i % 1000 == 999:
+                await asyncio.sleep(0)  # let the socket fill while the server paces
+        await ws.send('{"type":"stop"}')
+        messages, code = await messages_until_close(ws)
+    assert code == 1000
+    assert messages[-1]["type"] == "end" and messages[-1]["audio_ms"] == frames / 16
+    assert max(parsed) <= READ_SLICE_BYTES
+    # the queue holds one slice's frames at most (8 bytes each) beyond websockets' limit
+    assert max(queued) <= WS_MAX_QUEUE_FRAMES + READ_SLICE_BYTES // 8

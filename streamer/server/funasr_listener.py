@@ -30,6 +30,7 @@ from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
 from streamer.server.options import WS_MAX_QUEUE_FRAMES
+from streamer.server.reads import SlicedReadConnection
 from streamer.server.routes import check_request_line, guarded, method_not_allowed, process_response
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class FunAsrListener:
             compression=None,
             max_size=o.max_message_bytes,
             max_queue=WS_MAX_QUEUE_FRAMES,
+            create_connection=SlicedReadConnection,
             ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
             close_timeout=o.limits.close_timeout_s,
             server_header="sensevoice-streamer",

@@ -43,6 +43,7 @@ from streamer.server.main_port import connection_class
 from streamer.server.metrics import Metrics
 from streamer.server.openai_files import OPENAI_FILES, TRANSLATION_REFUSAL, TRANSLATIONS_PATH
 from streamer.server.options import WS_MAX_QUEUE_FRAMES, ConnectionLimits, ServerOptions
+from streamer.server.reads import sliced_reads
 from streamer.server.routes import Routes, guarded, process_response
 from streamer.server.wyoming import WyomingListener
 
@@ -203,7 +204,7 @@ class StreamingServer:
                 ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
                 close_timeout=o.limits.close_timeout_s,
                 server_header="sensevoice-streamer",
-                create_connection=connection_class(self.files.exchange),
+                create_connection=sliced_reads(connection_class(self.files.exchange)),
             )
         except OSError as error:
             raise _listen_error(o.host, o.port, "--port", error) from error
