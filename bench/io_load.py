@@ -14,7 +14,11 @@ core saturates, independently of how fast any model is.
 * the load comes from ``--generators`` processes, each running its share of the real-
   time clients with the bench's own load generator (``bench.latency.load``); each
   reports how late it sent its chunks, so an overloaded generator is seen, not hidden;
+* ``/healthz`` and ``/readyz`` are probed in turn every 100 ms, each on a new connection,
+  during every step: how long they took to answer (p50, p95, max) beside the loop lag;
 * ``--micro`` also times the sans-I/O pieces alone, per stream-second, in this process;
+* ``--model random:small`` serves a real model instead (``streamer serve``, with
+  ``--quantize`` and ``--server-arg``): the loop beside the model's work on the same cores;
 * ``--features`` makes the test double do the worker's CPU work of a real decode except
   the model (each job's features through the real feature cache), ``--model-process``
   runs it in a model process (``serve --model-process``), whose CPU is reported apart.
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import http.client
 import json
 import logging
 import multiprocessing
@@ -40,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import REPO, free_port
+from bench.latency.poller import Poller
 from streamer.model.interface import RecognizerBase
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -100,6 +107,7 @@ def _load_double(features: bool, progress: Any = None) -> Any:
 async def _serve(port: int, workers: int, features: bool, model_process: bool) -> None:
     from functools import partial
 
+    from streamer.core.capacity import CapacityOptions
     from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot
     from streamer.model.process import ProcessRecognizer
     from streamer.model.worker import ModelWorker
@@ -122,7 +130,11 @@ async def _serve(port: int, workers: int, features: bool, model_process: bool) -
         on_decoded=metrics.observe_worker_decode,
     )
     pool.start()
-    options = ServerOptions(host="127.0.0.1", port=port, max_sessions=5000)
+    # capacity-aware admission off: the double's answers are instant, and what is measured
+    # is the loop at this many streams, not how many a real model would admit
+    options = ServerOptions(
+        host="127.0.0.1", port=port, max_sessions=5000, capacity=CapacityOptions(enabled=False)
+    )
     server = StreamingServer(options, pool, metrics=metrics)
     await server.start()
     await server.wait_ready()
@@ -204,6 +216,45 @@ def _generate(args: tuple[str, int, int, int, float, float, bool]) -> dict[str, 
     }
 
 
+class HealthProbes(Poller):
+    """``/healthz`` and ``/readyz`` in turn every interval, each on a new connection (as a
+    balancer's or a kubelet's probe comes): how long each took to answer, seconds."""
+
+    def __init__(self, port: int, interval_s: float = 0.1) -> None:
+        super().__init__(interval_s)
+        self.port = port
+        self.took_s: dict[str, list[float]] = {"/healthz": [], "/readyz": []}
+        self._turn = 0
+
+    def poll(self) -> None:
+        path = ("/healthz", "/readyz")[self._turn % 2]
+        self._turn += 1
+        started = time.perf_counter()
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            connection.request("GET", path)
+            connection.getresponse().read()
+            took_s = time.perf_counter() - started
+        except OSError:
+            took_s = 99.0  # no answer: counted, never dropped
+        finally:
+            connection.close()
+        self.took_s[path].append(took_s)
+
+    def summary_ms(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for path, took in self.took_s.items():
+            values = np.array(took or [0.0]) * 1000
+            name = path.strip("/")
+            out |= {
+                f"{name}_p50_ms": float(np.percentile(values, 50)),
+                f"{name}_p95_ms": float(np.percentile(values, 95)),
+                f"{name}_max_ms": float(values.max()),
+                f"{name}_probes": len(took),
+            }
+        return out
+
+
 def _scrape(port: int) -> Any:
     from bench.latency.monitor import scrape
 
@@ -225,7 +276,10 @@ def run_step(
     before_metrics = _scrape(port)
     before = _thread_cpu_s(pid)
     wall = time.monotonic()
-    with multiprocessing.get_context("spawn").Pool(generators) as workers:
+    with (
+        HealthProbes(port) as probes,
+        multiprocessing.get_context("spawn").Pool(generators) as workers,
+    ):
         parts = workers.map(_generate, [j for j in jobs if j[2]])
     wall_s = time.monotonic() - wall
     after = _thread_cpu_s(pid)
@@ -257,6 +311,7 @@ def run_step(
         "messages": sum(p["messages"] for p in parts),
         "errors": [e for p in parts for e in p["errors"]][:5],
         "error_count": sum(len(p["errors"]) for p in parts),
+        **probes.summary_ms(),
     }
 
 
@@ -317,6 +372,52 @@ def micro(seconds: float = 30.0) -> dict[str, float]:
 # -- main ---------------------------------------------------------------------------
 
 
+def _double_server(stack: contextlib.ExitStack, args: argparse.Namespace) -> tuple[int, int]:
+    """The test-double server in a child process: its port and pid."""
+    port = free_port()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.io_load",
+            "--serve",
+            str(port),
+            "--workers",
+            str(args.workers),
+            *(["--features"] if args.features else []),
+            *(["--model-process"] if args.model_process else []),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def stop() -> None:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+    stack.callback(stop)
+    assert child.stdout is not None
+    if child.stdout.readline().strip() != "READY":
+        raise SystemExit("the server did not start")
+    return port, child.pid
+
+
+def _real_server(stack: contextlib.ExitStack, args: argparse.Namespace) -> tuple[int, int]:
+    """``streamer serve`` with a real model (``--model``): its port and pid."""
+    from bench.latency.serverproc import ManagedServer, ServerOptions
+
+    quantize = None if args.quantize == "none" else args.quantize
+    options = ServerOptions(
+        model=args.model, quantize=quantize, max_sessions=5000, extra_args=tuple(args.server_arg)
+    )
+    server = stack.enter_context(ManagedServer(options, args.out / "server.log"))
+    assert server.pid is not None
+    return server.port, server.pid
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.io_load", description=__doc__)
     p.add_argument("--streams", default="50,100,200", help="comma list of stream counts")
@@ -334,6 +435,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the test double runs in a model process (serve --model-process)",
     )
+    p.add_argument(
+        "--model",
+        help="serve this model with streamer serve instead of the test double (e.g. random:small)",
+    )
+    p.add_argument("--quantize", default="int8", help="with --model: int8 or none")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="with --model: passed to streamer serve (repeatable)",
+    )
     p.add_argument("--micro", action="store_true", help="also time the sans-I/O pieces")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "io_load")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child server's port
@@ -345,30 +458,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.io_load",
-            "--serve",
-            str(port),
-            "--workers",
-            str(args.workers),
-            *(["--features"] if args.features else []),
-            *(["--model-process"] if args.model_process else []),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     results: dict[str, Any] = {"loadavg_before": os.getloadavg(), "steps": []}
-    try:
-        assert child.stdout is not None
-        if child.stdout.readline().strip() != "READY":
-            raise SystemExit("the server did not start")
+    with contextlib.ExitStack() as stack:
+        if args.model is not None:
+            port, pid = _real_server(stack, args)
+        else:
+            port, pid = _double_server(stack, args)
         for streams in (int(s) for s in args.streams.split(",")):
             step = run_step(
-                port, child.pid, streams, args.duration_s, args.generators, not args.no_partials
+                port, pid, streams, args.duration_s, args.generators, not args.no_partials
             )
             results["steps"].append(step)
             print(  # noqa: T201
@@ -379,18 +477,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{step['children_cpu_s']:.1f} cpu-s, lag p99 "
                 f"{step['loop_lag_p99_ms']:.0f} ms, send late p95 "
                 f"{step['send_late_p95_ms']:.0f} ms, "
-                f"generators {step['generator_cpu_s']:.0f} cpu-s, errors {step['error_count']}",
+                f"generators {step['generator_cpu_s']:.0f} cpu-s, errors {step['error_count']}; "
+                f"/healthz p50/p95/max {step['healthz_p50_ms']:.0f}/"
+                f"{step['healthz_p95_ms']:.0f}/{step['healthz_max_ms']:.0f} ms, /readyz "
+                f"{step['readyz_p50_ms']:.0f}/{step['readyz_p95_ms']:.0f}/"
+                f"{step['readyz_max_ms']:.0f} ms",
                 flush=True,
             )
         if args.micro:
             results["micro_ms_per_stream_s"] = micro()
             print(json.dumps(results["micro_ms_per_stream_s"], indent=1))  # noqa: T201
-    finally:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            child.kill()
     results["loadavg_after"] = os.getloadavg()
     (args.out / "io_load.json").write_text(json.dumps(results, indent=1))
     return 0
