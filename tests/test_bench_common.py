@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -111,13 +112,15 @@ def test_cpu_name_names_the_cpu() -> None:
 
 def test_peak_rss_sees_memory_held_inside_the_block() -> None:
     with common.PeakRss(os.getpid(), interval_s=0.01) as memory:
-        held = bytearray(64 << 20)  # 64 MiB, touched
-        for i in range(0, len(held), 4096):
+        # a fresh anonymous mapping, touched page by page: resident memory the process
+        # did not hold before (a bytearray may reuse heap pages a long suite freed)
+        held = mmap.mmap(-1, 64 << 20)
+        for i in range(0, len(held), mmap.PAGESIZE):
             held[i] = 1
         common.wait_until(lambda: memory.peak_mb - memory.start_mb >= 32, timeout_s(10))
     assert memory.growth_mb >= 32
     assert common.rss_mb(os.getpid()) > 0
-    del held
+    held.close()
 
 
 def test_wait_until_returns_once_it_holds_and_names_what_it_waited_for() -> None:
