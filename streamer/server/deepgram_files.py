@@ -23,6 +23,7 @@ from typing import IO
 import orjson
 
 from streamer.core.compat import common, deepgram, transcripts
+from streamer.core.compat.audio import BYTES_PER_SAMPLE
 from streamer.core.containers import PCM
 from streamer.errors import FileRefused, ProtocolError, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
@@ -132,9 +133,7 @@ def _raw(
     source.seek(0, 2)
     size = source.tell()
     source.seek(0)
-    bytes_per_s = (
-        options.stream.sample_rate * options.channels * (2 if options.encoding == "linear16" else 1)
-    )
+    bytes_per_s = options.stream.sample_rate * options.channels * BYTES_PER_SAMPLE[options.encoding]
     if size / bytes_per_s > max_duration_s:
         raise _invalid(
             f"the audio is {size / bytes_per_s:.0f} s long; at most {max_duration_s:g} s "

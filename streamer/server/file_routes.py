@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
+from streamer.core.compat import transcripts
 from streamer.errors import FileRefused
 from streamer.server.admission import RETRY_AFTER_S, Admission
 from streamer.server.http import BadRequest, single_header, token_matches
@@ -145,17 +146,7 @@ class FileRoutes:
         refused = self.refused.get(request.path)
         if refused is not None:
             status, message = refused
-            raise HttpError(
-                status,
-                {
-                    "error": {
-                        "message": message,
-                        "type": "invalid_request_error",
-                        "param": None,
-                        "code": "unsupported",
-                    }
-                },
-            )
+            raise HttpError(status, transcripts.openai_error_body(message, code="unsupported"))
         if request.path in ("/healthz", "/readyz", "/metrics", "/") or request.path.startswith(
             "/v1/"
         ):

@@ -21,7 +21,7 @@ from typing import IO
 import multipart
 
 from streamer.core import hotwords
-from streamer.core.compat import common, transcripts
+from streamer.core.compat import common, openai_negotiation, transcripts
 from streamer.core.protocol import Final, StreamOptions
 from streamer.errors import FileRefused, InvalidHotwords, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
@@ -180,9 +180,7 @@ def parse_request(form: Form, defaults: StreamOptions) -> Request:
 
 
 def _presented_key(request: HttpRequest) -> str | None:
-    auth = request.headers.get("Authorization") or ""
-    scheme, _, key = auth.strip().partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+    return openai_negotiation.presented_key(request.headers.get("Authorization"), ())
 
 
 def _error_shape(error: ApiError) -> dict[str, object]:
