@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from streamer.model.recognizer import RecognizerOptions
+from streamer.model.options import RecognizerOptions
 
 from bench import common
 from bench.bench_backends import LENGTHS_S, _edit_distance, speech_signal

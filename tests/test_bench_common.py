@@ -129,3 +129,18 @@ def test_wait_until_returns_once_it_holds_and_names_what_it_waited_for() -> None
     assert len(calls) == 3
     with pytest.raises(TimeoutError, match="the answer did not hold within 0.05 s"):
         common.wait_until(lambda: False, 0.05, interval_s=0.01, what="the answer")
+
+
+def test_every_bench_module_imports() -> None:
+    # `python -m bench` lists the benches from their source, so a bench whose imports
+    # broke (a module renamed under it) would still be listed: import each one
+    import importlib
+    import pkgutil
+
+    import bench
+
+    names = [m.name for m in pkgutil.walk_packages(bench.__path__, "bench.")]
+    assert "bench.int8_types" in names and "bench.stress" in names
+    for name in names:
+        if not name.endswith("__main__"):
+            importlib.import_module(name)
