@@ -53,6 +53,21 @@ def speech_signal(cache_dir: Path, seconds: float = 30) -> np.ndarray:
     return signal
 
 
+def random_window(speech: np.ndarray, seconds: float, rng: np.random.Generator) -> np.ndarray:
+    """``seconds`` of ``speech`` from a random place."""
+    start = int(rng.integers(0, speech.size - int(seconds * SAMPLE_RATE)))
+    return speech[start : start + int(seconds * SAMPLE_RATE)]
+
+
+def agreement_segments(
+    speech: np.ndarray, count: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """``count`` windows of ``speech`` from 0.3 to 7 s long, for token agreement."""
+    return [
+        random_window(speech, 0.3 + 6.7 * index / max(1, count - 1), rng) for index in range(count)
+    ]
+
+
 def _load(config: str, args: argparse.Namespace, **onnx_kwargs: Any) -> Any:
     from streamer.model.files import locate_model
     from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
@@ -106,8 +121,7 @@ def part_decode(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     for rep in range(args.reps):
         for seconds in LENGTHS_S:
-            start = int(rng.integers(0, speech.size - int(seconds * SAMPLE_RATE)))
-            pcm = speech[start : start + int(seconds * SAMPLE_RATE)]
+            pcm = random_window(speech, seconds, rng)
             order = list(CONFIGS) if rep % 2 == 0 else list(reversed(CONFIGS))
             for config in order:
                 times.setdefault((config, seconds), []).append(_timed(recognizers[config], pcm))
@@ -127,11 +141,7 @@ def part_decode(args: argparse.Namespace) -> None:
         )
 
     # token agreement with torch fp32 on segments of several lengths
-    segments = []
-    for index in range(args.segments):
-        seconds = 0.3 + 6.7 * index / max(1, args.segments - 1)
-        start = int(rng.integers(0, speech.size - int(seconds * SAMPLE_RATE)))
-        segments.append(speech[start : start + int(seconds * SAMPLE_RATE)])
+    segments = agreement_segments(speech, args.segments, rng)
     languages = ("auto", "en", "zh")
     reference = [
         recognizers["torch-fp32"].decode(pcm, language=languages[i % 3], use_itn=i % 2 == 0)

@@ -30,15 +30,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from streamer.model.options import RecognizerOptions
 
 from bench import common
-from bench.bench_backends import LENGTHS_S, _edit_distance, speech_signal
+from bench.bench_backends import (
+    LENGTHS_S,
+    _edit_distance,
+    agreement_segments,
+    random_window,
+    speech_signal,
+)
 from streamer.model.files import locate_model
 from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
 from streamer.model.onnx_export import cached_export, default_int8_weight_type, quantize_int8
+from streamer.model.options import RecognizerOptions
 from streamer.testkit.models import RANDOM_MODELS
-from streamer.testkit.speech import SAMPLE_RATE
 
 logger = logging.getLogger("bench.int8_types")
 
@@ -113,16 +118,11 @@ def measure(args: argparse.Namespace, recognizers: dict[str, OnnxRecognizer]) ->
     times: dict[tuple[str, float], list[float]] = {}
     for rep in range(args.reps):
         for seconds in LENGTHS_S:
-            start = int(rng.integers(0, speech.size - int(seconds * SAMPLE_RATE)))
-            pcm = speech[start : start + int(seconds * SAMPLE_RATE)]
+            pcm = random_window(speech, seconds, rng)
             for name in names if rep % 2 == 0 else reversed(names):
                 times.setdefault((name, seconds), []).append(timed_ms(recognizers[name], pcm))
         logger.info("repetition %d of %d done", rep + 1, args.reps)
-    segments = []
-    for index in range(args.segments):
-        seconds = 0.3 + 6.7 * index / max(1, args.segments - 1)
-        start = int(rng.integers(0, speech.size - int(seconds * SAMPLE_RATE)))
-        segments.append(speech[start : start + int(seconds * SAMPLE_RATE)])
+    segments = agreement_segments(speech, args.segments, rng)
     languages = ("auto", "en", "zh")
 
     def tokens(name: str, i: int) -> tuple[int, ...]:

@@ -32,6 +32,7 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from bench.common import rss_mb
 from bench.latency.poller import Poller
 from streamer.client.connection import ClientOptions, Received, StreamingClient
 from streamer.client.streaming import stream_file
@@ -140,16 +141,6 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes, dict[str, st
         return error.code, error.read(), dict(error.headers)
     except (urllib.error.URLError, OSError):
         return 0, b"", {}
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 class PeakRss(Poller):
