@@ -171,14 +171,10 @@ def _sha256(source: IO[bytes]) -> str:
     return digest.hexdigest()
 
 
-async def _serve(routes: FileRoutes, exchange: HttpExchange) -> None:
-    await serve(routes, exchange)
-
-
 DEEPGRAM_FILES = FileApi(
     name="deepgram-files",
     path=deepgram.PATH,
-    handler=_serve,
+    handler=serve,
     presented_token=_presented_key,
     error_shape=_error_shape,
     error_headers=_error_headers,

@@ -274,10 +274,6 @@ class HttpExchange(asyncio.Protocol):
             self._reading_paused = False
         return data
 
-    @property
-    def body_complete(self) -> bool:
-        return self._body_done
-
     # -- answering ---------------------------------------------------------------------
 
     async def respond(

@@ -50,7 +50,6 @@ class Form:
 
     fields: dict[str, list[str]] = field(default_factory=dict)
     file: IO[bytes] | None = None
-    filename: str | None = None
     file_bytes: int = 0
 
     def value(self, name: str) -> str | None:
@@ -106,7 +105,6 @@ async def read_form(exchange: HttpExchange, request: HttpRequest, limit_bytes: i
                     if part.name == "file" and part.filename is not None:
                         form.close()
                         form.file = new_spool()
-                        form.filename = part.filename
                         form.file_bytes = 0
                 elif event is None:
                     if part is not None and part.name != "file":
@@ -283,14 +281,10 @@ async def _stream(
     await exchange.finish()
 
 
-async def _serve(routes: FileRoutes, exchange: HttpExchange) -> None:
-    await serve(routes, exchange)
-
-
 OPENAI_FILES = FileApi(
     name="openai-files",
     path=PATH,
-    handler=_serve,
+    handler=serve,
     presented_token=_presented_key,
     error_shape=_error_shape,
 )

@@ -46,10 +46,10 @@ OnFinal = Callable[[Final], Awaitable[None]]
 
 @dataclass
 class FileTranscript:
-    """What one file gave: its finals in order, its non-fatal errors and its length."""
+    """What one file gave: its finals in order and its length (a non-fatal error, such
+    as one segment's failed decode, is in that final's ``error``)."""
 
     finals: list[Final] = field(default_factory=list)
-    errors: list[Error] = field(default_factory=list)
     duration_s: float = 0.0
 
 
@@ -65,16 +65,6 @@ class FileJob:
         if self.stopped is None:
             self.stopped = (code, message)
             self.stop_event.set()
-
-    # the lifecycle's interface (admission.Tracked)
-    def expire(self, code: str, message: str, close_code: int = 0) -> None:
-        self.stop(code, message)
-
-    def shutdown(self) -> None:
-        self.stop("shutting_down", "the server is shutting down; send the file again")
-
-    def abort(self) -> None:
-        self.stop("shutting_down", "the server is shutting down; send the file again")
 
 
 class FileJobs:
@@ -170,10 +160,8 @@ async def transcribe_file(
             transcript.finals.append(message)
             if on_final is not None:
                 await on_final(message)
-        elif isinstance(message, Error):
-            transcript.errors.append(message)
-            if message.fatal:
-                raise _SessionFailed(message)
+        elif isinstance(message, Error) and message.fatal:
+            raise _SessionFailed(message)
 
     async def feed() -> None:
         while True:
