@@ -85,6 +85,12 @@ class FileInfo:
     duration_s: float | None  # from the header; None when the header does not say
     duration_estimated: bool  # duration_s may be FFmpeg's guess from the bit rate
 
+    @property
+    def trusted_duration_s(self) -> float | None:
+        """The header's duration where it is not a guess from the bit rate (a limit
+        may refuse a file by it before decoding); None otherwise."""
+        return None if self.duration_estimated else self.duration_s
+
 
 def probe_file(source: Source) -> FileInfo:
     """What ``source`` is (a file object is read from its start and left open).
@@ -118,7 +124,7 @@ def iter_pcm(
     with _open(source) as container:
         stream = _audio_stream(container)
         info = _info(container, stream)
-        header_s = None if info.duration_estimated else info.duration_s
+        header_s = info.trusted_duration_s
         if max_duration_s is not None and header_s is not None:
             if header_s > max_duration_s:
                 raise _too_long(max_duration_s, header_s)

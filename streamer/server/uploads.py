@@ -105,7 +105,7 @@ async def media_chunks(
     :class:`UndecodableAudio`, :class:`~streamer.errors.AudioTooLong`): what is refused
     is refused before anything is answered."""
     info = await asyncio.to_thread(probe_file, source)
-    header_s = None if info.duration_estimated else info.duration_s
+    header_s = info.trusted_duration_s
     if max_duration_s is not None and header_s is not None and header_s > max_duration_s:
         raise AudioTooLong(
             f"the audio is {header_s:.0f} s long; this server transcribes at most "
