@@ -6,7 +6,8 @@
     ├── ConfigError                 bad server/recognizer options (CLI exits 2)
     ├── ModelError                  model weights missing, unloadable or inconsistent
     ├── DecodeError                 one decode failed; that segment's final carries it
-    │   └── ModelProcessGone            the model process it was sent to died or was killed
+    │   ├── ModelProcessGone            the model process it was sent to died or was killed
+    │   └── DecodeInterrupted           a partial's decode stopped so that a final goes first
     ├── FileRefused                 a file upload cannot be transcribed now (has ``code``)
     ├── ClientError                 raised by :mod:`streamer.client`
     │   ├── ConnectionRefusedByServer   handshake refused (auth, capacity, origin)
@@ -35,6 +36,7 @@ __all__ = [
     "ModelError",
     "DecodeError",
     "ModelProcessGone",
+    "DecodeInterrupted",
     "FileRefused",
     "ClientError",
     "ConnectionRefusedByServer",
@@ -81,6 +83,12 @@ class DecodeError(StreamerError):
 class ModelProcessGone(DecodeError):
     """The model process (``serve --model-process``) died or was killed: the worker
     starts another or fails; the message says why, and there is no traceback to show."""
+
+
+class DecodeInterrupted(DecodeError):
+    """The worker stopped a partial's decode midway because a final was queued behind
+    it (:meth:`~streamer.model.interface.SpeechRecognizer.interrupt`): not a failure,
+    the partial is dropped and the session asks for a newer one."""
 
 
 class FileRefused(StreamerError):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.errors import ConfigError, ModelError
+from streamer.errors import ConfigError, DecodeInterrupted, ModelError
 from streamer.model import onnx_export
 from streamer.model.loading import load_recognizer, resolve_backend
 from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
@@ -164,6 +164,34 @@ def test_int8_graph_decodes(tiny_export: Path, clips, onnx_tiny) -> None:
         agree += sum(a == b for a, b in zip(tokens, reference, strict=False))
         total += max(len(tokens), len(reference))
     assert agree / total > 0.5  # far from random (1/400): the quantized weights are used
+
+
+def test_an_interrupted_run_stops_and_the_next_decodes(onnx_tiny, clips) -> None:
+    """interrupt() sets the running call's RunOptions.terminate: ONNX Runtime itself
+    ends that run (here the flag is set as the run starts, so it cannot finish first),
+    the decode raises DecodeInterrupted, and the session decodes the next call as
+    before. With no call running there is nothing to stop."""
+    pcm = clips["tts-en"]
+    before = onnx_tiny.decode(pcm).token_ids
+    assert onnx_tiny.interruptible and onnx_tiny.interrupt() is False
+    session = onnx_tiny._session
+
+    class StopsAsItStarts:
+        def run(self, outputs, inputs, run_options):
+            assert onnx_tiny.interrupt() is True  # the call in progress is this one
+            return session.run(outputs, inputs, run_options)
+
+        def __getattr__(self, name):
+            return getattr(session, name)
+
+    onnx_tiny._session = StopsAsItStarts()
+    try:
+        with pytest.raises(DecodeInterrupted):
+            onnx_tiny.decode(pcm)
+    finally:
+        onnx_tiny._session = session
+    assert onnx_tiny.interrupt() is False
+    assert onnx_tiny.decode(pcm).token_ids == before
 
 
 # --- export and cache ---------------------------------------------------------------------------

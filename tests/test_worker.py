@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
+from streamer.errors import DecodeInterrupted
 from streamer.model.worker import ModelWorker
 from tests.fakes import Answers, DyingRecognizer, FakeRecognizer, HangingRecognizer
 from tests.timing import timeout_s
@@ -415,6 +416,11 @@ def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
     decoded = [r for r in results if r.job.kind == "final" or r.job.speculative]
     assert len(decoded) == 2
     assert stats.final_decode_ms_total == pytest.approx(sum(r.decode_ms for r in decoded))
+    # and what the wait projection needs: how many, their audio, their times squared
+    assert stats.finals_total == 2 and stats.final_audio_ms_total == pytest.approx(200)
+    squares = sum(r.decode_ms**2 for r in decoded)
+    assert stats.final_decode_sq_ms_total == pytest.approx(squares)
+    assert stats.partial_decode_ms_total == pytest.approx(results[0].decode_ms)  # "busy"
 
 
 def test_a_burst_of_failing_partials_is_logged_once_without_a_traceback(caplog):
@@ -439,3 +445,103 @@ def test_a_burst_of_failing_partials_is_logged_once_without_a_traceback(caplog):
     assert not failed[0].exc_info and failed[1].exc_info
     (counted,) = [r for r in caplog.records if "10 partial decodes failed" in r.getMessage()]
     assert counted.levelname == "WARNING"
+
+
+class InterruptibleRecognizer(GatedRecognizer):
+    """A gated decode that :meth:`interrupt` ends at once with DecodeInterrupted (as
+    ONNX Runtime's terminate flag ends a run)."""
+
+    interruptible = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoding = threading.Event()
+        self.stop = threading.Event()
+        self.asked = 0
+
+    def decode(self, pcm, *, language="auto", use_itn=True):
+        self.decoding.set()
+        self.started.set()
+        try:
+            while not self.gate.acquire(timeout=0.005):
+                if self.stop.is_set():
+                    self.stop.clear()
+                    raise DecodeInterrupted("stopped")
+            self.order.append((language, int(pcm[0]), "decoded"))
+            return FakeRecognizer.decode(self, pcm, language=language, use_itn=use_itn)
+        finally:
+            self.decoding.clear()
+
+    def interrupt(self) -> bool:
+        if not self.decoding.is_set():
+            return False
+        self.asked += 1
+        self.stop.set()
+        return True
+
+
+@pytest.fixture
+def interruptible():
+    recognizer = InterruptibleRecognizer()
+    worker = ModelWorker(lambda: recognizer)
+    worker.start()
+    assert worker.ready.wait(timeout_s(10))
+    results: list[DecodeResult] = []
+    yield worker, recognizer, results, results.append
+    for _ in range(20):
+        recognizer.gate.release()
+    worker.stop()
+
+
+def test_a_final_stops_a_partial_being_decoded_where_the_model_can(interruptible):
+    """A final queued behind a refresh does not wait for it: the refresh is answered
+    dropped (interrupted), the final decoded next, and the stats count it."""
+    worker, recognizer, results, collect = interruptible
+    worker.submit(job("a", "partial", 1), collect)
+    assert recognizer.started.wait(timeout_s(5))
+    worker.submit(job("b", "final", 2), collect)
+    for _ in range(500):  # the stopped partial is answered before anything is released
+        if results:
+            break
+        threading.Event().wait(0.01)
+    release_all(recognizer, worker, 1)
+    assert [tag for _, tag, _ in recognizer.order] == [2]
+    partial = next(r for r in results if r.job.kind == "partial")
+    assert partial.dropped and partial.interrupted and partial.transcript is None
+    final = next(r for r in results if r.job.kind == "final")
+    assert final.transcript is not None
+    stats = worker.stats()
+    assert stats.interruptible and stats.partials_interrupted == 1
+    assert stats.partial_decode_ms_total > 0  # the time the stopped partial took
+
+
+@pytest.mark.parametrize("running", ["final", "speculative", "background"])
+def test_a_final_never_stops_a_final_a_speculative_decode_or_a_files_job(
+    interruptible, running: str
+) -> None:
+    import dataclasses
+
+    worker, recognizer, results, collect = interruptible
+    first = {
+        "final": job("a", "final", 1),
+        "speculative": dataclasses.replace(job("a", "partial", 1), speculative=True),
+        "background": job("file", "final", 1, background=True),
+    }[running]
+    worker.submit(first, collect)
+    assert recognizer.started.wait(timeout_s(5))
+    worker.submit(job("b", "final", 2), collect)
+    release_all(recognizer, worker, 2)
+    assert [tag for _, tag, _ in recognizer.order] == [1, 2]
+    assert recognizer.asked == 0 and worker.stats().partials_interrupted == 0
+    assert all(r.transcript is not None for r in results)
+
+
+def test_a_partial_queued_stops_nothing_and_a_model_that_cannot_stop_is_not_asked(gated):
+    worker, recognizer, results, collect = gated
+    worker.submit(job("a", "partial", 1), collect)
+    assert recognizer.started.wait(timeout_s(5))
+    worker.submit(job("b", "partial", 2), collect)
+    worker.submit(job("c", "final", 3), collect)  # GatedRecognizer cannot stop a decode
+    release_all(recognizer, worker, 3)
+    assert [tag for _, tag, _ in recognizer.order] == [1, 3, 2]
+    assert not worker.stats().interruptible and worker.stats().partials_interrupted == 0

@@ -70,6 +70,7 @@ class DecodeResult:
     failure: DecodeFailure | None = None  # the decode failed: what clients are told
     detail: str = ""  # why it failed (an exception's text), for the server log only
     dropped: bool = False  # the worker discarded the job (superseded partial)
+    interrupted: bool = False  # dropped midway: its decode stopped so that a final goes first
     queue_ms: float = 0.0  # time between submission and the start of decoding
     decode_ms: float = 0.0  # time the model spent (on the whole batch this job ran in)
     batch_size: int = 1  # jobs decoded in the same model call as this one

@@ -26,7 +26,13 @@ import numpy as np
 
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
-from streamer.errors import ConfigError, DecodeError, ModelError, ModelProcessGone
+from streamer.errors import (
+    ConfigError,
+    DecodeError,
+    DecodeInterrupted,
+    ModelError,
+    ModelProcessGone,
+)
 from streamer.model.interface import RecognizerBase
 from streamer.model.sensevoice import (
     BLANK_ID,
@@ -560,6 +566,8 @@ def decode_job(
     started = time.perf_counter()
     try:
         (transcript,) = decode_jobs(recognizer, [job])
+    except DecodeInterrupted:  # the worker stopped it for a final: not a failure
+        return interrupted(job, queue_ms, (time.perf_counter() - started) * 1000)
     except Exception as exc:  # one bad decode must not stop the worker
         where = f"session {job.session_id}, segment {job.segment_id}, {job.kind}"
         counted = partial_failures is not None and job.kind == "partial"
@@ -591,3 +599,11 @@ def decode_job(
     if partial_failures is not None:
         partial_failures.ended(job)
     return DecodeResult(job=job, transcript=transcript, queue_ms=queue_ms, decode_ms=decode_ms)
+
+
+def interrupted(job: DecodeJob, queue_ms: float, decode_ms: float) -> DecodeResult:
+    """The answer to a partial whose decode the worker stopped so that a final goes
+    first: dropped (the session asks for a newer one), and counted as interrupted."""
+    return DecodeResult(
+        job=job, dropped=True, interrupted=True, queue_ms=queue_ms, decode_ms=decode_ms
+    )

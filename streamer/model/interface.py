@@ -45,6 +45,10 @@ class SpeechRecognizer(Protocol):
     def failure(self) -> str | None:
         """Why a model process is gone; None while it runs (always, in this process)."""
 
+    @property
+    def interruptible(self) -> bool:
+        """Whether :meth:`interrupt` can stop a model call midway (ONNX Runtime can)."""
+
     def decode(
         self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True
     ) -> Transcript: ...
@@ -66,12 +70,18 @@ class SpeechRecognizer(Protocol):
     def kill(self) -> None:
         """End a stuck call at once (a model process is killed); from any thread."""
 
+    def interrupt(self) -> bool:
+        """Ask the model call in progress, if any, to stop as soon as it can (from any
+        thread): that call then raises :class:`~streamer.errors.DecodeInterrupted`.
+        True when a call was asked; False when none runs or the model cannot stop one."""
+
 
 class RecognizerBase:
     """The defaults: in this process, one utterance per model call, nothing kept."""
 
     batches = False
     restartable = False
+    interruptible = False
     failure: str | None = None
 
     @property
@@ -108,3 +118,6 @@ class RecognizerBase:
 
     def kill(self) -> None:
         return None
+
+    def interrupt(self) -> bool:
+        return False

@@ -17,11 +17,17 @@ Threads: ``intra_op_num_threads`` is the ``threads`` option, and ONNX Runtime's 
 threads do not spin while waiting for work (``session.intra_op.allow_spinning = 0``)
 unless ``spin_wait`` is set: spinning threads fight any other busy process on the same
 cores and turn 0.3 s decodes into multi-second stalls (bench/RESULTS.md).
+
+Interrupting: every model call runs with a ``RunOptions`` of its own, and
+:meth:`OnnxRecognizer.interrupt` sets its ``terminate`` flag from the worker's submitting
+thread; ONNX Runtime then ends the run between two nodes (within milliseconds), so a
+final queued behind a partial's decode does not wait for all of it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamer.errors import ConfigError, ModelError
+from streamer.errors import ConfigError, DecodeInterrupted, ModelError
 from streamer.model.decoding import (
     CtcRecognizer,
     PieceTableTokenizer,
@@ -108,6 +114,7 @@ class OnnxRecognizer(CtcRecognizer):
     """
 
     frontend: Frontend  # always ours: the graph takes features
+    interruptible = True  # a run stops when its RunOptions.terminate is set
 
     def __init__(
         self,
@@ -130,6 +137,8 @@ class OnnxRecognizer(CtcRecognizer):
         import onnxruntime as ort
 
         self._ort = ort
+        self._run_lock = threading.Lock()  # guards _run_options (interrupt's other thread)
+        self._run_options: Any = None  # the RunOptions of the call in progress
         providers, self._device = _providers(options.device, options.quantize, ort)
         session_options = ort.SessionOptions()
         session_options.intra_op_num_threads = self._threads
@@ -175,6 +184,14 @@ class OnnxRecognizer(CtcRecognizer):
     def backend(self) -> str:
         return "onnx"
 
+    def interrupt(self) -> bool:
+        with self._run_lock:
+            run_options = self._run_options
+            if run_options is None:
+                return False
+            run_options.terminate = True
+            return True
+
     def _logits(self, batch: Sequence[Utterance]) -> list[np.ndarray]:
         padded, lengths = padded_features(self.frontend, batch)
         layout, types = self._layout, self._integer_types
@@ -188,10 +205,18 @@ class OnnxRecognizer(CtcRecognizer):
                 [u.textnorm_row for u in batch], dtype=types[layout.textnorm]
             ),
         }
+        run_options = self._ort.RunOptions()
+        with self._run_lock:
+            self._run_options = run_options
         try:
-            (logits,) = self._session.run([layout.logits], inputs)
+            (logits,) = self._session.run([layout.logits], inputs, run_options)
         except Exception as error:  # ORT's failures are not RuntimeError subclasses
+            if run_options.terminate:
+                raise DecodeInterrupted("stopped so that a final goes first") from None
             raise RuntimeError(f"{type(error).__name__}: {error}") from error
+        finally:
+            with self._run_lock:
+                self._run_options = None
         if logits.shape[-1] != self.tokenizer.size:
             raise ModelError(
                 f"{self.model_dir.graph} returns {logits.shape[-1]} CTC outputs but its "

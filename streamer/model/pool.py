@@ -340,6 +340,12 @@ class WorkerPool:
             sum(s.final_decode_ms_total for s in each),
             max((s.oldest_final_age_ms for s in each), default=0.0),
             sum(s.queued_background for s in each),
+            sum(s.finals_total for s in each),
+            sum(s.final_audio_ms_total for s in each),
+            sum(s.final_decode_sq_ms_total for s in each),
+            sum(s.partial_decode_ms_total for s in each),
+            all(s.interruptible for s in each),
+            sum(s.partials_interrupted for s in each),
         )
 
     def loads(self) -> list[WorkerLoad]:

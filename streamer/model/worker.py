@@ -52,8 +52,8 @@ from dataclasses import dataclass
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
-from streamer.errors import ConfigError, ModelError
-from streamer.model.decoding import PartialFailures, decode_job, decode_jobs
+from streamer.errors import ConfigError, DecodeInterrupted, ModelError
+from streamer.model.decoding import PartialFailures, decode_job, decode_jobs, interrupted
 from streamer.model.interface import SpeechRecognizer
 from streamer.model.job_queue import JobQueue, Queued, ResultCallback, select_batch
 
@@ -127,6 +127,15 @@ class WorkerStats:
     # file uploads' jobs, decoded after live work (not in the figures above: capacity
     # is about live sessions, and a file's wait behind them is by design)
     queued_background: int = 0
+    # more for capacity: the live finals decoded so far, their audio, and the sum of
+    # their decode times squared (a final's mean wait behind another is E[S^2] / 2E[S])
+    finals_total: int = 0
+    final_audio_ms_total: float = 0.0
+    final_decode_sq_ms_total: float = 0.0
+    # time spent on live partials (a final waits behind one unless it is interrupted)
+    partial_decode_ms_total: float = 0.0
+    interruptible: bool = False  # whether a final stops a partial's decode midway
+    partials_interrupted: int = 0  # partial decodes stopped so far so that a final went first
 
 
 __all__ = [
@@ -172,7 +181,12 @@ class ModelWorker:
         self.load_error: BaseException | None = None
         self.recognizer: SpeechRecognizer | None = None
         self.on_decoded = on_decoded  # metrics hook, called for every decode
-        self._final_decode_ms_total = 0.0  # guarded by _lock (read by stats())
+        self._final_decode_ms_total = 0.0  # guarded by _lock (read by stats()), as are:
+        self._finals_total = 0
+        self._final_audio_ms_total = 0.0
+        self._final_decode_sq_ms_total = 0.0
+        self._partial_decode_ms_total = 0.0
+        self.partials_interrupted = 0
         self._partial_failures = PartialFailures()  # the worker thread's alone
         # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
         self._running: list[Queued] | None = None
@@ -241,6 +255,12 @@ class ModelWorker:
                 self._final_decode_ms_total,
                 0.0 if oldest is None else (now - oldest) * 1000,
                 self._queue.background_jobs,
+                self._finals_total,
+                self._final_audio_ms_total,
+                self._final_decode_sq_ms_total,
+                self._partial_decode_ms_total,
+                self.recognizer is not None and self.recognizer.interruptible,
+                self.partials_interrupted,
             )
 
     # -- queue -----------------------------------------------------------------
@@ -255,12 +275,25 @@ class ModelWorker:
                 superseded = item
             elif failure is None:
                 superseded = self._queue.push(item)
+                if _live_final(job):
+                    self._interrupt_partials()
             self._lock.notify_all()
         if failure is not None:
             self._answer(item, _stalled(job, failure))
             return
         if superseded is not None:
             self._answer(superseded, DecodeResult(job=superseded.job, dropped=True))
+
+    def _interrupt_partials(self) -> None:
+        """Call with the lock held, a live final just queued: if only live partials are
+        decoding, stop them (where the recognizer can) so the final need not wait for
+        them; they are answered dropped and their sessions ask again. A final, a
+        speculative decode (a final in waiting) or a file's job is never stopped."""
+        running, recognizer = self._running, self.recognizer
+        if running is None or recognizer is None or not recognizer.interruptible:
+            return
+        if all(_refresh(q.job) for q in running) and recognizer.interrupt():
+            self.partials_interrupted += len(running)
 
     def drop_session(self, session_id: str) -> int:
         """Forget every queued job of ``session_id`` (its callbacks are not called) and
@@ -534,6 +567,12 @@ class ModelWorker:
         assert recognizer is not None and recognizer.batches
         try:
             transcripts = decode_jobs(recognizer, [item.job for item in batch])
+        except DecodeInterrupted:  # partials, stopped for a final
+            decode_ms = (time.perf_counter() - started) * 1000
+            return [
+                interrupted(item.job, (started - item.submitted) * 1000, decode_ms / len(batch))
+                for item in batch
+            ]
         except Exception as exc:  # find the bad job: only that one gets an error
             logger.warning(
                 "a batch of %d failed (%s: %s); decoding its jobs one by one",
@@ -563,11 +602,17 @@ class ModelWorker:
 
     def _answer(self, item: Queued, result: DecodeResult) -> None:
         job = item.job
-        live_final = (job.kind == "final" or job.speculative) and not job.background
-        if live_final and not result.dropped:
-            with self._lock:  # a batch's time, shared by its jobs
-                self._final_decode_ms_total += result.decode_ms / max(1, result.batch_size)
-        if self.on_decoded is not None and not result.dropped:
+        share_ms = result.decode_ms / max(1, result.batch_size)  # a batch's time, shared
+        if _live_final(job) and not result.dropped:
+            with self._lock:
+                self._final_decode_ms_total += share_ms
+                self._finals_total += 1
+                self._final_audio_ms_total += job.pcm.size * 1000 / SAMPLE_RATE
+                self._final_decode_sq_ms_total += share_ms * share_ms
+        elif _refresh(job) and (result.interrupted or not result.dropped):
+            with self._lock:
+                self._partial_decode_ms_total += share_ms
+        if self.on_decoded is not None and (result.interrupted or not result.dropped):
             try:
                 self.on_decoded(result)
             except Exception:
@@ -576,6 +621,16 @@ class ModelWorker:
             item.callback(result)
         except Exception:
             logger.exception("result callback failed")
+
+
+def _live_final(job: DecodeJob) -> bool:
+    """A live session's final, or a speculative decode (the final it may become)."""
+    return (job.kind == "final" or job.speculative) and not job.background
+
+
+def _refresh(job: DecodeJob) -> bool:
+    """A live session's partial that is only shown, never kept for its final."""
+    return job.kind == "partial" and not job.speculative and not job.background
 
 
 def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> int:

@@ -169,7 +169,7 @@ class Metrics:
         self.saturated = Gauge(
             "streamer_saturated",
             "1 while new sessions are refused because the model would fall behind "
-            "(--max-final-lag-ms, --max-final-load)",
+            "(--max-final-lag-ms, --max-final-load, --max-final-wait-ms)",
             registry=r,
         )
         self.saturations_total = Counter(
@@ -178,6 +178,17 @@ class Metrics:
         self.final_load = Gauge(
             "streamer_final_load",
             "Share of the workers' time spent decoding finals (over the capacity window)",
+            registry=r,
+        )
+        self.final_wait_p95 = Gauge(
+            "streamer_final_wait_p95_seconds",
+            "The capacity estimate's projected p95 of a final's wait behind other "
+            "sessions' decodes with one more session (--max-final-wait-ms)",
+            registry=r,
+        )
+        self.partials_interrupted_total = Counter(
+            "streamer_partials_interrupted",
+            "Partial decodes stopped midway so that a final queued behind them went first",
             registry=r,
         )
         self.model_ready = Gauge(
@@ -272,6 +283,9 @@ class Metrics:
 
     def observe_decode(self, result: DecodeResult) -> None:
         """Called from the worker thread for every decode (prometheus_client is thread-safe)."""
+        if result.interrupted:  # a partial stopped midway so that a final went first
+            self.partials_interrupted_total.inc()
+            return
         kind = job_kind(result.job)
         self._queue_wait(kind).observe(result.queue_ms / 1000)
         if result.failure is not None:
