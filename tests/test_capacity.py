@@ -123,9 +123,99 @@ def test_disabled_admits_whatever_the_load() -> None:
     assert estimator.current.saturated is None and estimator.refusal(100) is None
 
 
+def feed(
+    estimator: CapacityEstimator,
+    seconds: float,
+    *,
+    load: float,
+    rtf: float,
+    decode_ms: float,
+    sessions: int,
+    partial_load: float = 0.0,
+    interruptible: bool = True,
+    start: LoadSample | None = None,
+) -> LoadSample:
+    """10 samples a second of finals taking ``load`` of the worker's time, each decoded
+    in ``decode_ms`` at ``rtf`` decode time per audio time; the last sample."""
+    s = start or LoadSample(0.0, 0.0, 0.0, sessions)
+    for _ in range(int(seconds * 10)):
+        busy_ms = load * 100
+        s = LoadSample(
+            s.now_s + 0.1,
+            s.final_decode_ms_total + busy_ms,
+            0.0,
+            sessions,
+            finals=s.finals + 1,
+            final_audio_ms_total=s.final_audio_ms_total + busy_ms / rtf,
+            final_decode_sq_ms_total=s.final_decode_sq_ms_total + busy_ms * decode_ms,
+            partial_decode_ms_total=s.partial_decode_ms_total + partial_load * 100,
+            interruptible=interruptible,
+        )
+        estimator.observe(s)
+    return s
+
+
+def test_new_sessions_count_at_the_real_time_factor_until_the_window_has_measured_them():
+    """Ten clients joining one a second had not spoken yet when the next came: counted
+    at the mean measured per open session they diluted it, and six were admitted where
+    one fitted (bench/RESULTS.md). Now each counts at the finals' real-time factor (a
+    session that speaks all the time) until the window has measured it."""
+    options = CapacityOptions(max_final_load=0.5, max_final_wait_ms=1e9, window_s=10)
+    estimator = CapacityEstimator(options)
+    last = feed(estimator, 20, load=0.1, rtf=0.1, decode_ms=100, sessions=1)
+    assert estimator.current.session_load == pytest.approx(0.1)
+    for joined in (2, 3, 4):
+        estimator.admitted(last.now_s)
+        last = feed(estimator, 1, load=0.1, rtf=0.1, decode_ms=100, sessions=joined, start=last)
+    assert estimator.current.young == 3
+    assert estimator.refusal(4) is None  # 0.1 measured + 4 x 0.1 = 0.5: at the limit
+    estimator.admitted(last.now_s)
+    last = feed(estimator, 1, load=0.1, rtf=0.1, decode_ms=100, sessions=5, start=last)
+    assert estimator.refusal(5) == LOADED and estimator.current.saturated == LOADED
+    # they stay silent: once the window has measured them (no load), they cost nothing
+    feed(estimator, 12, load=0.1, rtf=0.1, decode_ms=100, sessions=5, start=last)
+    assert estimator.current.young == 0
+    assert estimator.current.saturated is None and estimator.refusal(5) is None
+
+
+def test_the_wait_rule_admits_where_a_collision_is_short_and_refuses_where_it_is_long():
+    """2 CPU cores, the real-size model: a final takes up to 0.4 s, and one more session
+    makes the others' finals wait behind its own. A GPU's 30 ms decodes at 30 % load
+    make no final wait long."""
+    cpu = dict(load=0.075, rtf=0.06, decode_ms=400, sessions=1)
+    lenient = CapacityEstimator(CapacityOptions(max_final_wait_ms=100))
+    # the one session measured 0.075, more than the real-time factor: the new one
+    # counts at that: p95 = 200 / (1 - 0.15) x ln(0.075 / 0.05) = 95 ms
+    feed(lenient, 20, **cpu)
+    assert lenient.current.projected_wait_ms == pytest.approx(95.4, abs=0.5)
+    assert lenient.refusal(1) is None
+    strict = CapacityEstimator(CapacityOptions(max_final_wait_ms=50))
+    feed(strict, 20, **cpu)
+    assert strict.refusal(1) == LOADED and strict.current.saturated == LOADED
+    assert strict.current.as_dict()["projected_wait_ms"] == 95
+    gpu = CapacityEstimator(CapacityOptions(max_final_wait_ms=100))
+    feed(gpu, 20, load=0.3, rtf=0.005, decode_ms=30, sessions=60)
+    assert 0 < gpu.current.projected_wait_ms < 50 and gpu.refusal(60) is None
+    alone = CapacityEstimator(CapacityOptions(max_final_wait_ms=1))  # nobody to wait for
+    feed(alone, 20, load=0.5, rtf=0.5, decode_ms=400, sessions=0)
+    assert alone.refusal(0) is None
+
+
+def test_partials_count_in_the_wait_where_a_final_cannot_stop_them():
+    busy = dict(load=0.075, rtf=0.06, decode_ms=400, sessions=1, partial_load=0.5)
+    stopped = CapacityEstimator(CapacityOptions(max_final_wait_ms=100))
+    feed(stopped, 20, **busy, interruptible=True)
+    assert stopped.refusal(1) is None  # ONNX Runtime: a final stops a partial's decode
+    waits = CapacityEstimator(CapacityOptions(max_final_wait_ms=100))
+    feed(waits, 20, **busy, interruptible=False)  # busy 0.575 of the time: ln(11.5)
+    assert waits.current.projected_wait_ms == pytest.approx(575, abs=2)
+    assert waits.refusal(1) == LOADED
+
+
 @pytest.mark.parametrize(
     "options",
     [
+        {"max_final_wait_ms": 0},
         {"max_final_lag_ms": 0},
         {"max_final_load": 0},
         {"max_final_load": 1.5},

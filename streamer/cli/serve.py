@@ -237,7 +237,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         _bool,
         action=argparse.BooleanOptionalAction,
         help="refuse new sessions (503 saturated) while the model would fall behind, "
-        "by --max-final-lag-ms and --max-final-load [%(default)s]",
+        "by --max-final-lag-ms, --max-final-load and --max-final-wait-ms [%(default)s]",
     )
     _flag(
         g,
@@ -252,7 +252,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         server.capacity.max_final_load,
         _within(float, 0.01, 1.0),
         help="the most share of the workers' time the finals may take with one more "
-        "session (measured per session over 15 s) [%(default)s]",
+        "session (measured over 15 s; a new session counts at the finals' real-time "
+        "factor) [%(default)s]",
+    )
+    _flag(
+        g,
+        "--max-final-wait-ms",
+        server.capacity.max_final_wait_ms,
+        _within(float, 1),
+        help="the most projected p95 of a final's wait behind other sessions' decodes "
+        "with one more session: what admitted sessions may lose to a new one [%(default)s]",
     )
     f = p.add_argument_group("file APIs (POST /v1/audio/transcriptions, POST /v1/listen)")
     _flag(

@@ -172,9 +172,15 @@ class Admission:
             stats.oldest_final_age_ms,
             len(self.connections),
             max(1, sum(not slot.background for slot in self.worker.slots)),  # live ones
+            stats.finals_total,
+            stats.final_audio_ms_total,
+            stats.final_decode_sq_ms_total,
+            stats.partial_decode_ms_total,
+            stats.interruptible,
         )
         capacity = self.capacity.observe(sample)
         self.metrics.final_load.set(capacity.final_load)
+        self.metrics.final_wait_p95.set(min(capacity.projected_wait_ms, 3600_000.0) / 1000)
         if (capacity.saturated is None) == (was is None):
             return  # no change (or only of the reason): one line per episode
         self.metrics.saturated.set(0 if capacity.saturated is None else 1)
@@ -209,6 +215,7 @@ class Admission:
         """Count an open connection until :meth:`untrack`; it hears a failure or a
         shutdown that is already under way."""
         self.connections.add(connection)
+        self.capacity.admitted(asyncio.get_running_loop().time())  # the probe's clock
         self.input_budget.connections = len(self.connections)
         self.no_connections.clear()
         self.metrics.sessions_total.labels(protocol_name).inc()
