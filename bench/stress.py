@@ -439,8 +439,10 @@ async def attack_admission(server: Server, pcm: np.ndarray, joiners: int = 10) -
         await asyncio.sleep(i * 1.0)  # one a second
         return await realtime_client(server.url, pcm[: pcm.size * 2 // 3])
 
+    interrupted = metric_value(server, "streamer_partials_interrupted_total")
     others = await asyncio.gather(*[join(i) for i in range(joiners)])
     loaded = await first
+    interrupted = metric_value(server, "streamer_partials_interrupted_total") - interrupted
     done.set()
     await prober
     admitted = [o for o in others if o["refused"] is None]
@@ -453,10 +455,13 @@ async def attack_admission(server: Server, pcm: np.ndarray, joiners: int = 10) -
         "those it cannot serve refused (503 saturated); /readyz says saturated; the first "
         "client's final p95 within 1.3x of alone",
         f"first client final p95 {p95(alone['latencies']):.2f} s alone, "
-        f"{p95(loaded['latencies']):.2f} s with the others ({ratio:.2f}x); admitted "
+        f"{p95(loaded['latencies']):.2f} s with the others ({ratio:.2f}x; p50 "
+        f"{np.median(alone['latencies']):.2f} / {np.median(loaded['latencies']):.2f} s, "
+        f"{len(alone['latencies'])} / {len(loaded['latencies'])} finals); admitted "
         f"{len(admitted)}/{joiners} (their p95 "
         f"{p95([x for o in admitted for x in o['latencies']]):.2f} s), refused {refused}; "
-        f"/readyz saturated in {saturated}/{len(probes)} probes",
+        f"/readyz saturated in {saturated}/{len(probes)} probes; "
+        f"{interrupted:.0f} partial decodes stopped for a final",
         ok,
     )
 
@@ -757,7 +762,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
     log.unlink(missing_ok=True)
     long_pcm = long_speech(speech_cache, args.minutes)
     short_pcm = long_speech(speech_cache, 0.5)
-    admission_pcm = long_speech(speech_cache, 1.0)
+    admission_pcm = long_speech(speech_cache, args.admission_minutes)
     flags = [
         *args.model_args,
         "--idle-timeout-s",
@@ -869,6 +874,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--attacks", nargs="*", default=[], choices=ATTACKS, help="run only these (default: all)"
     )
+    p.add_argument(
+        "--admission-minutes",
+        type=float,
+        default=2.0,
+        help="the admission attack's first client speaks this long (the joiners 2/3 of "
+        "it): more finals make its p95 steadier",
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="one more argument for `streamer serve` (repeat it), "
+        "e.g. --server-arg=--max-final-wait-ms=50",
+    )
     p.add_argument("--log", default="/tmp/stress-server.log")
     p.add_argument(
         "--results",
@@ -887,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu",
         "--log-level",
         "info",
+        *args.server_arg,
     ]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     started = time.monotonic()

@@ -16,6 +16,7 @@ from websockets.exceptions import InvalidStatus
 from streamer.core.capacity import (
     LAGGING,
     LOADED,
+    WAIT_BINS_MS,
     CapacityEstimator,
     CapacityOptions,
     LoadSample,
@@ -210,6 +211,39 @@ def test_partials_count_in_the_wait_where_a_final_cannot_stop_them():
     feed(waits, 20, **busy, interruptible=False)  # busy 0.575 of the time: ln(11.5)
     assert waits.current.projected_wait_ms == pytest.approx(575, abs=2)
     assert waits.refusal(1) == LOADED
+
+
+def test_what_the_finals_measured_they_waited_refuses_when_the_projection_says_less():
+    """The projection is a model; the finals' measured waits are the check on it: a
+    p95 over the limit refuses one more session whatever the model says, and fewer than
+    MIN_MEASURED_FINALS finals in the window say nothing."""
+    bins = len(WAIT_BINS_MS) + 1
+    over = WAIT_BINS_MS.index(150)  # the bin of waits of 101-150 ms
+
+    def waits(short: int, long: int) -> tuple[int, ...]:
+        counts = [0] * bins
+        counts[0], counts[over] = short, long
+        return tuple(counts)
+
+    estimator = CapacityEstimator(CapacityOptions(max_final_wait_ms=100, window_s=10))
+    now = 0.0
+    for step in range(100):  # 10 s: a final each 0.1 s, every tenth waits 101-150 ms
+        now += 0.1
+        finals = step + 1
+        counted = waits(finals - finals // 10, finals // 10)
+        estimator.observe(LoadSample(now, 0.0, 0.0, 2, final_waits=counted))
+    assert estimator.current.measured_wait_ms == 150
+    assert estimator.current.projected_wait_ms == 0  # no decode time: the model sees none
+    assert estimator.refusal(2) == LOADED
+    assert estimator.current.as_dict()["measured_wait_ms"] == 150
+    few = CapacityEstimator(CapacityOptions(max_final_wait_ms=100, window_s=10))
+    for step in range(100):  # the same share over 10 finals
+        few.observe(LoadSample(step * 0.1, 0.0, 0.0, 2, final_waits=waits(9, step // 50)))
+    assert few.current.measured_wait_ms == 0 and few.refusal(2) is None
+    fine = CapacityEstimator(CapacityOptions(max_final_wait_ms=100, window_s=10))
+    for step in range(100):  # one in thirty waits long: under 5 %
+        fine.observe(LoadSample(step * 0.1, 0.0, 0.0, 2, final_waits=waits(step, step // 30)))
+    assert fine.current.measured_wait_ms == 10 and fine.refusal(2) is None
 
 
 @pytest.mark.parametrize(

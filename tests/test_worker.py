@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from streamer.core.capacity import WAIT_BINS_MS
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.errors import DecodeInterrupted
 from streamer.model.worker import ModelWorker
@@ -99,6 +100,23 @@ def test_finals_first_then_first_partials_then_refreshes(gated):
     assert [tag for _, tag, _ in recognizer.order] == [1, 4, 5, 3, 2]
     assert all(r.transcript is not None for r in results)
     assert all(r.queue_ms >= 0 and r.decode_ms >= 0 for r in results)
+
+
+def test_a_speculative_decode_goes_with_the_finals_ahead_of_every_partial(gated):
+    """A speculative decode is the final of a segment whose pause may be its end: it
+    waits behind finals queued before it, never behind other sessions' partials."""
+    import dataclasses
+
+    worker, recognizer, results, collect = gated
+    worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
+    assert recognizer.started.wait(timeout_s(5))
+    worker.submit(job("a", "partial", 2), collect)  # a refresh
+    worker.submit(job("b", "partial", 3, first=True), collect)  # a first partial
+    worker.submit(dataclasses.replace(job("e", "partial", 4), speculative=True), collect)
+    worker.submit(job("c", "final", 5), collect)
+    worker.submit(dataclasses.replace(job("f", "partial", 6), speculative=True), collect)
+    release_all(recognizer, worker, 6)
+    assert [tag for _, tag, _ in recognizer.order] == [1, 4, 5, 6, 3, 2]
 
 
 def test_newer_partial_replaces_pending_one_and_final_drops_it(gated):
@@ -421,6 +439,8 @@ def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
     squares = sum(r.decode_ms**2 for r in decoded)
     assert stats.final_decode_sq_ms_total == pytest.approx(squares)
     assert stats.partial_decode_ms_total == pytest.approx(results[0].decode_ms)  # "busy"
+    # and what they waited, per bin: the speculative one over 200 ms
+    assert sum(stats.final_waits) == 2 and sum(stats.final_waits[WAIT_BINS_MS.index(200) :]) >= 1
 
 
 def test_a_burst_of_failing_partials_is_logged_once_without_a_traceback(caplog):

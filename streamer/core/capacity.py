@@ -54,6 +54,10 @@ DEFAULT_MAX_FINAL_LAG_MS = 1000.0
 DEFAULT_MAX_FINAL_LOAD = 0.8  # the queue grows without bound as the load nears 1
 DEFAULT_MAX_FINAL_WAIT_MS = 100.0  # bench/RESULTS.md, "Capacity-aware admission"
 TAIL = 0.05  # the wait limit is on the 95th percentile
+# the finals' measured waits are counted in these bins (ms; the last one is open): the
+# projection is checked against what the finals actually waited
+WAIT_BINS_MS = (10, 25, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
+MIN_MEASURED_FINALS = 20  # fewer in the window: their p95 says nothing
 DEFAULT_WINDOW_S = 15.0
 DEFAULT_RECOVER_RATIO = 0.7
 MIN_WINDOW_FRACTION = 0.3  # no projection until this much of the window is measured
@@ -101,6 +105,9 @@ class LoadSample:
     final_decode_sq_ms_total: float = 0.0  # cumulative: their decode times, squared
     partial_decode_ms_total: float = 0.0  # cumulative: time spent on live partials
     interruptible: bool = True  # a final stops a partial's decode (else it waits for it)
+    # cumulative: the live finals' queue waits, counted per WAIT_BINS_MS bin (with one
+    # more for the waits past the last edge); empty where the worker does not say
+    final_waits: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,7 @@ class Window:
     rtf: float = 0.0  # finals' decode time per audio time, per worker (0: unknown)
     residual_ms: float = 0.0  # a final's mean wait behind another's decode (0: unknown)
     partial_load: float = 0.0  # share of worker time spent on live partials
+    wait_p95_ms: float = 0.0  # the p95 the finals waited (a bin's upper edge; 0: unknown)
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,11 @@ class Capacity:
         unmeasured = max(self.young, sessions - self.sessions + self.young)
         return self.final_load + max(0, unmeasured) * self.session_load
 
+    @property
+    def measured_wait_ms(self) -> float:
+        """The p95 of what the finals waited in the window (0: too few to say)."""
+        return self.window.wait_p95_ms
+
     def wait_p95_ms(self, sessions: int) -> float:
         """The 95th percentile of a final's wait behind other sessions' decodes once
         ``sessions`` are served (see the module's doc); 0 while it is not known."""
@@ -153,6 +166,7 @@ class Capacity:
             "session_load": round(self.session_load, 3),
             "oldest_final_age_ms": round(self.oldest_final_age_ms),
             "projected_wait_ms": round(min(self.projected_wait_ms, 1e9)),
+            "measured_wait_ms": round(min(self.measured_wait_ms, 1e9)),
         }
 
 
@@ -218,7 +232,10 @@ class CapacityEstimator:
             return None
         if capacity.projected_load(sessions + 1) > o.max_final_load * ratio:
             return LOADED
-        if capacity.wait_p95_ms(sessions + 1) > o.max_final_wait_ms * ratio:
+        wait_limit = o.max_final_wait_ms * ratio
+        if capacity.wait_p95_ms(sessions + 1) > wait_limit:
+            return LOADED
+        if capacity.measured_wait_ms > wait_limit:  # the finals already wait that long
             return LOADED
         return None
 
@@ -246,4 +263,22 @@ class CapacityEstimator:
             rtf=busy_ms / audio_ms / workers if audio_ms > 0 else 0.0,
             residual_ms=squares / (2 * busy_ms) if busy_ms > 0 else 0.0,
             partial_load=0.0 if last.interruptible else partial_ms / (span_s * 1000 * workers),
+            wait_p95_ms=_wait_p95_ms(first.final_waits, last.final_waits),
         )
+
+
+def _wait_p95_ms(first: tuple[int, ...], last: tuple[int, ...]) -> float:
+    """The p95 of the waits counted between two samples' bins: the upper edge of the bin
+    it falls in (the last edge for the open bin); 0 with too few finals to say."""
+    if len(first) != len(last) or not last:
+        return 0.0
+    counts = [b - a for a, b in zip(first, last, strict=True)]
+    total = sum(counts)
+    if total < MIN_MEASURED_FINALS:
+        return 0.0
+    seen = 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= (1 - TAIL) * total:
+            return float(WAIT_BINS_MS[min(index, len(WAIT_BINS_MS) - 1)])
+    return float(WAIT_BINS_MS[-1])

@@ -1,8 +1,10 @@
 """The worker's queue of decode jobs: its discipline and batch selection (no threads).
 
-* live work first: finals, then a segment's first partial (which decides when its
-  speaker sees the first words), then refreshes of segments already shown; oldest first
-  within each class;
+* live work first: finals and speculative decodes (a speculative decode is the final
+  of a segment whose pause may be its end: it waited behind every session's refreshes,
+  and with seven sessions the first client's final p95 doubled), oldest first; then a
+  segment's first partial (which decides when its speaker sees the first words), then
+  refreshes of segments already shown; oldest first within each class;
 * then background jobs (a file upload's finals, ``DecodeJob.background``), shared
   round robin among their sessions: each session's jobs in order, and a session served
   goes to the back, so two uploads progress alike and a short one is not stuck behind
@@ -39,6 +41,16 @@ class Queued:
     callback: ResultCallback
     submitted: float  # time.perf_counter() at submission
     retried: bool = False  # decoded again after the model failed while decoding it
+
+
+def is_live_final(job: DecodeJob) -> bool:
+    """A live session's final, or a speculative decode (the final it may become)."""
+    return (job.kind == "final" or job.speculative) and not job.background
+
+
+def is_refresh(job: DecodeJob) -> bool:
+    """A live session's partial that is only shown, never kept for its final."""
+    return job.kind == "partial" and not job.speculative and not job.background
 
 
 def select_batch(
@@ -158,10 +170,15 @@ class JobQueue:
         if not self:
             return []
         partials = list(self.partials.values())
-        # the queue discipline: finals oldest first, first partials, then refreshes
-        queued = list(self.finals)
-        queued += [q for q in partials if q.job.first]
-        queued += [q for q in partials if not q.job.first]
+        # the queue discipline: finals and speculative decodes oldest first (a retried
+        # final, older than anything queued, comes first), first partials, refreshes
+        shown = [q for q in partials if not q.job.speculative]
+        queued = sorted(
+            [*self.finals, *(q for q in partials if q.job.speculative)],
+            key=lambda q: q.submitted,
+        )
+        queued += [q for q in shown if q.job.first]
+        queued += [q for q in shown if not q.job.first]
         if not queued:  # no live work: the background sessions' jobs, interleaved
             queued = self._background_order()
         if queued[0].retried:  # alone: it may be what broke the model

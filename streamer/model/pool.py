@@ -346,6 +346,7 @@ class WorkerPool:
             sum(s.partial_decode_ms_total for s in each),
             all(s.interruptible for s in each),
             sum(s.partials_interrupted for s in each),
+            tuple(map(sum, zip(*(s.final_waits for s in each), strict=True))),
         )
 
     def loads(self) -> list[WorkerLoad]:

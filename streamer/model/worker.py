@@ -55,7 +55,15 @@ from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.errors import ConfigError, DecodeInterrupted, ModelError
 from streamer.model.decoding import PartialFailures, decode_job, decode_jobs, interrupted
 from streamer.model.interface import SpeechRecognizer
-from streamer.model.job_queue import JobQueue, Queued, ResultCallback, select_batch
+from streamer.model.job_queue import (
+    JobQueue,
+    Queued,
+    ResultCallback,
+    is_live_final,
+    is_refresh,
+    select_batch,
+)
+from streamer.model.live_load import LiveLoad
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +144,8 @@ class WorkerStats:
     partial_decode_ms_total: float = 0.0
     interruptible: bool = False  # whether a final stops a partial's decode midway
     partials_interrupted: int = 0  # partial decodes stopped so far so that a final went first
+    # the live finals' queue waits so far, counted per capacity.WAIT_BINS_MS bin
+    final_waits: tuple[int, ...] = ()
 
 
 __all__ = [
@@ -181,12 +191,7 @@ class ModelWorker:
         self.load_error: BaseException | None = None
         self.recognizer: SpeechRecognizer | None = None
         self.on_decoded = on_decoded  # metrics hook, called for every decode
-        self._final_decode_ms_total = 0.0  # guarded by _lock (read by stats()), as are:
-        self._finals_total = 0
-        self._final_audio_ms_total = 0.0
-        self._final_decode_sq_ms_total = 0.0
-        self._partial_decode_ms_total = 0.0
-        self.partials_interrupted = 0
+        self._live = LiveLoad()  # for capacity; guarded by _lock (read by stats())
         self._partial_failures = PartialFailures()  # the worker thread's alone
         # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
         self._running: list[Queued] | None = None
@@ -247,20 +252,22 @@ class ModelWorker:
         now = time.perf_counter()
         with self._lock:
             oldest = self._queue.oldest_final_submitted()
+            load = self._live
             return WorkerStats(
                 len(self._queue.finals),
                 len(self._queue.partials),
                 self._running is not None,
                 self.restarting,
-                self._final_decode_ms_total,
+                load.final_decode_ms_total,
                 0.0 if oldest is None else (now - oldest) * 1000,
                 self._queue.background_jobs,
-                self._finals_total,
-                self._final_audio_ms_total,
-                self._final_decode_sq_ms_total,
-                self._partial_decode_ms_total,
+                load.finals_total,
+                load.final_audio_ms_total,
+                load.final_decode_sq_ms_total,
+                load.partial_decode_ms_total,
                 self.recognizer is not None and self.recognizer.interruptible,
-                self.partials_interrupted,
+                load.partials_interrupted,
+                tuple(load.final_waits),
             )
 
     # -- queue -----------------------------------------------------------------
@@ -275,7 +282,7 @@ class ModelWorker:
                 superseded = item
             elif failure is None:
                 superseded = self._queue.push(item)
-                if _live_final(job):
+                if is_live_final(job):
                     self._interrupt_partials()
             self._lock.notify_all()
         if failure is not None:
@@ -292,8 +299,8 @@ class ModelWorker:
         running, recognizer = self._running, self.recognizer
         if running is None or recognizer is None or not recognizer.interruptible:
             return
-        if all(_refresh(q.job) for q in running) and recognizer.interrupt():
-            self.partials_interrupted += len(running)
+        if all(is_refresh(q.job) for q in running) and recognizer.interrupt():
+            self._live.partials_interrupted += len(running)
 
     def drop_session(self, session_id: str) -> int:
         """Forget every queued job of ``session_id`` (its callbacks are not called) and
@@ -601,17 +608,8 @@ class ModelWorker:
         )
 
     def _answer(self, item: Queued, result: DecodeResult) -> None:
-        job = item.job
-        share_ms = result.decode_ms / max(1, result.batch_size)  # a batch's time, shared
-        if _live_final(job) and not result.dropped:
-            with self._lock:
-                self._final_decode_ms_total += share_ms
-                self._finals_total += 1
-                self._final_audio_ms_total += job.pcm.size * 1000 / SAMPLE_RATE
-                self._final_decode_sq_ms_total += share_ms * share_ms
-        elif _refresh(job) and (result.interrupted or not result.dropped):
-            with self._lock:
-                self._partial_decode_ms_total += share_ms
+        with self._lock:
+            self._live.record(result)
         if self.on_decoded is not None and (result.interrupted or not result.dropped):
             try:
                 self.on_decoded(result)
@@ -621,16 +619,6 @@ class ModelWorker:
             item.callback(result)
         except Exception:
             logger.exception("result callback failed")
-
-
-def _live_final(job: DecodeJob) -> bool:
-    """A live session's final, or a speculative decode (the final it may become)."""
-    return (job.kind == "final" or job.speculative) and not job.background
-
-
-def _refresh(job: DecodeJob) -> bool:
-    """A live session's partial that is only shown, never kept for its final."""
-    return job.kind == "partial" and not job.speculative and not job.background
 
 
 def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> int:

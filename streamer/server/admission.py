@@ -177,6 +177,7 @@ class Admission:
             stats.final_decode_sq_ms_total,
             stats.partial_decode_ms_total,
             stats.interruptible,
+            stats.final_waits,
         )
         capacity = self.capacity.observe(sample)
         self.metrics.final_load.set(capacity.final_load)
