@@ -581,10 +581,10 @@ async def attack_sigterm_with_blocked_client(server: Server, args: argparse.Name
             await ws.send("junk")
         took = await asyncio.to_thread(server.stop, signal.SIGTERM, 60.0)
     ws.transport.abort()
-    limit = args.grace_s + 2
+    limit = args.drain_s + args.grace_s + 2  # the session is served while draining
     return Row(
         "SIGTERM with a never-reading client attached",
-        f"exit within grace + 2 s ({limit:g} s)",
+        f"exit within drain + grace + 2 s ({limit:g} s)",
         "had to be killed"
         if took is None
         else f"exited in {took:.1f} s (rc {server.process.returncode})",
@@ -771,6 +771,8 @@ async def run(args: argparse.Namespace) -> list[Row]:
         str(args.write_timeout_s),
         "--shutdown-grace-s",
         str(args.grace_s),
+        "--drain-s",
+        str(args.drain_s),
     ]
     rows: list[Row] = []
 
@@ -824,23 +826,24 @@ def write_section(path: Path, text: str) -> None:
 
 
 def serve_injected() -> int:
-    """``streamer serve`` whose recognizer hangs after $STRESS_HANG_AFTER_DECODES decodes."""
+    """``streamer serve`` whose recognizer hangs after $STRESS_HANG_AFTER_DECODES decode
+    calls: every backend decodes through ``CtcRecognizer.decode_jobs`` (the torch
+    backend and ONNX Runtime alike; patching one backend's class missed the other)."""
     from streamer import cli
-    from streamer.model import torch_backend
+    from streamer.model.decoding import CtcRecognizer
 
     hang_after = int(os.environ[HANG_ENV])
-    real = torch_backend.Recognizer
+    real = CtcRecognizer.decode_jobs
+    calls = 0
 
-    class Hanging(real):  # type: ignore[misc, valid-type]
-        decodes = 0
+    def hanging(self, jobs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls > hang_after:
+            threading.Event().wait()  # a stuck native call, as far as Python can tell
+        return real(self, jobs)
 
-        def decode(self, *a, **k):  # type: ignore[no-untyped-def]
-            Hanging.decodes += 1
-            if Hanging.decodes > hang_after:
-                threading.Event().wait()  # a stuck native call, as far as Python can tell
-            return super().decode(*a, **k)
-
-    torch_backend.Recognizer = Hanging  # type: ignore[misc]
+    CtcRecognizer.decode_jobs = hanging  # type: ignore[method-assign]
     return cli.main(["serve", *sys.argv[2:]])
 
 
@@ -865,6 +868,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-timeout-s", type=float, default=5.0)
     p.add_argument("--decode-timeout-s", type=float, default=5.0)
     p.add_argument("--grace-s", type=float, default=5.0)
+    p.add_argument("--drain-s", type=float, default=5.0, help="serve's --drain-s")
     p.add_argument(
         "--session-bound-mb",
         type=float,
