@@ -13,15 +13,23 @@ it samples, every ``--sample-s``:
 ``--starts 2`` starts each checkout twice on the same cache: the second is a later start
 (the export and any download already cached). A directory as
 ``--model`` (a sherpa-onnx layout, say) measures a start with nothing to export.
+``--python`` runs the server with another interpreter (the plain install's venv: the
+bench itself needs the dev install's psutil). ``--clients N --audio FILE`` then streams
+FILE from N ``streamer client`` processes at once, in real time, still sampling: the
+peak over start, warm-up and clients is what the issue-23 bound is about, and the mean
+final decode (``/metrics``) shows whether a change slowed decoding.
 
     python -m bench.first_start --code /work/main --code . --model random:small
     python -m bench.first_start --code OLD --code . --model DIR --starts 2
+    python -m bench.first_start --code OLD --code NEW --model DIR \
+        --python .cache/lean-venv/bin/python --clients 4 --audio speech.wav
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -46,6 +54,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sample-s", type=float, default=0.25)
     parser.add_argument(
+        "--python", type=Path, default=Path(sys.executable), help="the server's interpreter"
+    )
+    parser.add_argument("--clients", type=int, default=0, help="clients streaming once ready")
+    parser.add_argument("--audio", type=Path, help="what the clients stream (WAV)")
+    parser.add_argument(
         "--starts",
         type=int,
         default=1,
@@ -53,6 +66,8 @@ def main() -> int:
     )
     common.add_output_args(parser, out="bench/out/first_start")
     args = parser.parse_args()
+    if args.clients and args.audio is None:
+        parser.error("--clients needs --audio")
     common.setup_logging()
     results = [result for code in args.code for result in _starts(code.resolve(), args)]
     common.write_results(args.out, {"starts": results}, args)
@@ -77,7 +92,7 @@ def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any
         "STREAMER_CACHE_DIR": str(cache),
     }
     command = [
-        sys.executable,
+        str(args.python),
         "-m",
         "streamer",
         "serve",
@@ -103,6 +118,8 @@ def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any
         )
         try:
             result = _watch(server, port, started, args.sample_s)
+            if args.clients:
+                result.update(_clients(server, port, env, args))
         finally:
             server.send_signal(signal.SIGINT)
             try:
@@ -110,8 +127,69 @@ def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait(timeout=10)
+    result.update(_log_times(log_path.read_text(errors="replace")))
     result.update(code=str(code), start=number, commit=_commit(code), command=" ".join(command))
     return result
+
+
+def _clients(server: subprocess.Popen[bytes], port: int, env: dict, args: Any) -> dict:
+    """Stream ``args.audio`` from ``args.clients`` clients at once; the server's peak
+    resident memory meanwhile, its finals' mean decode time, the finals received."""
+    command = [str(args.python), "-m", "streamer", "client", str(args.audio.resolve())]
+    command += ["--url", f"ws://127.0.0.1:{port}/v1/asr", "--quiet", "--json"]
+    clients = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        for _ in range(args.clients)
+    ]
+    peak = 0
+    while any(client.poll() is None for client in clients):
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with status {server.returncode}")
+        peak = max(peak, _rss_mib(server.pid)[0])
+        time.sleep(args.sample_s)
+    finals = [client.communicate()[0].decode().count("\n") for client in clients]
+    failed = [client.returncode for client in clients if client.returncode != 0]
+    if failed:
+        raise RuntimeError(f"clients failed with status {failed}")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    return {
+        "clients": args.clients,
+        "clients_peak_mib": peak,
+        "finals_per_client": finals,
+        "final_decode_mean_ms": _mean_final_decode_ms(metrics),
+        "server_hwm_mib": _hwm_mib(server.pid),
+    }
+
+
+def _mean_final_decode_ms(metrics: str) -> float | None:
+    """The mean of ``streamer_decode_seconds{kind="final"}`` in Prometheus text."""
+    found = {}
+    for name in ("sum", "count"):
+        match = re.search(rf'^streamer_decode_seconds_{name}{{kind="final"}} (\S+)$', metrics, re.M)
+        found[name] = float(match.group(1)) if match else 0.0
+    return round(found["sum"] / found["count"] * 1000, 1) if found["count"] else None
+
+
+def _hwm_mib(pid: int) -> int:
+    """The kernel's own peak resident memory (VmHWM) of ``pid``: what sampling misses."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def _log_times(log: str) -> dict[str, float]:
+    """The model's load and warm-up durations as the server logged them."""
+    times = {}
+    for key, pattern in (
+        ("load_s", r"loaded model .* with ONNX Runtime .* in ([0-9.]+) s"),
+        ("warmup_s", r"warm-up took ([0-9.]+) s"),
+    ):
+        match = re.search(pattern, log)
+        if match:
+            times[key] = float(match.group(1))
+    return times
 
 
 def _watch(server: subprocess.Popen[bytes], port: int, started: float, every_s: float) -> dict:
@@ -149,6 +227,7 @@ def _watch(server: subprocess.Popen[bytes], port: int, started: float, every_s: 
         "healthz_p50_ms": round(statistics.median(health_ms), 1) if health_ms else None,
         "healthz_max_ms": round(max(health_ms), 1) if health_ms else None,
         "healthz_over_100ms": sum(ms > 100 for ms in health_ms),
+        "ready_hwm_mib": _hwm_mib(server.pid),
         "timeline": timeline,
     }
 
