@@ -4,7 +4,9 @@ Each configuration runs in a fresh process (so its peak resident memory is its o
 a CPU session with the server's settings (2 intra-op threads, no spinning,
 ``ORT_ENABLE_ALL``) and one change, then the warm-up's 1, 3 and 7 s of features, then 8
 decodes of 7 s (median). ``optimized`` loads the graph ONNX Runtime saved optimized
-(``optimized_model_filepath``) with optimization off, its documented offline mode.
+(``optimized_model_filepath``) with optimization off, its documented offline mode;
+``pinned_mmap_threshold`` fixes glibc's mmap threshold first, as the server's ONNX
+loading does (``streamer.model.allocator``).
 
     python -m bench.ort_session GRAPH --rounds 2
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 
 CONFIGS = (
     "server",
+    "pinned_mmap_threshold",
     "extended",
     "no_prepacking",
     "initializers_outside_arena",
@@ -80,6 +83,11 @@ def _one(graph: Path, config: str, extra: list[str]) -> dict[str, object]:
         options.enable_mem_pattern = False
     elif config == "save_optimized":
         options.optimized_model_filepath = extra[0]
+    elif config == "pinned_mmap_threshold":
+        from streamer.model.allocator import pin_mmap_threshold
+
+        if not pin_mmap_threshold():
+            raise RuntimeError("glibc's mmap threshold could not be set")
     elif config == "optimized":
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         graph = Path(extra[0])

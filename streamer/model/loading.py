@@ -24,6 +24,7 @@ from pathlib import Path
 
 from streamer.errors import ConfigError, ModelError
 from streamer.extras import TORCH, TORCH_MODULES, missing, require
+from streamer.model.allocator import pin_mmap_threshold
 from streamer.model.decoding import CtcRecognizer
 from streamer.model.files import RANDOM_PREFIX, looks_like_path, model_files, random_model
 from streamer.model.options import RecognizerOptions
@@ -307,6 +308,9 @@ def _load_onnx(options: RecognizerOptions, progress: LoadProgress) -> CtcRecogni
         model_dir = locate_onnx_model(options)
     what = f"loading model {options.model} with ONNX Runtime ({model_dir.graph.name})"
     with progress.stage_of("load", what):
+        # what the graph's loading frees goes back to the system (about 200 MiB for
+        # the published model's size; streamer/model/allocator.py says why)
+        pin_mmap_threshold()
         recognizer = OnnxRecognizer(replace(options, warmup=False), model_dir=model_dir)
     if options.warmup:
         with progress.stage_of("warmup", "warming up (decoding 1, 3 and 7 s)"):
