@@ -17,7 +17,7 @@ it samples, every ``--sample-s``:
 bench itself needs the dev install's psutil). ``--clients N --audio FILE`` then streams
 FILE from N ``streamer client`` processes at once, in real time, still sampling: the
 peak over start, warm-up and clients is what the issue-23 bound is about, and the mean
-final decode (``/metrics``) shows whether a change slowed decoding.
+decode of each kind (``/metrics``) shows whether a change slowed decoding.
 
     python -m bench.first_start --code /work/main --code . --model random:small
     python -m bench.first_start --code OLD --code . --model DIR --starts 2
@@ -134,7 +134,7 @@ def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any
 
 def _clients(server: subprocess.Popen[bytes], port: int, env: dict, args: Any) -> dict:
     """Stream ``args.audio`` from ``args.clients`` clients at once; the server's peak
-    resident memory meanwhile, its finals' mean decode time, the finals received."""
+    resident memory meanwhile, its mean decode time of each kind, the finals received."""
     command = [str(args.python), "-m", "streamer", "client", str(args.audio.resolve())]
     command += ["--url", f"ws://127.0.0.1:{port}/v1/asr", "--quiet", "--json"]
     clients = [
@@ -157,18 +157,22 @@ def _clients(server: subprocess.Popen[bytes], port: int, env: dict, args: Any) -
         "clients": args.clients,
         "clients_peak_mib": peak,
         "finals_per_client": finals,
-        "final_decode_mean_ms": _mean_final_decode_ms(metrics),
+        "decode_mean_ms": _mean_decode_ms(metrics),
         "server_hwm_mib": _hwm_mib(server.pid),
     }
 
 
-def _mean_final_decode_ms(metrics: str) -> float | None:
-    """The mean of ``streamer_decode_seconds{kind="final"}`` in Prometheus text."""
-    found = {}
-    for name in ("sum", "count"):
-        match = re.search(rf'^streamer_decode_seconds_{name}{{kind="final"}} (\S+)$', metrics, re.M)
-        found[name] = float(match.group(1)) if match else 0.0
-    return round(found["sum"] / found["count"] * 1000, 1) if found["count"] else None
+def _mean_decode_ms(metrics: str) -> dict[str, float]:
+    """The mean of ``streamer_decode_seconds`` of each ``kind``, from Prometheus text."""
+    found: dict[str, dict[str, float]] = {}
+    pattern = r'^streamer_decode_seconds_(sum|count){kind="(\w+)"} (\S+)$'
+    for name, kind, value in re.findall(pattern, metrics, re.M):
+        found.setdefault(kind, {})[name] = float(value)
+    return {
+        kind: round(v["sum"] / v["count"] * 1000, 1)
+        for kind, v in found.items()
+        if v.get("count") and "sum" in v
+    }
 
 
 def _hwm_mib(pid: int) -> int:
