@@ -6,7 +6,11 @@ a CPU session with the server's settings (2 intra-op threads, no spinning,
 decodes of 7 s (median). ``optimized`` loads the graph ONNX Runtime saved optimized
 (``optimized_model_filepath``) with optimization off, its documented offline mode;
 ``pinned_mmap_threshold`` fixes glibc's mmap threshold first, as the server's ONNX
-loading does (``streamer.model.allocator``).
+loading does (``streamer.model.allocator``). ``recognizer`` and ``recognizer_pinned``
+run the server's decode path instead (``OnnxRecognizer`` on the graph's directory, its
+warm-up, 8 decodes of 7 s of noise: features, the session, the CTC search), without and
+with the threshold fixed: what fixing it costs a decode, allocations outside ONNX
+Runtime's arena included.
 
     python -m bench.ort_session GRAPH --rounds 2
 """
@@ -29,6 +33,8 @@ CONFIGS = (
     "initializers_outside_arena",
     "no_mem_pattern",
     "optimized",
+    "recognizer",
+    "recognizer_pinned",
 )
 
 
@@ -61,6 +67,8 @@ def _run(graph: Path, config: str, extra: list[str]) -> str:
 
 
 def _one(graph: Path, config: str, extra: list[str]) -> dict[str, object]:
+    if config.startswith("recognizer"):
+        return _recognizer(graph, pinned=config == "recognizer_pinned")
     started = time.perf_counter()
     import numpy as np
     import onnxruntime as ort
@@ -119,6 +127,45 @@ def _one(graph: Path, config: str, extra: list[str]) -> dict[str, object]:
         times.append(time.perf_counter() - started)
     return {
         "config": config,
+        "import_s": round(imported_s, 2),
+        "load_s": round(load_s, 2),
+        "warmup_s": round(warmup_s, 2),
+        "decode_7s_ms": round(sorted(times)[len(times) // 2] * 1000, 1),
+        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
+
+
+def _recognizer(graph: Path, *, pinned: bool) -> dict[str, object]:
+    """The server's decode path on ``graph``'s directory, as :func:`_one` measures a session."""
+    started = time.perf_counter()
+    import numpy as np
+
+    from streamer.model.allocator import pin_mmap_threshold
+    from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
+    from streamer.model.options import RecognizerOptions
+
+    imported_s = time.perf_counter() - started
+    if pinned and not pin_mmap_threshold():
+        raise RuntimeError("glibc's mmap threshold could not be set")
+    options = RecognizerOptions(
+        model=str(graph.parent), backend="onnx", device="cpu", threads=2, warmup=False
+    )
+    started = time.perf_counter()
+    recognizer = OnnxRecognizer(
+        options, model_dir=onnx_model_dir(graph.parent, quantized="int8" in graph.name)
+    )
+    load_s = time.perf_counter() - started
+    started = time.perf_counter()
+    recognizer.warmup()
+    warmup_s = time.perf_counter() - started
+    seven = np.random.default_rng(0).normal(0.0, 30.0, 7 * 16000).astype(np.int16)
+    times = []
+    for _ in range(8):
+        started = time.perf_counter()
+        recognizer.decode(seven)
+        times.append(time.perf_counter() - started)
+    return {
+        "config": "recognizer_pinned" if pinned else "recognizer",
         "import_s": round(imported_s, 2),
         "load_s": round(load_s, 2),
         "warmup_s": round(warmup_s, 2),
