@@ -36,7 +36,7 @@ DOCKERFILE = (REPO / "Dockerfile").read_text()
 # measured with the real-size model (bench/RESULTS.md, "Decode path")
 # The Deployment's path: the CPU image (the plain install) running a real-size int8 graph
 # on ONNX Runtime; its peak resident memory, measured as docs/deploy.md ("Sizing") says
-ONNX_INT8_PEAK_BYTES = 620 * 2**20
+ONNX_INT8_PEAK_BYTES = 425 * 2**20
 HEADROOM = 1.25  # limits and requests at least this times the measured peak
 
 

@@ -12,7 +12,7 @@ turns the raising off (glibc's ``mallopt``: a threshold set by hand is kept), so
 blocks a session frees go back to the system.
 
 Decoding does not pay for it: ONNX Runtime's arena keeps its own blocks, and what the
-decode path allocates outside it per call (features, logits: a few MiB) costs page
+decode path allocates outside it per call (the features, the logits) costs page
 faults that the same bench measured within the noise of a 7 s decode. The torch backend
 is left alone: it allocates every operator's output through malloc, which is what the
 raising is for, and that was not measured.
