@@ -32,10 +32,10 @@ of the oldest final still waiting in a queue, and the sessions open. From those 
   share of the time counts in ``p`` as well; ONNX Runtime's partials are stopped
   (:meth:`~streamer.model.worker.ModelWorker.submit`), so only the finals count.
 
-On 2 AVX2 cores with the real-size model a 7 s final takes about 0.4 s: there the wait
-rule admits about one more live session beside the first at the default 100 ms (each
-collision costs a final up to a decode), where a GPU's 20-40 ms decodes let the load
-rule decide (bench/RESULTS.md, "Capacity-aware admission").
+On 2 cores of an AVX-512 VNNI EPYC with the real-size model in int8 a 7 s final takes
+about 0.4 s: there the wait rule admitted one or two live sessions beside the first at
+the default 100 ms (each collision costs a final up to a decode), where a GPU's 20-40 ms
+decodes let the load rule decide (bench/RESULTS.md, "Capacity-aware admission").
 
 Once saturated, the estimator says so until every signal is below ``recover_ratio``
 of its limit: a session ending, or speech pausing, does not flap the answer. Time is
