@@ -31,6 +31,9 @@ of the oldest final still waiting in a queue, and the sessions open. From those 
   partial's decode for a final (the torch backend, a model process), the partials'
   share of the time counts in ``p`` as well; ONNX Runtime's partials are stopped
   (:meth:`~streamer.model.worker.ModelWorker.submit`), so only the finals count.
+* **the finals' measured wait**, the check on that model: the p95 of what the finals of
+  the window waited (the worker counts them per ``WAIT_BINS_MS`` bin; at least
+  ``MIN_MEASURED_FINALS``) past ``max_final_wait_ms`` refuses one more session too.
 
 On 2 cores of an AVX-512 VNNI EPYC with the real-size model in int8 a 7 s final takes
 about 0.4 s: there the wait rule admitted one or two live sessions beside the first at
