@@ -146,7 +146,6 @@ def feed(
             s.final_decode_ms_total + busy_ms,
             0.0,
             sessions,
-            finals=s.finals + 1,
             final_audio_ms_total=s.final_audio_ms_total + busy_ms / rtf,
             final_decode_sq_ms_total=s.final_decode_sq_ms_total + busy_ms * decode_ms,
             partial_decode_ms_total=s.partial_decode_ms_total + partial_load * 100,

@@ -58,23 +58,22 @@ def job(
     )
 
 
-@pytest.fixture
-def gated():
-    recognizer = GatedRecognizer()
+def serving(recognizer: GatedRecognizer):
+    """A started worker on ``recognizer``: (worker, recognizer, results, collect);
+    stopped after the gate is opened wide."""
     worker = ModelWorker(lambda: recognizer)
     worker.start()
     assert worker.ready.wait(timeout_s(10))
     results: list[DecodeResult] = []
-    done = threading.Event()
-
-    def collect(result: DecodeResult) -> None:
-        results.append(result)
-        done.set()
-
-    yield worker, recognizer, results, collect
+    yield worker, recognizer, results, results.append
     for _ in range(20):
         recognizer.gate.release()
     worker.stop()
+
+
+@pytest.fixture
+def gated():
+    yield from serving(GatedRecognizer())
 
 
 def release_all(recognizer: GatedRecognizer, worker: ModelWorker, n: int) -> None:
@@ -502,15 +501,7 @@ class InterruptibleRecognizer(GatedRecognizer):
 
 @pytest.fixture
 def interruptible():
-    recognizer = InterruptibleRecognizer()
-    worker = ModelWorker(lambda: recognizer)
-    worker.start()
-    assert worker.ready.wait(timeout_s(10))
-    results: list[DecodeResult] = []
-    yield worker, recognizer, results, results.append
-    for _ in range(20):
-        recognizer.gate.release()
-    worker.stop()
+    yield from serving(InterruptibleRecognizer())
 
 
 def test_a_final_stops_a_partial_being_decoded_where_the_model_can(interruptible):

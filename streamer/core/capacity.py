@@ -9,7 +9,7 @@ ones losing their latency; the server refuses new sessions while it says ``satur
 (and ``/readyz`` answers 503), and admits again when it recovers.
 
 It is fed, a few times a second, a :class:`LoadSample`: the workers' cumulative time
-spent decoding finals (and the finals' count, audio and squared decode times), the age
+spent decoding finals (and the finals' audio, squared decode times and waits), the age
 of the oldest final still waiting in a queue, and the sessions open. From those it knows:
 
 * **lagging**: a final has waited longer than ``max_final_lag_ms`` (the model is behind
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamer.errors import ConfigError
 
@@ -103,7 +103,6 @@ class LoadSample:
     oldest_final_age_ms: float  # how long the oldest queued final has waited (0: none)
     sessions: int  # sessions open
     workers: int = 1  # workers serving (the load is their average)
-    finals: int = 0  # cumulative: live finals decoded
     final_audio_ms_total: float = 0.0  # cumulative: their audio
     final_decode_sq_ms_total: float = 0.0  # cumulative: their decode times, squared
     partial_decode_ms_total: float = 0.0  # cumulative: time spent on live partials
@@ -205,16 +204,13 @@ class CapacityEstimator:
         was = self.current.saturated
         probe = Capacity(
             None, window.final_load, session_load, sample.oldest_final_age_ms,
-            sample.sessions, young, 0.0, window,
+            sample.sessions, young, window=window,
         )  # fmt: skip
         reason = self._reason(probe, sample.sessions, was)
         if reason is not None and was is None:
             self.saturations += 1
         wait_ms = probe.wait_p95_ms(sample.sessions + 1)
-        self.current = Capacity(
-            reason, window.final_load, session_load, sample.oldest_final_age_ms,
-            sample.sessions, young, wait_ms, window,
-        )  # fmt: skip
+        self.current = replace(probe, saturated=reason, projected_wait_ms=wait_ms)
         return self.current
 
     def refusal(self, sessions: int) -> str | None:

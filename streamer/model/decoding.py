@@ -601,9 +601,17 @@ def decode_job(
     return DecodeResult(job=job, transcript=transcript, queue_ms=queue_ms, decode_ms=decode_ms)
 
 
-def interrupted(job: DecodeJob, queue_ms: float, decode_ms: float) -> DecodeResult:
+def interrupted(
+    job: DecodeJob, queue_ms: float, decode_ms: float, batch_size: int = 1
+) -> DecodeResult:
     """The answer to a partial whose decode the worker stopped so that a final goes
-    first: dropped (the session asks for a newer one), and counted as interrupted."""
+    first: dropped (the session asks for a newer one), and counted as interrupted.
+    ``decode_ms`` is the whole batch's, as in every result."""
     return DecodeResult(
-        job=job, dropped=True, interrupted=True, queue_ms=queue_ms, decode_ms=decode_ms
+        job=job,
+        dropped=True,
+        interrupted=True,
+        queue_ms=queue_ms,
+        decode_ms=decode_ms,
+        batch_size=batch_size,
     )

@@ -577,7 +577,7 @@ class ModelWorker:
         except DecodeInterrupted:  # partials, stopped for a final
             decode_ms = (time.perf_counter() - started) * 1000
             return [
-                interrupted(item.job, (started - item.submitted) * 1000, decode_ms / len(batch))
+                interrupted(item.job, (started - item.submitted) * 1000, decode_ms, len(batch))
                 for item in batch
             ]
         except Exception as exc:  # find the bad job: only that one gets an error

@@ -172,12 +172,11 @@ class Admission:
             stats.oldest_final_age_ms,
             len(self.connections),
             max(1, sum(not slot.background for slot in self.worker.slots)),  # live ones
-            stats.finals_total,
-            stats.final_audio_ms_total,
-            stats.final_decode_sq_ms_total,
-            stats.partial_decode_ms_total,
-            stats.interruptible,
-            stats.final_waits,
+            final_audio_ms_total=stats.final_audio_ms_total,
+            final_decode_sq_ms_total=stats.final_decode_sq_ms_total,
+            partial_decode_ms_total=stats.partial_decode_ms_total,
+            interruptible=stats.interruptible,
+            final_waits=stats.final_waits,
         )
         capacity = self.capacity.observe(sample)
         self.metrics.final_load.set(capacity.final_load)
