@@ -26,13 +26,12 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import REPO, free_port
+from bench.common import REPO, ManagedServer, ServerOptions
 from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
 
 logger = logging.getLogger("bench_backends")
@@ -186,33 +185,20 @@ def part_startup(args: argparse.Namespace) -> None:
     for rep in range(args.startup_reps):
         for config in STARTUP_CONFIGS if rep % 2 == 0 else reversed(STARTUP_CONFIGS):
             backend, _, precision = config.partition("-")
-            port = free_port()
-            command = [sys.executable, "-m", "streamer", "serve", "--port", str(port)]
-            command += ["--model", args.model, "--backend", backend, "--device", "cpu"]
-            command += ["--threads", str(args.threads), "--log-level", "warning"]
-            command += ["--cache-dir", str(args.cache_dir)]
-            if precision == "int8":
-                command += ["--quantize", "int8"]
-            env = {**os.environ, "PYTHONPATH": str(REPO)}
-            started = time.perf_counter()
-            process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
-            peak = 0
-            try:
-                while True:
-                    peak = max(peak, _status_kib(process.pid, "VmRSS"))
-                    if process.poll() is not None:
-                        raise RuntimeError(f"{config}: the server exited with {process.returncode}")
-                    try:
-                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
-                            break
-                    except OSError:
-                        time.sleep(0.05)
-                ready_s = time.perf_counter() - started
-                rss = _status_kib(process.pid, "VmRSS")
-                peak = max(peak, _status_kib(process.pid, "VmHWM"))
-            finally:
-                process.terminate()
-                process.wait(30)
+            extra = ["--backend", backend, "--threads", str(args.threads)]
+            extra += ["--cache-dir", str(args.cache_dir)]
+            options = ServerOptions(
+                model=args.model,
+                quantize="int8" if precision == "int8" else None,
+                extra_args=tuple(extra),
+                code_dir=REPO,
+                ready_poll_s=0.05,
+            )
+            with ManagedServer(options, args.out / f"server-{config}.log") as server:
+                assert server.pid is not None and server.load_s is not None
+                ready_s = server.load_s
+                rss = _status_kib(server.pid, "VmRSS")
+                peak = _status_kib(server.pid, "VmHWM")  # the kernel's peak through the start
             rows.append((config, ready_s, rss / 1024, peak / 1024))
             logger.info("%s: ready in %.1f s, %.0f MiB", config, ready_s, rss / 1024)
     print("\n### Start-up: `streamer serve` to /readyz 200 (model and export cached)\n")
@@ -281,6 +267,7 @@ def main() -> int:
     parser.add_argument("--contention-reps", type=int, default=6)
     parser.add_argument("--parts", default="decode,startup,contention")
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=Path("bench/out/bench_backends"))
     args = parser.parse_args()
     from streamer.model.files import default_cache_dir
 

@@ -144,3 +144,40 @@ def test_every_bench_module_imports() -> None:
     for name in names:
         if not name.endswith("__main__"):
             importlib.import_module(name)
+
+
+def test_managed_server_listens_on_port_0_and_reads_the_port_back(tmp_path: Path) -> None:
+    # io_load's test-double server: streamer's own server without a model, started and
+    # stopped the way every bench starts streamer serve
+    from bench.io_load import DoubleServerOptions
+
+    options = DoubleServerOptions(ready_timeout_s=timeout_s(60), ready_poll_s=0.05)
+    server = common.ManagedServer(options, tmp_path / "server.log")
+    assert server.command[server.command.index("--serve") + 1] == "0"
+    with server:
+        assert server.port is not None and server.port > 0
+        assert common.http_get(f"{server.http_url}/healthz")[0] == 200
+        assert server.url == f"ws://127.0.0.1:{server.port}/v1/asr"
+        assert server.load_s is not None
+    assert server.process is not None and server.process.poll() is not None
+    assert common.http_get(f"{server.http_url}/healthz", timeout_s=1)[0] == 0
+
+
+def test_managed_server_reports_a_server_that_exits(tmp_path: Path) -> None:
+    options = common.ServerOptions(
+        model="random:tiny", extra_args=("--no-such-option",), ready_timeout_s=timeout_s(60)
+    )
+    with (
+        pytest.raises(RuntimeError, match="exited with 2"),
+        common.ManagedServer(options, tmp_path / "server.log"),
+    ):
+        pass
+
+
+def test_one_percentile_function() -> None:
+    assert common.percentiles([1, 2, 3, None, float("nan"), 4, 5]) == {
+        "p50": 3.0,
+        "p95": pytest.approx(4.8),
+        "p99": pytest.approx(4.96),
+    }
+    assert common.percentiles([], (95,)) == {"p95": None}
