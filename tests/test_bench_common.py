@@ -35,7 +35,7 @@ def test_python_m_bench_lists_every_bench_with_its_first_line() -> None:
     assert {name: line for name, line in rows} == benches()
     for name, line in benches().items():
         assert line, f"bench/{name} has no docstring to list"
-    assert "Latency through each wire protocol" in listed
+    assert "Streaming latency bench" in listed
 
 
 def test_python_m_bench_refuses_an_unknown_name() -> None:
