@@ -45,7 +45,7 @@ HEALTH_TIMEOUT_S = 2.0
 READY_TIMEOUT_S = 900.0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = common.parser(__doc__)
     parser.add_argument("--code", action="append", type=Path, required=True)
     parser.add_argument("--model", default="random:small")
@@ -63,7 +63,7 @@ def main() -> int:
         help="starts per checkout, on the same cache (2: a later start)",
     )
     common.add_output_args(parser, out="bench/out/first_start")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.clients and args.audio is None:
         parser.error("--clients needs --audio")
     common.setup_logging()
