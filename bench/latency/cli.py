@@ -270,7 +270,9 @@ def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
     except ValueError as error:
         raise SystemExit(str(error)) from None
     out_dir: Path = args.out or REPO / "bench" / "out" / "latency-side-by-side"
-    ports = {p: common.free_port() for p in ("funasr", "wyoming") if p in options.protocols}
+    ports: dict[str, int] = {
+        p: common.free_port() for p in ("funasr", "wyoming") if p in options.protocols
+    }
     if args.url and ports:
         raise SystemExit("funasr and wyoming need the server the bench starts (no --url)")
     extra = [a for p, port in ports.items() for a in (f"--{p}-port", str(port))]
