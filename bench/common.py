@@ -203,6 +203,7 @@ def add_output_args(
 
 READY_POLL_S = 0.5  # between /readyz probes while the model loads
 STOP_GRACE_S = 30.0  # SIGINT lets the server finish its sessions; then SIGKILL
+PORT_POLL_S = 0.1  # between looks at the listening sockets until the server has bound
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,7 @@ class ManagedServer:
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"server not ready after {self.options.ready_timeout_s} s")
-            time.sleep(self.options.ready_poll_s if port is not None else 0.05)
+            time.sleep(self.options.ready_poll_s if port is not None else PORT_POLL_S)
         self.load_s = time.monotonic() - self.started_at
         logger.info("server ready on port %d after %.1f s", self.port, self.load_s)
         return self
