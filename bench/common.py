@@ -26,19 +26,32 @@ Run benches from the repository root as ``python -m bench.NAME`` (or ``python -m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
 import os
+import platform
 import shlex
+import shutil
+import signal
+import socket
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
-from bench.latency.monitor import machine_info
+import numpy as np
+
 from bench.latency.poller import Poller
-from bench.latency.serverproc import ManagedServer, ServerOptions, free_port, http_base, http_get
 
 __all__ = [
     "REPO",
@@ -56,6 +69,7 @@ __all__ = [
     "int_list",
     "machine_info",
     "parser",
+    "percentiles",
     "rss_mb",
     "server_options",
     "setup_logging",
@@ -66,7 +80,21 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("STREAMER_CACHE_DIR", REPO / ".cache"))
+logger = logging.getLogger(__name__)
 _FLAGS = ("avx512_vnni", "avx512f", "avx2")  # what decides the int8 and fp32 kernels
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    """The first CPU's model name and flags, from /proc/cpuinfo."""
+    name, flags = "", set[str]()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not name:
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    return name, flags
 
 
 def cpu_name() -> str:
@@ -74,19 +102,50 @@ def cpu_name() -> str:
 
     The same as ``lscpu | grep -E 'Model name|Flags'`` names it in bench/RESULTS.md.
     """
-    name, flags = "unknown CPU", set[str]()
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return name
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and name == "unknown CPU":
-            name = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
+    name, flags = _cpuinfo()
+    name = name or "unknown CPU"
     present = [flag for flag in _FLAGS if flag in flags]
     return f"{name} ({', '.join(present)})" if present else name
+
+
+def machine_info() -> dict[str, Any]:
+    """What the plots and the JSON say about where the bench ran."""
+    import psutil
+
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "cpu": _cpuinfo()[0] or platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "gpu": None,
+    }
+    for package in ("torch", "funasr", "websockets"):
+        try:
+            info[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            info[package] = None
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]
+            answer = subprocess.run(query, check=True, capture_output=True, text=True, timeout=5)
+            info["gpu"] = answer.stdout.strip() or None
+    return info
+
+
+PERCENTILES = (50.0, 95.0, 99.0)
+
+
+def percentiles(
+    values: Iterable[float | None], qs: Sequence[float] = PERCENTILES
+) -> dict[str, float | None]:
+    """``{"p50": ..., "p95": ..., "p99": ...}`` (linear interpolation); None when empty.
+
+    ``None`` and NaN values are dropped first. The one percentile function of the benches.
+    """
+    data = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
+    return {f"p{q:g}": float(np.percentile(data, q)) if data.size else None for q in qs}
 
 
 def parser(doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:
@@ -140,6 +199,193 @@ def add_output_args(
     parser.add_argument("--cache-dir", type=Path, default=cache_dir, help="default %(default)s")
 
 
+# -- the server ------------------------------------------------------------------------------
+
+READY_POLL_S = 0.5  # between /readyz probes while the model loads
+STOP_GRACE_S = 30.0  # SIGINT lets the server finish its sessions; then SIGKILL
+PORT_POLL_S = 0.1  # between looks at the listening sockets until the server has bound
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a bench starts ``streamer serve`` (a subclass overriding :meth:`command` starts
+    another server, e.g. io_load's test double)."""
+
+    model: str = "random:small"  # --model
+    device: str = "cpu"  # --device
+    quantize: str | None = None  # --quantize (e.g. "int8"); None for full precision
+    dtype: str | None = None  # --dtype (fp16, bf16 on CUDA); None: the server's fp32
+    partial_interval_ms: int | None = None  # --partial-interval-ms; None: server default
+    endpoint_ms: int | None = None  # --endpoint-ms; None: server default
+    max_sessions: int = 1000  # --max-sessions, above any sweep step
+    log_level: str = "warning"  # --log-level
+    extra_args: tuple[str, ...] = ()  # passed through verbatim
+    # the server's streamer package from another checkout (PYTHONPATH, and the working
+    # folder, which ``python -m`` searches first), e.g. an older commit exported with
+    # ``git archive``, to measure old and new code in one run
+    code_dir: Path | None = None
+    python: str = sys.executable  # the server's interpreter (a plain install's venv, say)
+    env: tuple[tuple[str, str], ...] = ()  # set in the server's environment
+    ready_timeout_s: float = 900.0  # building a real-size random model takes a while
+    ready_poll_s: float = READY_POLL_S  # between /readyz probes (a start-up bench: less)
+
+    def command(self, port: int) -> list[str]:
+        cmd = [self.python, "-m", "streamer", "serve", "--host", "127.0.0.1"]
+        cmd += ["--port", str(port), "--model", self.model, "--device", self.device]
+        cmd += ["--max-sessions", str(self.max_sessions), "--log-level", self.log_level]
+        if self.quantize:
+            cmd += ["--quantize", self.quantize]
+        if self.dtype:
+            cmd += ["--dtype", self.dtype]
+        if self.partial_interval_ms is not None:
+            cmd += ["--partial-interval-ms", str(self.partial_interval_ms)]
+        if self.endpoint_ms is not None:
+            cmd += ["--endpoint-ms", str(self.endpoint_ms)]
+        return cmd + list(self.extra_args)
+
+
+def http_base(ws_url: str) -> str:
+    """``ws://h:p/v1/asr`` -> ``http://h:p`` (``wss`` -> ``https``)."""
+    parts = urlsplit(ws_url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return f"{scheme}://{parts.netloc}"
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
+    """Status and body of a GET; status 0 when the server cannot be reached."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def free_port() -> int:
+    """A free 127.0.0.1 port, for the extra listeners (``--funasr-port``, ``--wyoming-port``)
+    whose port cannot be told apart from the main one when read back."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ManagedServer:
+    """A server child process on port 0, its port read back from its listening socket.
+
+    ``with ManagedServer(options, log) as server`` returns once ``/readyz`` answers 200;
+    a bench that watches the start itself calls :meth:`start`, then :meth:`find_port`
+    (None until the server listens) or :meth:`wait_ready`. Either raises RuntimeError
+    (with the log's tail) if the process exits or the timeout passes first; :meth:`stop`
+    (also on exit) sends SIGINT, then SIGKILL after ``STOP_GRACE_S``.
+    """
+
+    def __init__(self, options: ServerOptions, log_path: Path) -> None:
+        self.options = options
+        self.log_path = log_path
+        self.command = options.command(0)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+        self.started_at: float | None = None  # time.monotonic() at the spawn
+        self.load_s: float | None = None  # start to ready
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/asr"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ManagedServer:
+        logger.info("starting %s", shlex.join(self.command))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env, cwd = {**os.environ, **dict(self.options.env)}, None
+        if self.options.code_dir is not None:
+            env["PYTHONPATH"] = str(self.options.code_dir)
+            cwd = self.options.code_dir
+        with self.log_path.open("wb") as log:  # the child holds its own descriptor
+            self.started_at = time.monotonic()
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
+            )
+        return self
+
+    def find_port(self) -> int | None:
+        """The port the server listens on (the first 127.0.0.1 listener that no option
+        named), or None while it has not bound one yet."""
+        if self.port is None and self.process is not None:
+            import psutil
+
+            after = zip(self.command, self.command[1:], strict=False)
+            named = {int(value) for flag, value in after if flag.endswith("-port")}
+            with contextlib.suppress(psutil.Error):
+                for conn in psutil.Process(self.process.pid).net_connections("tcp4"):
+                    if conn.status == psutil.CONN_LISTEN and conn.laddr.port not in named:
+                        self.port = int(conn.laddr.port)
+                        break
+        return self.port
+
+    def check_running(self) -> None:
+        """RuntimeError with the log's tail when the server has exited."""
+        if self.process is None or self.process.poll() is not None:
+            code = None if self.process is None else self.process.returncode
+            raise RuntimeError(f"the server exited with {code}:\n{self.log_tail()}")
+
+    def wait_ready(self) -> ManagedServer:
+        assert self.started_at is not None, "start() first"
+        deadline = self.started_at + self.options.ready_timeout_s
+        while True:
+            self.check_running()
+            port = self.find_port()
+            if port is not None and http_get(f"{self.http_url}/readyz", 2.0)[0] == 200:
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server not ready after {self.options.ready_timeout_s} s")
+            time.sleep(self.options.ready_poll_s if port is not None else PORT_POLL_S)
+        self.load_s = time.monotonic() - self.started_at
+        logger.info("server ready on port %d after %.1f s", self.port, self.load_s)
+        return self
+
+    def __enter__(self) -> ManagedServer:
+        self.start()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("server did not stop within %.0f s; killing it", STOP_GRACE_S)
+            self.process.kill()
+            self.process.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
 def server_options(args: argparse.Namespace, **fields: Any) -> ServerOptions:
     """ServerOptions from the arguments of :func:`add_server_args`; ``fields`` override."""
     quantize = None if args.quantize in (None, "none") else args.quantize
@@ -155,8 +401,8 @@ def server_options(args: argparse.Namespace, **fields: Any) -> ServerOptions:
 
 
 def started_server(args: argparse.Namespace, log_path: Path, **fields: Any) -> ManagedServer:
-    """A ``streamer serve`` on a free 127.0.0.1 port; enter it to start it and wait for
-    ``/readyz`` (``random:NAME`` models are built on first use, into the cache)."""
+    """A ``streamer serve`` on a 127.0.0.1 port of its own; enter it to start it and wait
+    for ``/readyz`` (``random:NAME`` models are built on first use, into the cache)."""
     return ManagedServer(server_options(args, **fields), log_path)
 
 

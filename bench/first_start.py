@@ -30,14 +30,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +45,7 @@ HEALTH_TIMEOUT_S = 2.0
 READY_TIMEOUT_S = 900.0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = common.parser(__doc__)
     parser.add_argument("--code", action="append", type=Path, required=True)
     parser.add_argument("--model", default="random:small")
@@ -65,7 +63,7 @@ def main() -> int:
         help="starts per checkout, on the same cache (2: a later start)",
     )
     common.add_output_args(parser, out="bench/out/first_start")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.clients and args.audio is None:
         parser.error("--clients needs --audio")
     common.setup_logging()
@@ -85,74 +83,50 @@ def _starts(code: Path, args: Any) -> list[dict[str, Any]]:
 
 
 def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any]:
-    port = common.free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(code),
-        "STREAMER_CACHE_DIR": str(cache),
-    }
-    command = [
-        str(args.python),
-        "-m",
-        "streamer",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--backend",
-        "onnx",
-        "--model",
-        args.model,
-        "--device",
-        "cpu",
-        "--threads",
-        str(args.threads),
-    ]
-    args.out.mkdir(parents=True, exist_ok=True)
+    options = common.ServerOptions(
+        model=args.model,
+        log_level="info",  # the load and warm-up times are read from the log
+        extra_args=("--backend", "onnx", "--threads", str(args.threads)),
+        code_dir=code,
+        python=str(args.python),
+        env=(("STREAMER_CACHE_DIR", str(cache)),),
+        ready_timeout_s=READY_TIMEOUT_S,
+    )
     log_path = args.out / f"server-{code.name or 'root'}-{number}.log"
-    with log_path.open("w") as log:
-        started = time.monotonic()
-        server = subprocess.Popen(  # in ``code``: ``-m`` puts the working directory first
-            command, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            result = _watch(server, port, started, args.sample_s)
-            if args.clients:
-                result.update(_clients(server, port, env, args))
-        finally:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(timeout=10)
+    server = common.ManagedServer(options, log_path).start()
+    try:
+        result = _watch(server, args.sample_s)
+        if args.clients:
+            result.update(_clients(server, args))
+    finally:
+        server.stop()
     result.update(_log_times(log_path.read_text(errors="replace")))
-    result.update(code=str(code), start=number, commit=_commit(code), command=" ".join(command))
+    command = shlex.join(server.command)
+    result.update(code=str(code), start=number, commit=_commit(code), command=command)
     return result
 
 
-def _clients(server: subprocess.Popen[bytes], port: int, env: dict, args: Any) -> dict:
+def _clients(server: common.ManagedServer, args: Any) -> dict:
     """Stream ``args.audio`` from ``args.clients`` clients at once; the server's peak
     resident memory meanwhile, its mean decode time of each kind, the finals received."""
     command = [str(args.python), "-m", "streamer", "client", str(args.audio.resolve())]
-    command += ["--url", f"ws://127.0.0.1:{port}/v1/asr", "--quiet", "--json"]
+    command += ["--url", server.url, "--quiet", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(server.options.code_dir)}
+    assert server.pid is not None
     clients = [
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         for _ in range(args.clients)
     ]
     peak = 0
     while any(client.poll() is None for client in clients):
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with status {server.returncode}")
+        server.check_running()
         peak = max(peak, _rss_mib(server.pid)[0])
         time.sleep(args.sample_s)
     finals = [client.communicate()[0].decode().count("\n") for client in clients]
     failed = [client.returncode for client in clients if client.returncode != 0]
     if failed:
         raise RuntimeError(f"clients failed with status {failed}")
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        metrics = response.read().decode()
+    metrics = common.http_get(f"{server.http_url}/metrics", timeout_s=10)[1]
     return {
         "clients": args.clients,
         "clients_peak_mib": peak,
@@ -196,27 +170,29 @@ def _log_times(log: str) -> dict[str, float]:
     return times
 
 
-def _watch(server: subprocess.Popen[bytes], port: int, started: float, every_s: float) -> dict:
-    base = f"http://127.0.0.1:{port}"
+def _watch(server: common.ManagedServer, every_s: float) -> dict:
+    """Sample the tree's memory, and ``/healthz`` once the server listens, until ready."""
+    assert server.pid is not None and server.started_at is not None
     tree_peak = server_peak = 0
     health_ms: list[float] = []
     health_failures = 0
     timeline = []
     ready_s = None
-    while time.monotonic() - started < READY_TIMEOUT_S:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with status {server.returncode}")
+    while time.monotonic() - server.started_at < READY_TIMEOUT_S:
+        server.check_running()
         own, tree = _rss_mib(server.pid)
         server_peak, tree_peak = max(server_peak, own), max(tree_peak, tree)
         sent = time.monotonic()
-        status = _get(base + "/healthz")
-        if status is None:
-            health_failures += 1
-        elif status == 200:
-            health_ms.append((time.monotonic() - sent) * 1000)
-        now = time.monotonic() - started
+        if server.find_port() is not None:
+            status = common.http_get(server.http_url + "/healthz", HEALTH_TIMEOUT_S)[0]
+            if status == 0:
+                health_failures += 1
+            elif status == 200:
+                health_ms.append((time.monotonic() - sent) * 1000)
+        now = time.monotonic() - server.started_at
         timeline.append((round(now, 2), own, tree, round(health_ms[-1], 1) if health_ms else None))
-        if _get(base + "/readyz") == 200:
+        ready = server.port and common.http_get(server.http_url + "/readyz", HEALTH_TIMEOUT_S)
+        if ready and ready[0] == 200:
             ready_s = now
             break
         time.sleep(max(0.0, every_s - (time.monotonic() - sent)))
@@ -234,17 +210,6 @@ def _watch(server: subprocess.Popen[bytes], port: int, started: float, every_s: 
         "ready_hwm_mib": _hwm_mib(server.pid),
         "timeline": timeline,
     }
-
-
-def _get(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as response:
-            response.read()
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-    except (OSError, TimeoutError):
-        return None
 
 
 def _rss_mib(pid: int) -> tuple[int, int]:

@@ -37,15 +37,15 @@ import logging
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import REPO, free_port
+from bench.common import REPO, ManagedServer, ServerOptions, percentiles
 from bench.latency.poller import Poller
 from streamer.model.interface import RecognizerBase
 
@@ -142,7 +142,6 @@ async def _serve(port: int, workers: int, features: bool, model_process: bool) -
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
-    print("READY", flush=True)  # noqa: T201 - the parent waits for this line
     await stop.wait()
     await server.shutdown()
     pool.stop(1.0)
@@ -244,12 +243,13 @@ class HealthProbes(Poller):
     def summary_ms(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for path, took in self.took_s.items():
-            values = np.array(took or [0.0]) * 1000
+            values = [1000 * s for s in took] or [0.0]
             name = path.strip("/")
+            p = percentiles(values, (50, 95))
             out |= {
-                f"{name}_p50_ms": float(np.percentile(values, 50)),
-                f"{name}_p95_ms": float(np.percentile(values, 95)),
-                f"{name}_max_ms": float(values.max()),
+                f"{name}_p50_ms": p["p50"] or 0.0,
+                f"{name}_p95_ms": p["p95"] or 0.0,
+                f"{name}_max_ms": max(values),
                 f"{name}_probes": len(took),
             }
         return out
@@ -306,7 +306,7 @@ def run_step(
         "loop_lag_p50_ms": 1000 * (lag.quantile(0.5) or 0) if lag else None,
         "loop_lag_p99_ms": 1000 * (lag.quantile(0.99) or 0) if lag else None,
         "generator_cpu_s": sum(p["cpu_s"] for p in parts),
-        "send_late_p95_ms": float(np.percentile(late, 95) * 1000),
+        "send_late_p95_ms": 1000 * (percentiles(late, (95,))["p95"] or 0.0),
         "send_late_max_ms": float(late.max() * 1000),
         "messages": sum(p["messages"] for p in parts),
         "errors": [e for p in parts for e in p["errors"]][:5],
@@ -372,49 +372,35 @@ def micro(seconds: float = 30.0) -> dict[str, float]:
 # -- main ---------------------------------------------------------------------------
 
 
-def _double_server(stack: contextlib.ExitStack, args: argparse.Namespace) -> tuple[int, int]:
-    """The test-double server in a child process: its port and pid."""
-    port = free_port()
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.io_load",
-            "--serve",
-            str(port),
-            "--workers",
-            str(args.workers),
-            *(["--features"] if args.features else []),
-            *(["--model-process"] if args.model_process else []),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+@dataclass(frozen=True)
+class DoubleServerOptions(ServerOptions):
+    """This module's test-double server (``--serve``), started like ``streamer serve``."""
 
-    def stop() -> None:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            child.kill()
+    workers: int = 1
+    features: bool = False
+    model_process: bool = False
 
-    stack.callback(stop)
-    assert child.stdout is not None
-    if child.stdout.readline().strip() != "READY":
-        raise SystemExit("the server did not start")
-    return port, child.pid
+    def command(self, port: int) -> list[str]:
+        command = [self.python, "-m", "bench.io_load", "--serve", str(port)]
+        command += ["--workers", str(self.workers)]
+        return command + ["--features"] * self.features + ["--model-process"] * self.model_process
 
 
-def _real_server(stack: contextlib.ExitStack, args: argparse.Namespace) -> tuple[int, int]:
-    """``streamer serve`` with a real model (``--model``): its port and pid."""
-    from bench.latency.serverproc import ManagedServer, ServerOptions
-
-    quantize = None if args.quantize == "none" else args.quantize
-    options = ServerOptions(
-        model=args.model, quantize=quantize, max_sessions=5000, extra_args=tuple(args.server_arg)
-    )
+def _server(stack: contextlib.ExitStack, args: argparse.Namespace) -> tuple[int, int]:
+    """The test double, or ``streamer serve`` with a real model (``--model``): port, pid."""
+    options: ServerOptions
+    if args.model is None:
+        options = DoubleServerOptions(
+            workers=args.workers, features=args.features, model_process=args.model_process
+        )
+    else:
+        quantize = None if args.quantize == "none" else args.quantize
+        extra = tuple(args.server_arg)
+        options = ServerOptions(
+            model=args.model, quantize=quantize, max_sessions=5000, extra_args=extra
+        )
     server = stack.enter_context(ManagedServer(options, args.out / "server.log"))
-    assert server.pid is not None
+    assert server.pid is not None and server.port is not None
     return server.port, server.pid
 
 
@@ -460,10 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"loadavg_before": os.getloadavg(), "steps": []}
     with contextlib.ExitStack() as stack:
-        if args.model is not None:
-            port, pid = _real_server(stack, args)
-        else:
-            port, pid = _double_server(stack, args)
+        port, pid = _server(stack, args)
         for streams in (int(s) for s in args.streams.split(",")):
             step = run_step(
                 port, pid, streams, args.duration_s, args.generators, not args.no_partials

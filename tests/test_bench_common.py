@@ -35,7 +35,7 @@ def test_python_m_bench_lists_every_bench_with_its_first_line() -> None:
     assert {name: line for name, line in rows} == benches()
     for name, line in benches().items():
         assert line, f"bench/{name} has no docstring to list"
-    assert "Latency through each wire protocol" in listed
+    assert "Streaming latency bench" in listed
 
 
 def test_python_m_bench_refuses_an_unknown_name() -> None:
@@ -52,14 +52,14 @@ def test_python_m_bench_refuses_an_unknown_name() -> None:
 
 def test_python_m_bench_name_runs_that_bench() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "funasr_unpaced", "--help"],
+        [sys.executable, "-m", "bench", "files", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=timeout_s(60),
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: python -m bench.funasr_unpaced")
+    assert result.stdout.startswith("usage: python -m bench.files")
     assert "--server-arg" in result.stdout
 
 
@@ -140,7 +140,44 @@ def test_every_bench_module_imports() -> None:
     import bench
 
     names = [m.name for m in pkgutil.walk_packages(bench.__path__, "bench.")]
-    assert "bench.int8_types" in names and "bench.stress" in names
+    assert "bench.files" in names and "bench.stress" in names
     for name in names:
         if not name.endswith("__main__"):
             importlib.import_module(name)
+
+
+def test_managed_server_listens_on_port_0_and_reads_the_port_back(tmp_path: Path) -> None:
+    # io_load's test-double server: streamer's own server without a model, started and
+    # stopped the way every bench starts streamer serve
+    from bench.io_load import DoubleServerOptions
+
+    options = DoubleServerOptions(ready_timeout_s=timeout_s(60), ready_poll_s=0.05)
+    server = common.ManagedServer(options, tmp_path / "server.log")
+    assert server.command[server.command.index("--serve") + 1] == "0"
+    with server:
+        assert server.port is not None and server.port > 0
+        assert common.http_get(f"{server.http_url}/healthz")[0] == 200
+        assert server.url == f"ws://127.0.0.1:{server.port}/v1/asr"
+        assert server.load_s is not None
+    assert server.process is not None and server.process.poll() is not None
+    assert common.http_get(f"{server.http_url}/healthz", timeout_s=1)[0] == 0
+
+
+def test_managed_server_reports_a_server_that_exits(tmp_path: Path) -> None:
+    options = common.ServerOptions(
+        model="random:tiny", extra_args=("--no-such-option",), ready_timeout_s=timeout_s(60)
+    )
+    with (
+        pytest.raises(RuntimeError, match="exited with 2"),
+        common.ManagedServer(options, tmp_path / "server.log"),
+    ):
+        pass
+
+
+def test_one_percentile_function() -> None:
+    assert common.percentiles([1, 2, 3, None, float("nan"), 4, 5]) == {
+        "p50": 3.0,
+        "p95": pytest.approx(4.8),
+        "p99": pytest.approx(4.96),
+    }
+    assert common.percentiles([], (95,)) == {"p95": None}

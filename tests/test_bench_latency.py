@@ -388,3 +388,82 @@ def test_bench_runs_against_a_real_server(server_url: str, tmp_path: Path) -> No
     assert all(s["partials"] == 0 for s in nopartials["steps"][0]["segments"])
     for name in ("results.json", "table.txt", "summary.md", "cdf.png", "vs_clients.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------
+# Side by side: protocols, encodings, continuous speech
+
+
+def test_kinds_are_the_protocols_times_the_encodings_they_take() -> None:
+    from bench.latency import protocols
+
+    options = protocols.RunOptions(
+        protocols=("v1", "openai", "deepgram"), encodings=("pcm", "webm")
+    )
+    assert options.kinds == ("v1", "openai", "deepgram", "v1-webm", "deepgram-webm")
+    assert options.spoken
+    assert not protocols.RunOptions().spoken
+    with pytest.raises(ValueError, match="unknown protocol or encoding: mp3, sip"):
+        protocols.validate(protocols.RunOptions(protocols=("sip",), encodings=("mp3",)))
+    with pytest.raises(ValueError, match="webm goes through v1 and deepgram only"):
+        protocols.validate(protocols.RunOptions(protocols=("openai",), encodings=("webm",)))
+    assert protocols.rotation(("a", "b", "c"), 4, 1) == ["b", "c", "a", "b"]
+
+
+def test_side_by_side_table_compares_with_the_first_kind() -> None:
+    from bench.latency import protocols
+
+    def summary(ttft: float | None, final: float) -> dict:
+        return {"utterances": 3, "ttft_ms": {"p50": ttft, "p95": 500.0},
+                "final_ms": {"p50": final, "p95": 900.0}, "answer_ms": {"p50": 12.0},
+                "errors": []}  # fmt: skip
+
+    text = protocols.table({"steps": {4: {"v1": summary(300, 600), "openai": summary(None, 650)}}})
+    rows = text.splitlines()
+    assert rows[2] == "| 4 | v1 | 3 | 300 / 500 | 600 / 900 | 12 |  |"
+    assert rows[3] == "| 4 | openai | 3 | - / 500 | 650 / 900 | 12 | -, +50 |"
+
+
+def test_every_protocol_and_encoding_against_a_real_server(
+    make_server, tiny_model_dir: Path, speech_cache: Path
+) -> None:
+    import asyncio
+
+    from bench.latency import protocols
+    from bench.latency.audio import load_bench_audio
+    from tests.server_fixtures import recognizer_loader
+
+    thread = make_server(recognizer_loader(tiny_model_dir), funasr_port=0, wyoming_port=0)
+    listeners = thread.server.listeners
+    ports = {"v1": thread.port, **{name: listeners[name].port for name in ("funasr", "wyoming")}}
+    options = protocols.RunOptions(
+        protocols=protocols.PROTOCOLS, encodings=protocols.ENCODINGS, clients=(1,), rounds=1,
+        duration_s=3.0, stagger_s=0.3,
+    )  # fmt: skip
+    audio = load_bench_audio("synth", speech_cache)
+    results = asyncio.run(protocols.run_side_by_side(ports, audio, options))
+    by_kind = results["steps"][1]
+    assert list(by_kind) == list(options.kinds)
+    for kind, summary in by_kind.items():
+        assert not summary["errors"], (kind, summary["errors"])
+        assert summary["ttft_ms"]["p50"] is not None, kind  # text arrived, and was timed
+        assert summary["answer_ms"]["p50"] is not None, kind  # the end of input answered
+        if kind != "wyoming":  # one transcript at the end: no final per utterance
+            assert summary["utterances"] > 0 and summary["final_ms"]["p50"] is not None, kind
+    assert results["decode_cost"]["core_percent"] > 0
+    assert "| 1 | deepgram-webm |" in protocols.table(results)
+
+
+def test_continuous_speech_through_the_cli(server_url: str, tmp_path: Path) -> None:
+    import json
+
+    from bench.latency import cli
+
+    argv = ["--url", server_url, "--audio", "continuous", "--clients", "1", "--rounds", "1",
+            "--duration-s", "6", "--out", str(tmp_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["command"].startswith("python -m bench.latency --url")
+    summary = record["steps"]["1"]["summary"]
+    assert summary["all"]["n"] == summary["onset"]["n"] + summary["continuation"]["n"] > 0
+    assert summary["all"]["ttft_ms"]["p50"] is not None

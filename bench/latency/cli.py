@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.latency import plots, report
+from bench import common
+from bench.latency import continuous, plots, protocols, report
 from bench.latency.audio import AUDIO_CHOICES, load_bench_audio
 from bench.latency.load import StepOptions
 from bench.latency.monitor import find_listening_pid, machine_info
@@ -129,12 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.1,
         help="flag steps whose load generator sent this late (p95)",
     )
+    kinds = p.add_argument_group(
+        "side by side (instead of the sweep): N clients of each kind at once, in rounds"
+    )
+    kinds.add_argument(
+        "--protocol",
+        help=f"comma list of {','.join(protocols.PROTOCOLS)}: latency through each, side by side",
+    )
+    kinds.add_argument(
+        "--encoding", help="comma list of pcm,webm (WebM/Opus in 250 ms MediaRecorder slices)"
+    )
+    kinds.add_argument("--rounds", type=int, default=2, help="of each step, kinds rotated")
     out = p.add_argument_group("output")
     out.add_argument(
         "--audio",
-        choices=AUDIO_CHOICES,
+        choices=AUDIO_CHOICES + continuous.TRACKS,
         default="auto",
-        help="generated speech, recorded speech, or both (auto: what exists)",
+        help="generated speech, recorded speech, or both (auto: what exists); continuous*:"
+        " speech without pauses, onset and continuation segments",
     )
     out.add_argument("--out", type=Path, help="output folder (default bench/out/latency-TIME)")
     out.add_argument(
@@ -241,12 +255,68 @@ def write_outputs(results: dict[str, Any], out_dir: Path) -> None:
         plots.plot_comparison(results, out_dir / "compare.png")
 
 
+def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--protocol``/``--encoding`` (:mod:`bench.latency.protocols`) or continuous speech
+    (:mod:`bench.latency.continuous`) on one started server (the first variant's precision)."""
+    clients = tuple(parse_clients(args.clients) or [1, 4])
+    options = protocols.RunOptions(
+        protocols=tuple((args.protocol or "v1").split(",")),
+        encodings=tuple((args.encoding or "pcm").split(",")),
+        clients=clients, rounds=args.rounds, duration_s=args.duration_s,
+        stagger_s=args.stagger_s, chunk_ms=args.chunk_ms, endpoint_ms=args.endpoint_ms,
+    )  # fmt: skip
+    try:
+        protocols.validate(options)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    out_dir: Path = args.out or REPO / "bench" / "out" / "latency-side-by-side"
+    ports: dict[str, int] = {
+        p: common.free_port() for p in ("funasr", "wyoming") if p in options.protocols
+    }
+    if args.url and ports:
+        raise SystemExit("funasr and wyoming need the server the bench starts (no --url)")
+    extra = [a for p, port in ports.items() for a in (f"--{p}-port", str(port))]
+    base = ServerOptions(
+        model=args.model, device=args.device, partial_interval_ms=args.partial_interval_ms,
+        endpoint_ms=args.endpoint_ms, extra_args=(*args.server_arg, *extra),
+    )  # fmt: skip
+    server = parse_variant(args.variants.split(",")[0]).server_options(base)
+    command = shlex.join(["python", "-m", "bench.latency", *argv])
+    results: dict[str, Any] = {"command": command, "audio": args.audio, "steps": {}}
+    with contextlib.ExitStack() as stack:
+        url = (
+            args.url
+            or stack.enter_context(common.ManagedServer(server, out_dir / "server.log")).url
+        )
+        if args.audio in continuous.TRACKS:
+            track = continuous.build(args.audio, common.CACHE_DIR / "speech", args.duration_s)
+            for n in clients:
+                results["steps"][n] = continuous.run(url, track, n, args.rounds, args.endpoint_ms)
+            text = continuous.table(results)
+        else:
+            audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
+            ports["v1"] = urlsplit(url).port or 80
+            results.update(asyncio.run(protocols.run_side_by_side(ports, audio, options)))
+            text = protocols.table(results)
+    common.write_results(out_dir, results, args)
+    print(text)
+    for clients_n, by_kind in results["steps"].items():
+        for kind, s in by_kind.items() if "kinds" in results else ():
+            if s["errors"]:
+                print(f"{clients_n} clients, {kind}: {len(s['errors'])} errors: {s['errors'][:3]}")
+    if "decode_cost" in results:
+        print("decode cost per WebM/Opus stream:", results["decode_cost"])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.protocol or args.encoding or args.audio in continuous.TRACKS:
+        return run_side_by_side(args, argv)
     if args.from_json:
         results = json.loads(args.from_json.read_text())
         write_outputs(results, args.from_json.parent)

@@ -16,16 +16,15 @@ server.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from bench.common import percentiles
 from streamer.core.protocol import End, Final, Partial, ServerMessage, SpeechStart
 
-PERCENTILES = (50.0, 95.0, 99.0)
 # A segment's start lies before the speech onset (pre-roll) and its end after the last
 # speech (end padding): a known utterance is matched to it within this distance.
 TRUTH_MATCH_MS = 1000
@@ -222,21 +221,6 @@ def send_lags(send_log: SendLog, speed: float = 1.0) -> np.ndarray:
     times = np.asarray(send_log.times_s, dtype=np.float64)
     ideal = (ends - ends[0]) / (send_log.sample_rate * speed)
     return (times - times[0]) - ideal
-
-
-def percentiles(
-    values: Iterable[float | None], qs: Sequence[float] = PERCENTILES
-) -> dict[str, float | None]:
-    """``{"p50": ..., "p95": ..., "p99": ...}`` (linear interpolation); None when empty.
-
-    ``None`` and NaN values are dropped first.
-    """
-    data = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
-    out: dict[str, float | None] = {}
-    for q in qs:
-        key = f"p{q:g}"
-        out[key] = float(np.percentile(data, q)) if data.size else None
-    return out
 
 
 def skip_share(ends: Iterable[End]) -> float | None:

@@ -11,19 +11,17 @@ import asyncio
 import contextlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import psutil
 
+from bench.common import http_get
+from bench.common import machine_info as machine_info  # where bench.latency.cli finds it
 from bench.latency import prom
-from bench.latency.serverproc import http_get
 
 logger = logging.getLogger(__name__)
 
@@ -107,43 +105,6 @@ def other_cpu_now(pid: int | None, interval_s: float = 2.0) -> float:
         sys_before.user + sys_before.system + getattr(sys_before, "nice", 0.0)
     )
     return max(0.0, 100.0 * (busy - (mine_after - mine_before)) / wall)
-
-
-def machine_info() -> dict[str, Any]:
-    """What the plots and the JSON say about where the bench ran."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    info: dict[str, Any] = {
-        "host": platform.node(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "gpu": None,
-    }
-    for package in ("torch", "funasr", "websockets"):
-        try:
-            info[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            info[package] = None
-    if shutil.which("nvidia-smi"):
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            info["gpu"] = (
-                subprocess.run(
-                    ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                    timeout=5,
-                ).stdout.strip()
-                or None
-            )
-    return info
 
 
 @dataclass

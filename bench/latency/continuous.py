@@ -1,48 +1,39 @@
-"""Latency on continuous speech: onset and continuation segments, two server settings.
+"""Latency on continuous speech: onset and continuation segments
+(``python -m bench.latency --audio continuous``, or ``continuous-recorded``,
+``continuous-noisy``, ``continuous-paused``).
 
 People who talk without stopping (a phone call, a monologue) leave pauses shorter than
-the endpoint. This bench streams, in real time with one client, two kinds of audio:
+the endpoint. The track streamed in real time by each client is one of:
 
 * ``continuous``: two espeak voices taking turns of 5-20 s, with gaps of 100-400 ms
   between sentences and turns;
-* ``recorded``: real recorded read speech (pocketsphinx-testdata: the librivox reader
-  and the speakers of ``cards``/``goforward``/``numbers``/``something``) joined the same
-  way, two voices taking turns;
-* ``noisy``: ``continuous`` under brown noise at 10 dB SNR (``--snr-db``, ``--noise``);
-* ``paused``: the espeak sentences with pauses of 0.9-1.7 s (the latency bench's kind).
+* ``continuous-recorded``: real recorded read speech (pocketsphinx-testdata: the librivox
+  reader and the speakers of ``cards``/``goforward``/``numbers``/``something``) joined the
+  same way, two voices taking turns;
+* ``continuous-noisy``: ``continuous`` under brown noise at 10 dB SNR;
+* ``continuous-paused``: the espeak sentences with pauses of 0.9-1.7 s (for comparison).
 
-and measures each segment against the audio's truth (where speech really is, from the
-clips before they were joined):
-
-* TTFT: arrival of the segment's first non-empty partial (or final) minus the send time
-  of the first speech sample inside the segment;
-* final latency: arrival of the final minus the send time of the last speech sample
-  inside it (the endpoint is part of it).
-
-Segments are *onset* segments when at least ``endpoint_ms`` of true silence precedes
-their first speech, else *continuation* segments. Servers are started with the settings
-of :data:`CONFIGS` chosen by ``--configs``: the current defaults ("new"), main before
-energy dips and the near cut ("main"), and before long-segment pauses and speculative
-finals too ("old"); they alternate in ``--rounds`` rounds within one run so a noisy
-machine hits all alike. ``--trace`` prints, per segment, what it waited for: where it
-started against its first speech, when the previous final arrived, its final's queue
-and decode time.
-
-    python -m bench.continuous --model random:small --quantize int8 --rounds 1 --trace
+Each segment is measured against the audio's truth (where speech really is, from the clips
+before they were joined): **TTFT**, arrival of the segment's first non-empty partial (or
+final) minus the send time of the first speech sample inside it; **final**, arrival of the
+final minus the send time of the last speech sample inside it (the endpoint is part of
+it). Segments are *onset* segments when at least ``endpoint_ms`` of true silence precedes
+their first speech, else *continuation* segments. Several clients stream the track from
+other places of it, 0.37 s apart. Server settings to compare go in ``--server-arg``, one run
+each (the settings compared for issue 14 are in bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from bench import common
+from bench.common import percentiles
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.client.timeline import SessionResult
@@ -50,7 +41,9 @@ from streamer.core.audio import SAMPLE_RATE
 from streamer.core.protocol import Final, Partial, StreamOptions
 from streamer.testkit import speech as synth
 
-logger = logging.getLogger("bench.continuous")
+logger = logging.getLogger(__name__)
+
+TRACKS = ("continuous", "continuous-recorded", "continuous-noisy", "continuous-paused")
 
 VOICES = (("en-us+m3", 40), ("en-us+f2", 70))  # (espeak voice, pitch): two speakers
 SENTENCES = (
@@ -65,15 +58,6 @@ SENTENCES = (
 )
 SHORT_GAPS_MS = (100, 250, 400, 150, 300, 200, 350)
 LONG_GAPS_MS = (900, 1300, 1100, 1700, 1000, 1500)
-CONFIGS = {
-    "new": (),
-    "long3s": ("--long-segment-ms", "3000"),  # candidate: shorter long segments
-    # before energy dips and the near cut (what main did after the first part of issue 14)
-    "main": ("--pause-dip-ms", "0", "--cut-search-ms", "1000"),
-    # before long-segment pauses and speculative finals too
-    "old": ("--long-segment-ms", "7000", "--no-speculative-finals", "--pause-dip-ms", "0",
-            "--cut-search-ms", "1000"),
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -227,24 +211,14 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
     return rows
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
-def summarize(rows: list[dict]) -> dict[str, dict[str, float | int | None]]:
-    out: dict[str, dict[str, float | int | None]] = {}
+def summarize(rows: list[dict]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
     for kind in ("onset", "continuation", "all"):
         chosen = [r for r in rows if kind == "all" or r["kind"] == kind]
-        ttft = [r["ttft_ms"] for r in chosen]
-        final = [r["final_ms"] for r in chosen]
         out[kind] = {
             "n": len(chosen),
-            "ttft_p50": _pct(ttft, 50),
-            "ttft_p95": _pct(ttft, 95),
-            "ttft_p99": _pct(ttft, 99),
-            "final_p50": _pct(final, 50),
-            "final_p95": _pct(final, 95),
-            "final_p99": _pct(final, 99),
+            "ttft_ms": percentiles(r["ttft_ms"] for r in chosen),
+            "final_ms": percentiles(r["final_ms"] for r in chosen),
             "capped": sum(1 for r in chosen if r["reason"] == "max_duration"),
         }
     return out
@@ -273,95 +247,50 @@ async def _stream_many(url: str, tracks: list[Track], stagger_s: float) -> list[
     return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tracks))))
 
 
-def main() -> int:
-    parser = common.parser(__doc__)
-    common.add_server_args(parser)
-    common.add_output_args(parser, out=None)
-    parser.add_argument("--rounds", type=int, default=2, help="alternations of old and new")
-    parser.add_argument("--snr-db", type=float, default=10.0, help="SNR of the noisy track")
-    parser.add_argument("--noise", default="brown", choices=synth.NOISE_KINDS)
-    parser.add_argument(
-        "--tracks", default="continuous,recorded,paused", help="of continuous,recorded,noisy,paused"
-    )
-    parser.add_argument(
-        "--configs", default="new,main", help=f"server settings, of {','.join(CONFIGS)}"
-    )
-    parser.add_argument("--endpoint-ms", type=int, default=500)
-    parser.add_argument("--clients", type=int, default=1, help="real-time clients at once")
-    parser.add_argument("--trace", action="store_true", help="print every segment's trace")
-    parser.add_argument("--json", type=Path, default=None, help="write every row here")
-    args = parser.parse_args()
-    common.setup_logging()
+def build(name: str, cache_dir: Path, duration_s: float) -> Track:
+    """The track ``name`` (``continuous``, ``continuous-recorded``, ...), cut after
+    ``duration_s`` (the whole ``continuous`` track is about 83 s), 2 s of silence after."""
+    kind = name.removeprefix("continuous").removeprefix("-") or "continuous"
+    if kind == "recorded":
+        track = build_track(kind, recorded_turns())
+    else:
+        clips = _turns(cache_dir, seed=1)
+        track = build_track(kind, clips, *((10.0, "brown") if kind == "noisy" else ()))
+    cut = int(duration_s * SAMPLE_RATE)
+    if cut >= track.pcm.size:
+        return track
+    tail = 2 * SAMPLE_RATE
+    pcm = np.concatenate([track.pcm[:cut], np.zeros(tail, np.int16)])
+    return Track(kind, pcm, np.concatenate([track.speech[:cut], np.zeros(tail, bool)]))
 
-    clips = _turns(args.cache_dir / "speech", seed=1)
-    builders = {
-        "continuous": lambda: build_track("continuous", clips),
-        "recorded": lambda: build_track("recorded", recorded_turns()),
-        "noisy": lambda: build_track("noisy", clips, args.snr_db, args.noise),
-        "paused": lambda: build_track("paused", clips),
-    }
-    tracks = [builders[name]() for name in args.tracks.split(",")]
-    configs = {name: CONFIGS[name] for name in args.configs.split(",")}
-    for track in tracks:
-        logger.info("%s: %.1f s of audio", track.name, track.pcm.size / SAMPLE_RATE)
-    rows: dict[tuple[str, str], list[dict]] = {}
-    started = time.time()
-    for round_index in range(args.rounds):
-        for config, extra in configs.items():
-            log = Path("bench/out") / f"continuous-{config}-{round_index}.log"
-            server = common.started_server(
-                args, log, endpoint_ms=args.endpoint_ms, extra_args=extra
+
+def run(url: str, track: Track, clients: int, rounds: int, endpoint_ms: int) -> dict[str, Any]:
+    """``clients`` at once, ``rounds`` times: the summary by segment kind and every row."""
+    each = [rotated(track, i, clients) for i in range(clients)]
+    rows = []
+    for round_index in range(rounds):
+        results = asyncio.run(_stream_many(url, each, stagger_s=0.37))
+        for result, client_track in zip(results, each, strict=True):
+            rows += segment_figures(result, client_track, endpoint_ms)
+        logger.info("%s, %d clients, round %d: %d segments", track.name, clients,
+                    round_index + 1, len(rows))  # fmt: skip
+    return {"summary": summarize(rows), "rows": rows}
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| audio | clients | segments | n | TTFT p50 / p95 / p99 ms | final p50 / p95 / p99 ms "
+        "| capped |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def ms(p: dict[str, float | None]) -> str:
+        return " / ".join("-" if v is None else f"{v:.0f}" for v in p.values())
+
+    for clients, step in results["steps"].items():
+        for kind, s in step["summary"].items():
+            lines.append(
+                f"| {results['audio']} | {clients} | {kind} | {s['n']} | {ms(s['ttft_ms'])} "
+                f"| {ms(s['final_ms'])} | {s['capped']} |"
             )
-            with server:
-                for track in tracks:
-                    each = [rotated(track, i, args.clients) for i in range(args.clients)]
-                    results = asyncio.run(_stream_many(server.url, each, stagger_s=0.37))
-                    figures = [
-                        row
-                        for result, client_track in zip(results, each, strict=True)
-                        for row in segment_figures(result, client_track, args.endpoint_ms)
-                    ]
-                    rows.setdefault((config, track.name), []).extend(figures)
-                    logger.info("round %d %s %s: %d segments", round_index, config, track.name,
-                                len(figures))  # fmt: skip
-    elapsed_s = time.time() - started
-    print(f"# continuous-speech bench, {args.model} {args.quantize}, endpoint "
-          f"{args.endpoint_ms} ms, {args.clients} clients, {args.rounds} rounds, "
-          f"{elapsed_s:.0f} s")  # fmt: skip
-    print("| audio | server | segments | n | TTFT p50 / p95 / p99 ms | final p50 / p95 / p99 ms "
-          "| capped |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    table = {}
-    for (config, track_name), chosen in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        summary = summarize(chosen)
-        table[f"{track_name}/{config}"] = summary
-        for kind, s in summary.items():
-
-            def f(key: str, s: dict = s) -> str:
-                value = s[key]
-                return "-" if value is None else f"{value:.0f}"
-
-            print(f"| {track_name} | {config} | {kind} | {s['n']} | {f('ttft_p50')} / "
-                  f"{f('ttft_p95')} / {f('ttft_p99')} | {f('final_p50')} / {f('final_p95')} / "
-                  f"{f('final_p99')} | {s['capped']} |")  # fmt: skip
-    if args.trace:
-        print("\n| audio | server | seg | kind | reason | length s | start lag ms | TTFT ms "
-              "| held | prev final ms | final ms | queue ms | decode ms |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for (config, track_name), chosen in sorted(rows.items()):
-            for r in chosen:
-                prev = r["prev_final_after_first_speech_ms"]
-                print(f"| {track_name} | {config} | {r['segment_id']} | {r['kind']} | "
-                      f"{r['reason']} | {r['length_s']:.2f} | {r['start_lag_ms']:.0f} | "
-                      f"{r['ttft_ms']:.0f} | {'yes' if r['held'] else ''} | "
-                      f"{'-' if prev is None else f'{prev:.0f}'} | {r['final_ms']:.0f} | "
-                      f"{r['queue_ms']:.0f} | {r['decode_ms']:.0f} |")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"summary": table, "rows": {
-            f"{k[1]}/{k[0]}": v for k, v in rows.items()}}, indent=1))  # fmt: skip
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return "\n".join(lines)

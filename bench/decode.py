@@ -1,0 +1,547 @@
+"""Decoding without a server: backends, precisions, batches and hotwords, one ``--parts`` each.
+
+Each part loads the ``--configs`` it needs in this process (``BACKEND-PRECISION``:
+``torch-fp32``, ``torch-int8``, ``onnx-fp32``, ``onnx-int8``, the ONNX int8 weight types
+``onnx-int8-quint8`` and ``onnx-int8-qint8``, ``torch-fp16``/``torch-bf16`` on CUDA) and
+prints a markdown table; timed configurations are interleaved within each repetition so
+that machine noise hits all alike. Speech is espeak-ng's (en and zh, 200 ms gaps).
+
+- ``time``: decode time of 1, 3 and 7 s per configuration, median (max) of ``--reps``;
+- ``agreement``: token agreement of each configuration with the first on ``--segments``
+  segments of 0.3-7 s (languages auto/en/zh, ITN on and off);
+- ``generate``: torch's direct path against ``AutoModel.generate()`` (same tokens?), and
+  each configuration's funasr import, load, warm-up and peak memory, in a child process;
+- ``contention``: 1 and 7 s decodes idle and while two busy processes spin;
+- ``startup``: ``streamer serve`` per configuration to ``/readyz`` 200, memory then and peak;
+- ``batch``: rows of a batch (random groups, and groups of similar length as the worker
+  forms them) whose tokens differ from the same segment decoded alone;
+- ``batch-timing``: one ``decode_batch`` per batch size (``--sizes``) and length;
+- ``features``: the features alone per length, and over a 7 s segment's life (a partial
+  every 0.3 s, then its final) from scratch against the worker's feature cache;
+- ``hotwords``: a final of 3 and 7 s with no hotwords and with ``--phrases`` phrases (the
+  biased beam search, beam ``--beam``), the phrase set's graph built first as a session's
+  is; ``recall`` (real weights only): the share of each LibriVox clip's ``--per-clip``
+  longest words found without and with them as hotwords.
+
+    python -m bench.decode --parts time,agreement,contention,startup   # 4 configurations
+    python -m bench.decode --parts batch,batch-timing --configs onnx-int8,onnx-fp32
+    python -m bench.decode --parts hotwords --configs onnx-int8 --phrases 100
+    python -m bench.decode --parts generate --device cuda --configs torch-fp32,torch-fp16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import common
+from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
+
+LENGTHS_S = (1.0, 3.0, 7.0)
+LANGUAGES = ("auto", "en", "zh")
+LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
+# words for the hotwords' phrases: names and jargon of the kind people boost
+_WORDS = (
+    "kubernetes anthropic claude sensevoice funasr deepgram pipecat livekit grafana "
+    "prometheus terraform ansible postgres redis kafka istio envoy nginx haproxy docker "
+    "pytorch onnx cuda tensor vector embedding transformer decoder encoder latency "
+    "throughput zurich lisbon nairobi osaka toronto quito hanoi bergen tbilisi mombasa"
+).split()
+
+
+def speech_signal(cache_dir: Path, seconds: float = 30) -> np.ndarray:
+    """At least ``seconds`` of espeak speech (en and zh, 200 ms gaps), repeated."""
+    clips = [speak(t, "en", cache_dir=cache_dir / "speech") for t in SENTENCES["en"]]
+    clips += [speak(t, "zh", cache_dir=cache_dir / "speech") for t in SENTENCES["zh"]]
+    gap = np.zeros(SAMPLE_RATE // 5, np.int16)
+    signal = np.concatenate([part for clip in clips for part in (clip, gap)])
+    while signal.size < seconds * SAMPLE_RATE:
+        signal = np.concatenate([signal, signal])
+    return signal
+
+
+def window(speech: np.ndarray, seconds: float, rng: np.random.Generator) -> np.ndarray:
+    """``seconds`` of ``speech`` from a random place."""
+    start = int(rng.integers(0, speech.size - int(seconds * SAMPLE_RATE)))
+    return speech[start : start + int(seconds * SAMPLE_RATE)]
+
+
+def options(config: str, args: argparse.Namespace, **fields: Any) -> Any:
+    """RecognizerOptions for ``BACKEND-PRECISION`` (its int8 weight type aside)."""
+    from streamer.model.options import RecognizerOptions
+    from streamer.testkit.models import RANDOM_MODELS
+
+    backend, _, precision = config.partition("-")
+    return RecognizerOptions(
+        model=args.model, backend=backend, device=args.device, threads=args.threads,
+        quantize="int8" if precision.startswith("int8") else None,
+        dtype=precision if precision in ("fp16", "bf16") else "fp32",
+        hotword_beam=args.beam, hotword_partial_beam=min(2, args.beam),
+        cache_dir=args.cache_dir, random_models=RANDOM_MODELS, **fields,
+    )  # fmt: skip
+
+
+def load(config: str, args: argparse.Namespace) -> Any:
+    """The recognizer of ``config``, warmed up; ``onnx-int8-qint8``/``-quint8`` from an
+    export with that int8 weight type."""
+    from streamer.model.loading import load_recognizer
+
+    precision = config.partition("-")[2]
+    weight_type = {"int8-qint8": "QInt8", "int8-quint8": "QUInt8"}.get(precision)
+    if weight_type is None:
+        return load_recognizer(options(config, args))
+    from streamer.model.files import locate_model
+    from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
+    from streamer.model.onnx_export import cached_export
+
+    opts = options(config, args, warmup=False)
+    source = locate_model(args.model, "ms", args.cache_dir, opts.random_models)
+    export = cached_export(Path(source), args.cache_dir, int8_weight_type=weight_type)
+    recognizer = OnnxRecognizer(opts, model_dir=onnx_model_dir(export, quantized=True))
+    recognizer.warmup()
+    return recognizer
+
+
+def timed_ms(call: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    started = time.perf_counter()
+    call(*args, **kwargs)
+    return (time.perf_counter() - started) * 1000
+
+
+def cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.0f} ({max(values):.0f})"
+
+
+def edit_distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+# -- backends and precisions ------------------------------------------------------------------
+
+
+def part_time(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
+    times: dict[tuple[str, float], list[float]] = {}
+    rng = np.random.default_rng(0)
+    for rep in range(args.reps):
+        for seconds in LENGTHS_S:
+            pcm = window(speech, seconds, rng)
+            for config in recognizers if rep % 2 == 0 else reversed(recognizers):
+                ms = timed_ms(recognizers[config].decode, pcm)
+                times.setdefault((config, seconds), []).append(ms)
+    print(f"\n### Decode time, ms: median (max) of {args.reps} interleaved repetitions\n")
+    print("| configuration | " + " | ".join(f"{s:g} s" for s in LENGTHS_S) + " |")
+    print("|---|" + "---|" * len(LENGTHS_S))
+    for config in recognizers:
+        print(f"| {config} | " + " | ".join(cell(times[(config, s)]) for s in LENGTHS_S) + " |")
+
+
+def part_agreement(
+    args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
+) -> None:
+    rng = np.random.default_rng(1)
+    count = args.segments
+    segments = [window(speech, 0.3 + 6.7 * i / max(1, count - 1), rng) for i in range(count)]
+
+    def tokens(config: str) -> list[tuple[int, ...]]:
+        return [
+            recognizers[config].decode(pcm, language=LANGUAGES[i % 3], use_itn=i % 2 == 0).token_ids
+            for i, pcm in enumerate(segments)
+        ]
+
+    first, *others = recognizers
+    reference = tokens(first)
+    print(f"\n### Agreement with {first} on {count} segments of 0.3-7 s\n")
+    print(f"| configuration | identical token sequences | token error rate vs {first} |")
+    print("|---|---|---|")
+    for config in others:
+        got = tokens(config)
+        same = sum(g == r for g, r in zip(got, reference, strict=True))
+        errors = sum(edit_distance(g, r) for g, r in zip(got, reference, strict=True))
+        total = max(1, sum(len(r) for r in reference))
+        print(f"| {config} | {same}/{count} | {100 * errors / total:.2f} % |")
+
+
+def part_contention(
+    args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
+) -> None:
+    results: dict[tuple[str, str, float], list[float]] = {}
+    for busy in ("idle", "busy"):
+        # two processes that never sleep: as busy as 2 cores get
+        spin = [sys.executable, "-c", "while True: pass"]
+        spinners = [subprocess.Popen(spin) for _ in range(2 if busy == "busy" else 0)]
+        time.sleep(1.0 if spinners else 0)
+        try:
+            for rep in range(args.reps):
+                for seconds in (1.0, 7.0):
+                    pcm = speech[rep * 1000 : rep * 1000 + int(seconds * SAMPLE_RATE)]
+                    for name, recognizer in recognizers.items():
+                        ms = timed_ms(recognizer.decode, pcm)
+                        results.setdefault((busy, name, seconds), []).append(ms)
+        finally:
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
+    print(f"\n### Contention: decode ms, median (max) of {args.reps}, {args.threads} threads\n")
+    print("| configuration | idle 1 s | idle 7 s | busy 1 s | busy 7 s |")
+    print("|---|---|---|---|---|")
+    for name in recognizers:
+        cells = [cell(results[(b, name, s)]) for b in ("idle", "busy") for s in (1.0, 7.0)]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def generate_child(args: argparse.Namespace, config: str) -> dict[str, Any]:
+    """In a fresh process: funasr's import, the load, the warm-up and the peak memory, and
+    the direct path against ``AutoModel.generate()`` (a torch configuration)."""
+    from streamer.model.funasr_quiet import import_funasr
+    from streamer.model.torch_backend import Recognizer
+
+    import_s = timed_ms(import_funasr) / 1000  # about 5 s, the same for any model
+    recognizer: Any = None
+
+    def build() -> None:
+        nonlocal recognizer
+        recognizer = Recognizer(options(config, args, warmup=False))
+
+    load_s = timed_ms(build) / 1000
+    warmup_s = timed_ms(recognizer.warmup) / 1000
+    speech, rows = speech_signal(args.cache_dir), []
+    for seconds in LENGTHS_S:
+        pcm = speech[: int(seconds * SAMPLE_RATE)]
+        direct, reference, same = [], [], True
+        for _ in range(args.reps):
+            a = recognizer.decode(pcm)
+            direct.append(a.decode_ms)
+            try:
+                b = recognizer.decode_reference(pcm)
+            except Exception as error:  # noqa: BLE001 - generate() cannot run half precision
+                print(f"generate() failed in {config}: {error}", file=sys.stderr)
+                break
+            reference.append(b.decode_ms)
+            same = same and a.token_ids == b.token_ids
+        generate = statistics.median(reference) if reference else None
+        rows.append((seconds, statistics.median(direct), generate, same and bool(reference)))
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"config": config, "import_s": import_s, "load_s": load_s, "warmup_s": warmup_s,
+            "peak_mib": peak_mib, "rows": rows}  # fmt: skip
+
+
+def part_generate(args: argparse.Namespace) -> None:
+    results = []
+    for config in (c for c in args.configs if c.startswith("torch-")):  # generate() is torch's
+        command = [sys.executable, "-m", "bench.decode", *args.argv, "--child", config]
+        done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print("\n| configuration | audio | direct | generate() | generate / direct | same tokens |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        for seconds, direct, generate, same in r["rows"]:
+            versus = (
+                "failed | n/a"
+                if generate is None
+                else f"{generate:.1f} ms | {generate / direct:.2f}"
+            )
+            print(f"| {r['config']} | {seconds:g} s | {direct:.1f} ms | {versus} | "
+                  f"{'yes' if same else 'NO'} |")  # fmt: skip
+    print("\n| configuration | import funasr | load | warm-up | peak RSS |\n|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['config']} | {r['import_s']:.1f} s | {r['load_s']:.1f} s | "
+              f"{r['warmup_s']:.1f} s | {r['peak_mib'] / 1024:.2f} GiB |")  # fmt: skip
+
+
+def part_startup(args: argparse.Namespace) -> None:
+    rows = []
+    for rep in range(args.reps):
+        for config in args.configs if rep % 2 == 0 else reversed(args.configs):
+            backend, _, precision = config.partition("-")
+            extra = ("--backend", backend, "--threads", str(args.threads))
+            server = common.ServerOptions(
+                model=args.model, quantize="int8" if precision == "int8" else None,
+                extra_args=(*extra, "--cache-dir", str(args.cache_dir)), ready_poll_s=0.05,
+            )  # fmt: skip
+            with common.ManagedServer(server, args.out / f"server-{config}.log") as started:
+                assert started.pid is not None and started.load_s is not None
+                rss, peak = (_status_mib(started.pid, f) for f in ("VmRSS", "VmHWM"))
+            rows.append((config, started.load_s, rss, peak))
+    print("\n### Start-up: `streamer serve` to /readyz 200 (model and export cached)\n")
+    print("| configuration | start to ready, s | resident when ready, MiB | peak, MiB |")
+    print("|---|---|---|---|")
+    for config in args.configs:
+        mine = [r for r in rows if r[0] == config]
+        ready = ", ".join(f"{r[1]:.1f}" for r in mine)
+        rss = statistics.median(r[2] for r in mine)
+        print(f"| {config} | {ready} | {rss:.0f} | {max(r[3] for r in mine):.0f} |")
+
+
+def _status_mib(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# -- batches and features -------------------------------------------------------------------
+
+
+def part_batch(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
+    rng = np.random.default_rng(args.seed)
+    segs = []
+    for _ in range(args.segments):
+        samples = int(rng.uniform(0.1, 7.0) * SAMPLE_RATE)
+        start = int(rng.integers(0, speech.size - samples))
+        segs.append(speech[start : start + samples])
+    for config, recognizer in recognizers.items():
+        alone = [recognizer.decode(s).token_ids for s in segs]
+        orders = {
+            "random": rng.permutation(len(segs)),
+            "by length": np.argsort([s.size for s in segs]),
+        }
+        for name, indices in orders.items():
+            differ = tokens = token_diff = 0
+            for start in range(0, len(indices), args.max_batch):
+                group = [int(i) for i in indices[start : start + args.max_batch]]
+                n = len(group)
+                batch = recognizer.decode_batch(
+                    [segs[i] for i in group], languages=["auto"] * n, use_itns=[True] * n
+                )
+                for i, transcript in zip(group, batch, strict=True):
+                    ref, got = alone[i], transcript.token_ids
+                    differ += got != ref
+                    tokens += len(ref)
+                    token_diff += sum(a != b for a, b in zip(got, ref, strict=False))
+                    token_diff += abs(len(ref) - len(got))
+            print(f"{config} {name}: {differ}/{len(segs)} rows differ from batch 1, "
+                  f"{token_diff}/{tokens} tokens", flush=True)  # fmt: skip
+
+
+def part_batch_timing(
+    args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
+) -> None:
+    for config, recognizer in recognizers.items():
+        times: dict[tuple[int, float], list[float]] = {}
+        for repeat in range(args.reps):
+            for seconds in args.lengths:
+                n = int(seconds * SAMPLE_RATE)
+                for size in args.sizes:
+                    pcms = [speech[(k * 7919 + repeat * 131) % (speech.size - n) :][:n]
+                            for k in range(size)]  # fmt: skip
+                    ms = timed_ms(
+                        recognizer.decode_batch, pcms, languages=["auto"] * size,
+                        use_itns=[True] * size,
+                    )  # fmt: skip
+                    times.setdefault((size, seconds), []).append(ms)
+        print(f"| {config} | batch | " + " | ".join(f"{s:g} s" for s in args.lengths) + " |")
+        for size in args.sizes:
+            medians = [statistics.median(times[(size, s)]) for s in args.lengths]
+            cells = [f"{ms:.0f} ({ms / size:.0f}/seg)" for ms in medians]
+            print(f"| {config} | {size} | " + " | ".join(cells) + " |", flush=True)
+
+
+def part_features(
+    args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
+) -> None:
+    from streamer.core.jobs import DecodeJob
+    from streamer.model.decoding import as_waveform
+    from streamer.model.features import FeatureCache
+    from streamer.model.frontend import Frontend
+
+    for config, recognizer in recognizers.items():
+        frontend = getattr(recognizer, "frontend", None)
+        if not isinstance(frontend, Frontend):
+            continue
+        for seconds in args.lengths:
+            waveform = as_waveform(speech[: int(seconds * SAMPLE_RATE)])
+            ms = statistics.median(timed_ms(frontend, waveform) for _ in range(4 * args.reps))
+            print(f"{config} features of {seconds:g} s: {ms:.1f} ms", flush=True)
+        step = int(0.3 * SAMPLE_RATE)  # a partial every 0.3 s up to 7 s, then the final
+        ends = list(range(step, 7 * SAMPLE_RATE + 1, step))
+        jobs = [DecodeJob("s", 0, "partial" if n != ends[-1] else "final", speech[:n], 0, n,
+                          "auto", True) for n in ends]  # fmt: skip
+        totals: dict[str, list[float]] = {"scratch": [], "cache": []}
+        last: dict[str, list[float]] = {"scratch": [], "cache": []}
+        for _ in range(args.reps):
+            for way in totals:
+                cache = FeatureCache(frontend)
+                spent = []
+                for job in jobs:
+                    waveform = as_waveform(job.pcm)
+                    if way == "cache":
+                        spent.append(timed_ms(cache.features, job, waveform))
+                    else:
+                        spent.append(timed_ms(frontend, waveform))
+                totals[way].append(sum(spent))
+                last[way].append(spent[-2])  # the last partial, at 6.9 s
+        total = {way: statistics.median(v) for way, v in totals.items()}
+        tail = {way: statistics.median(v) for way, v in last.items()}
+        print(
+            f"{config} one 7 s segment, {len(jobs)} jobs (partials every 0.3 s, final): "
+            f"features {total['scratch']:.1f} ms from scratch, {total['cache']:.1f} ms cached; "
+            f"last partial {tail['scratch']:.2f} against {tail['cache']:.2f} ms",
+            flush=True,
+        )
+
+
+# -- hotwords -------------------------------------------------------------------------------
+
+
+def phrases(count: int, boost: float, seed: int = 0) -> tuple[Any, ...]:
+    """``count`` distinct phrases of one to three words from :data:`_WORDS`."""
+    from streamer.core.hotwords import Hotword
+
+    rng = np.random.default_rng(seed)
+    found: dict[str, Any] = {}
+    while len(found) < count:
+        text = " ".join(rng.choice(_WORDS, size=int(rng.integers(1, 4)), replace=False))
+        found[text] = Hotword(text, boost)
+    return tuple(found.values())
+
+
+def final_ms(
+    recognizer: Any, pcm: np.ndarray, words: tuple[Any, ...], segment: int
+) -> tuple[float, str]:
+    """A final's decode (a new segment each time: no feature-cache reuse) and its text."""
+    from streamer.core.jobs import DecodeJob
+
+    job = DecodeJob("bench", segment, "final", pcm, 0, pcm.size, "auto", True, hotwords=words)
+    started = time.perf_counter()
+    (transcript,) = recognizer.decode_jobs([job])
+    return (time.perf_counter() - started) * 1000, transcript.text
+
+
+def part_hotwords(
+    args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
+) -> None:
+    words = phrases(args.phrases, args.boost)
+    print(f"\n{len(words)} phrases, boost {args.boost}, beam {args.beam}, {args.reps} rounds")
+    print(
+        "| configuration | audio | no hotwords (ms) | with hotwords (ms) | ratio | text changed |"
+    )
+    print("|---|---|---|---|---|---|")
+    segment = 0
+    for config, recognizer in recognizers.items():
+        for seconds in (3.0, 7.0):
+            pcm = speech[: int(seconds * SAMPLE_RATE)]
+            for warm in ((), words):  # the graph is built here, once, as per session
+                segment += 1
+                final_ms(recognizer, pcm, warm, segment)
+            times: dict[bool, list[float]] = {False: [], True: []}
+            texts: dict[bool, str] = {}
+            for _ in range(args.reps):
+                for biased in (False, True):
+                    segment += 1
+                    ms, texts[biased] = final_ms(recognizer, pcm, words if biased else (), segment)
+                    times[biased].append(ms)
+            a, b = statistics.median(times[False]), statistics.median(times[True])
+            changed = "yes" if texts[True] != texts[False] else "no"
+            print(f"| {config} | {seconds:.0f} s | {a:.0f} | {b:.0f} | {b / a:.2f}x | {changed} |")
+
+
+def part_recall(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
+    from streamer.core.hotwords import Hotword
+
+    lines = (LIBRIVOX / "transcription").read_text().splitlines()
+    for config, recognizer in recognizers.items():
+        found, total = {False: 0, True: 0}, 0
+        for segment, line in enumerate(lines):
+            match = re.match(r"(.*)\((\S+)\)\s*$", line)
+            path = LIBRIVOX / f"{match.group(2)}.wav" if match else None
+            if match is None or path is None or not path.exists():
+                continue
+            with wave.open(str(path)) as w:
+                pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+            text = match.group(1).strip().lower()
+            targets = sorted(set(text.split()), key=len, reverse=True)[: args.per_clip]
+            words = tuple(Hotword(t, args.boost) for t in targets)
+            total += len(targets)
+            for biased in (False, True):
+                _, out = final_ms(recognizer, pcm, words if biased else (), 2 * segment + biased)
+                heard = set(re.findall(r"[a-z']+", out.lower()))
+                found[biased] += sum(t in heard for t in targets)
+        print(f"{config}: {total} hotwords in {len(lines)} clips: found without {found[False]} "
+              f"({found[False] / max(total, 1):.0%}), with {found[True]} "
+              f"({found[True] / max(total, 1):.0%})")  # fmt: skip
+
+
+PARTS: dict[str, Callable[[argparse.Namespace, dict[str, Any], np.ndarray], None]] = {
+    "time": part_time, "agreement": part_agreement, "contention": part_contention,
+    "batch": part_batch, "batch-timing": part_batch_timing, "features": part_features,
+    "hotwords": part_hotwords, "recall": part_recall,
+}  # fmt: skip
+OWN_PROCESSES = {"generate": part_generate, "startup": part_startup}  # no recognizer here
+
+
+def main(argv: list[str] | None = None) -> int:
+    from streamer.core.hotwords import DEFAULT_BOOST
+
+    parser = common.parser(__doc__)
+    common.add_output_args(parser, out="bench/out/decode")
+    parser.add_argument(
+        "--parts", default="time,agreement", help=", ".join([*PARTS, *OWN_PROCESSES])
+    )
+    parser.add_argument("--configs", default="torch-fp32,torch-int8,onnx-fp32,onnx-int8",
+                        help="comma list of BACKEND-PRECISION[-WEIGHTTYPE]")  # fmt: skip
+    parser.add_argument("--model", default="random:small")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    parser.add_argument("--threads", type=int, default=2, help="0 = one per core (max 8)")
+    parser.add_argument("--reps", type=int, default=7, help="repetitions of each timing")
+    parser.add_argument("--segments", type=int, default=24, help="for agreement and batch")
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--sizes", type=common.int_list, default=[1, 2, 4, 8], help="batch sizes")
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=list(LENGTHS_S),
+        help="seconds, for batch-timing and features",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--phrases", type=int, default=100)
+    parser.add_argument("--boost", type=float, default=DEFAULT_BOOST)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--per-clip", type=int, default=3, help="recall: hotwords per clip")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # generate: one config's process
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.configs = args.configs.split(",")
+    if args.child:
+        print(json.dumps(generate_child(args, args.child)))
+        return 0
+    parts = args.parts.split(",")
+    unknown = set(parts) - set(PARTS) - set(OWN_PROCESSES)
+    if unknown:
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    common.setup_logging()
+    print(json.dumps({"model": args.model, "threads": args.threads, "cpu": common.cpu_name()}))
+    if args.model.startswith("random:"):  # built here, not inside a timed part
+        from streamer.testkit.models import ensure_random_model
+
+        ensure_random_model(args.model.partition(":")[2], args.cache_dir)
+    speech = speech_signal(args.cache_dir)
+    recognizers = {c: load(c, args) for c in args.configs} if set(parts) & set(PARTS) else {}
+    for part in parts:
+        if part in OWN_PROCESSES:
+            OWN_PROCESSES[part](args)
+        else:
+            PARTS[part](args, recognizers, speech)
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""A smoke run of each bench that no other test module runs whole: io_load, first_start,
+stress and gpu_report, each for seconds on the tiny random model (``bench.latency``,
+``bench.decode`` and ``bench.files`` have modules of their own)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import benches
+
+SMOKED = {  # bench -> the test module that runs it
+    "decode": "test_bench_decode.py",
+    "files": "test_bench_files.py",
+    "first_start": "test_bench_smoke.py",
+    "gpu_report": "test_bench_smoke.py",
+    "io_load": "test_bench_smoke.py",
+    "latency": "test_bench_latency.py",
+    "stress": "test_bench_smoke.py",
+}
+
+
+def test_every_listed_bench_is_smoked() -> None:
+    assert set(benches()) == set(SMOKED)
+    here = Path(__file__).parent
+    for name, module in SMOKED.items():
+        source = (here / module).read_text()
+        assert f"bench.{name}" in source or f"bench import {name}" in source, (name, module)
+
+
+def test_io_load_serves_its_test_double_to_real_time_streams(tmp_path: Path) -> None:
+    from bench import io_load
+
+    argv = ["--streams", "2", "--duration-s", "2", "--generators", "1", "--out", str(tmp_path)]
+    assert io_load.main(argv) == 0
+    (step,) = json.loads((tmp_path / "io_load.json").read_text())["steps"]
+    assert step["streams"] == 2 and step["error_count"] == 0
+    assert step["messages"] > 0 and step["loop_cpu_s"] > 0
+    assert step["healthz_probes"] > 0
+
+
+def test_first_start_watches_a_start_with_nothing_to_export(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    from bench import first_start
+    from streamer.model.onnx_export import cached_export
+
+    # a sherpa-onnx layout (int8 graph and tokens), as the plain install serves
+    export = cached_export(tiny_model_dir, cache_dir)
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("model.int8.onnx", "tokens.txt"):
+        shutil.copy(export / name, model / name)
+    repo = str(Path(__file__).resolve().parents[1])
+    argv = ["--code", repo, "--model", str(model), "--threads", "1",
+            "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir)]  # fmt: skip
+    assert first_start.main(argv) == 0
+    (start,) = json.loads((tmp_path / "out" / "results.json").read_text())["starts"]
+    assert start["ready_s"] > 0 and start["server_peak_mib"] > 0
+    assert start["healthz_samples"] >= 1 and start["healthz_max_ms"] is not None
+    assert "--port 0" in start["command"]
+
+
+def test_stress_runs_an_attack_and_writes_its_table(
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import stress
+
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(cache_dir))
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# results\n\n<!-- stress:begin -->\nold\n<!-- stress:end -->\n")
+    argv = ["--attacks", "http", "--minutes", "0.05", "--admission-minutes", "0.05",
+            "--threads", "1", "--log", str(tmp_path / "server.log"),
+            "--results", str(results)]  # fmt: skip
+    assert stress.main(argv) == 0
+    text = results.read_text()
+    assert "| malformed and non-GET HTTP requests |" in text and "PASS" in text
+    assert "old" not in text
+
+
+def test_gpu_report_merges_latency_runs(tmp_path: Path) -> None:
+    from bench import gpu_report
+
+    step = {"clients": 4, "summary": {"first_token_s": {"p50": 0.45}, "final_s":
+            {"p50": 0.3, "p95": 0.6}, "decode_ms": {"p50": 80.0}},
+            "send_lag_s": {"p95": 0.002}, "errors": []}  # fmt: skip
+    for name in ("batch1", "batch32"):
+        run = tmp_path / name
+        run.mkdir()
+        results = {"variants": [{"name": "fp32", "steps": [step], "carried_clients": 4}]}
+        (run / "results.json").write_text(json.dumps(results))
+    out = tmp_path / "report"
+    assert (
+        gpu_report.main(["--out", str(out), str(tmp_path / "batch1"), str(tmp_path / "batch32")])
+        == 0
+    )
+    sweep = (out / "sweep.md").read_text()
+    assert "batch1" in sweep and "batch32" in sweep and "600" in sweep
+    assert (out / "vs_clients_all.png").stat().st_size > 0
