@@ -199,8 +199,7 @@ async def transcribe_file(
         for task in (feeder, writer, stopped):
             task.cancel()
         decoder.stop()
-        pump.stop()
-        adapter.release()
+        pump.stop()  # releases the adapter
     transcript.duration_s = session.audio_ms / 1000
     return transcript
 
