@@ -28,7 +28,7 @@ from streamer.core.containers import PCM
 from streamer.errors import FileRefused, ProtocolError, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
 from streamer.server.compat import now_iso
-from streamer.server.file_routes import ApiError, FileApi, FileRoutes, spool
+from streamer.server.file_routes import ApiError, FileApi, FileRoutes, Upload, spool
 from streamer.server.http_exchange import HttpExchange, HttpRequest
 from streamer.server.remote_fetch import fetch_url
 from streamer.server.uploads import media_chunks, raw_chunks, transcribe_file
@@ -73,14 +73,15 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         )
     except ProtocolError as error:
         raise _invalid(error.message) from None
-    job = routes.admit(DEEPGRAM_FILES, request)  # before a byte of the body is read
+    upload = routes.admit(DEEPGRAM_FILES, exchange)  # before a byte of the body is read
     source: IO[bytes] | None = None
     try:
         content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if content_type == "application/json":
-            source = await _fetched(routes, exchange)
+            source = await _fetched(routes, upload)
         else:
-            source = await spool(exchange, routes.options.max_upload_bytes)
+            source = await spool(upload, routes.options.max_upload_bytes)
+        job = upload.start()  # the body is here: now a transcription slot
         digest = await asyncio.to_thread(_sha256, source)
         listen = options.listen
         stream = replace(listen.stream, words=True)
@@ -122,7 +123,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         headers = {"dg-request-id": request_id, **routes.cors_headers(request)}
         await exchange.respond(http.HTTPStatus.OK, "application/json", orjson.dumps(body), headers)
     finally:
-        routes.release(job)
+        upload.close()
         if source is not None:
             source.close()
 
@@ -142,8 +143,8 @@ def _raw(
     return lambda: raw_chunks(source, options.encoding, options.channels)
 
 
-async def _fetched(routes: FileRoutes, exchange: HttpExchange) -> IO[bytes]:
-    body = await spool(exchange, MAX_URL_BODY_BYTES)
+async def _fetched(routes: FileRoutes, upload: Upload) -> IO[bytes]:
+    body = await spool(upload, MAX_URL_BODY_BYTES, flag=False)
     try:
         url = orjson.loads(body.read()).get("url")
     except (orjson.JSONDecodeError, AttributeError):
