@@ -333,6 +333,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "a request cannot make the server reach what only it can reach) [%(default)s]",
     )
     _flag(
+        f,
+        "--allow-url-fetch-private",
+        server.files.allow_url_fetch_private,
+        _bool,
+        action=argparse.BooleanOptionalAction,
+        help="with --allow-url-fetch, fetch from loopback, link-local and private "
+        "addresses too (off: only public addresses, so a request cannot reach this "
+        "host's or its network's own services) [%(default)s]",
+    )
+    _flag(
         g,
         "--max-batch",
         None,

@@ -30,7 +30,7 @@ from streamer.server.admission import RETRY_AFTER_S
 from streamer.server.compat import now_iso
 from streamer.server.file_routes import ApiError, FileApi, FileRoutes, Upload, spool
 from streamer.server.http_exchange import HttpExchange, HttpRequest
-from streamer.server.remote_fetch import fetch_url
+from streamer.server.remote_fetch import FetchLimits, fetch_url
 from streamer.server.uploads import media_chunks, raw_chunks, transcribe_file
 
 logger = logging.getLogger(__name__)
@@ -160,7 +160,14 @@ async def _fetched(routes: FileRoutes, upload: Upload) -> IO[bytes]:
             "this server does not fetch audio from URLs (the operator can allow it with "
             "--allow-url-fetch); send the audio as the request body",
         )
-    return await fetch_url(url, routes.options.max_upload_bytes, routes.options.read_timeout_s)
+    options = routes.options
+    limits = FetchLimits(
+        max_bytes=options.max_upload_bytes,
+        read_timeout_s=options.read_timeout_s,
+        deadline_s=options.upload_deadline_s,
+        allow_private=options.allow_url_fetch_private,
+    )
+    return await fetch_url(url, limits)
 
 
 def _sha256(source: IO[bytes]) -> str:

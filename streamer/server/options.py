@@ -84,6 +84,7 @@ class FileOptions:
     max_upload_bytes: int = 100 << 20  # a larger upload is refused with 413
     max_duration_s: float = 4 * 3600.0  # longer audio is refused with 400
     allow_url_fetch: bool = False  # Deepgram's {"url": ...} bodies (off: no SSRF)
+    allow_url_fetch_private: bool = False  # ... from loopback, link-local, private addresses
     read_timeout_s: float = 30.0  # each piece of an upload within this
     # bodies received at once (a transcription slot is taken once one is complete); one
     # client (address) may hold at most half of them; more are refused with 429
