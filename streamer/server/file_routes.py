@@ -241,7 +241,8 @@ class FileRoutes:
                 http.HTTPStatus.SERVICE_UNAVAILABLE, code, message, retry_after_s=RETRY_AFTER_S
             )
 
-    def _start_job(self, api: FileApi) -> FileJob:
+    def start_job(self, api: FileApi) -> FileJob:
+        """A transcription slot (:meth:`Upload.start` asks for it; raises :class:`ApiError`)."""
         self._check_state()  # the server may have begun draining while the body came
         try:
             job = self.jobs.add(api.name)
@@ -255,7 +256,8 @@ class FileRoutes:
         self.admission.metrics.file_jobs_active.labels(api.name).inc()
         return job
 
-    def _release_job(self, job: FileJob) -> None:
+    def release_job(self, job: FileJob) -> None:
+        """The slot of :meth:`start_job`, once the file's request is answered."""
         self.jobs.remove(job)
         self.admission.metrics.file_jobs_active.labels(job.name).dec()
 
@@ -313,13 +315,13 @@ class Upload:
         :class:`ApiError` 429 when ``--max-file-jobs`` files are being transcribed, 503
         when the server began draining meanwhile)."""
         self._stop_receiving()
-        self.job = self.routes._start_job(self.api)
+        self.job = self.routes.start_job(self.api)
         return self.job
 
     def close(self) -> None:
         self._stop_receiving()
         if self.job is not None:
-            self.routes._release_job(self.job)
+            self.routes.release_job(self.job)
             self.job = None
 
     def _stop_receiving(self) -> None:
