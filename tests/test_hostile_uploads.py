@@ -135,6 +135,10 @@ def test_dripping_uploads_leave_an_honest_upload_served(make_fake_server, no_tra
     try:
         eventually_sync(lambda: server.server.files.receiving.total == 4)
         assert not server.server.files.jobs.active  # receiving holds no transcription slot
+        metrics = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout_s(10))
+        metrics.request("GET", "/metrics")
+        assert b"streamer_file_uploads_receiving 4.0" in metrics.getresponse().read()
+        metrics.close()
         for answer in post_both(server.port, wav_of(bursts(2))):
             assert answer[0] == 200, answer
         # under the minimum rate, each is cut once the grace is over, with 408

@@ -201,6 +201,7 @@ class FileRoutes:
         self._check(api, request)
         try:
             self.receiving.add(request.peer)
+            self.admission.metrics.file_uploads_receiving.set(self.receiving.total)
         except FileRefused as error:
             raise ApiError(
                 http.HTTPStatus.TOO_MANY_REQUESTS,
@@ -327,7 +328,9 @@ class Upload:
     def _stop_receiving(self) -> None:
         if self._receiving:
             self._receiving = False
-            self.routes.receiving.remove(self.peer)
+            receiving = self.routes.receiving
+            receiving.remove(self.peer)
+            self.routes.admission.metrics.file_uploads_receiving.set(receiving.total)
 
 
 def new_spool() -> IO[bytes]:
