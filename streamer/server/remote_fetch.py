@@ -156,13 +156,7 @@ async def _fetch_one(url: _Url, limits: FetchLimits, target: IO[bytes]) -> str |
                 f"{url.host} resolves to {', '.join(refused)}",
             )
     logger.info("fetching the audio of a request from %s", url.host[:100])
-    tls = ssl.create_default_context() if url.scheme == "https" else None
-    try:
-        reader, writer = await asyncio.open_connection(
-            addresses[0], url.port, ssl=tls, server_hostname=url.host if tls else None
-        )
-    except (OSError, ssl.SSLError) as error:
-        raise FetchRefused("the audio at the URL could not be fetched", repr(error)) from None
+    reader, writer = await _connect(url, addresses)
     try:
         return await _exchange(url, limits, reader, writer, target)
     except (OSError, ssl.SSLError, h11.ProtocolError) as error:
@@ -171,6 +165,22 @@ async def _fetch_one(url: _Url, limits: FetchLimits, target: IO[bytes]) -> str |
         writer.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+
+async def _connect(
+    url: _Url, addresses: list[str]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the first of ``addresses`` (all checked) that answers."""
+    tls = ssl.create_default_context() if url.scheme == "https" else None
+    failures = []
+    for address in dict.fromkeys(addresses):  # in order, once each
+        try:
+            return await asyncio.open_connection(
+                address, url.port, ssl=tls, server_hostname=url.host if tls else None
+            )
+        except (OSError, ssl.SSLError) as error:
+            failures.append(f"{address}: {error!r}")
+    raise FetchRefused("the audio at the URL could not be fetched", "; ".join(failures))
 
 
 async def _exchange(
