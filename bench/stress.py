@@ -2,6 +2,7 @@
 
     python -m bench.stress                          # scaled run, writes bench/RESULTS-stress.md
     python -m bench.stress --clients 8 --minutes 15 --model random:small --quantize int8
+    python -m bench.stress soak --minutes 20        # the mixed soak (bench/stress_soak.py)
 
 Every attack talks to 127.0.0.1 only, and every loop is bounded in count and time. Each
 row of the table says what was expected, what was observed, the verdict, how many finals
@@ -853,6 +854,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve_injected()
     if argv[:1] == ["tiny-frames"]:
         return tiny_frames_client(argv[1], float(argv[2]), *map(int, argv[3:4]))
+    if argv[:1] == ["soak"]:  # the mixed soak (issue 32): bench/stress_soak.py
+        from bench.stress_soak import main as soak
+
+        return soak(argv[1:])
     p = argparse.ArgumentParser(
         prog="python -m bench.stress",
         description=__doc__,

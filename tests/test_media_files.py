@@ -7,13 +7,16 @@ import io
 import tempfile
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 import soxr
 
 from streamer.errors import AudioTooLong, UndecodableAudio
+from streamer.media import files as files_module
 from streamer.media.files import CHUNK_SAMPLES, FileInfo, iter_pcm, probe_file
 from tests.audio_files import KINDS, tone, write_audio
+from tests.hostile import wav_header
 
 RATE = 16000
 
@@ -223,9 +226,17 @@ def test_truncated_files_are_undecodable(files):
     assert len(next(chunks)) == 2 * CHUNK_SAMPLES
     with pytest.raises(UndecodableAudio, match=r"ends at 1.\d+ s, before the 3.008 s"):
         list(chunks)
-    # FFmpeg takes a WAV's length from the file when its header promises more
+    # FFmpeg takes a WAV's length from the file when its header promises more: the
+    # header's data size is read to refuse it (issue 32), before anything is decoded
     wav = files["wav"].read_bytes()
-    assert decode(io.BytesIO(wav[: len(wav) // 2])).size / RATE == pytest.approx(1.5, abs=0.01)
+    with pytest.raises(UndecodableAudio, match="WAV file is truncated"):
+        probe_file(io.BytesIO(wav[: len(wav) // 2]))
+    with pytest.raises(UndecodableAudio, match="WAV file is truncated"):
+        next(iter_pcm(io.BytesIO(wav[: len(wav) // 2]), max_duration_s=None))
+    # a stream's WAV, its sizes left at 0xFFFFFFFF, is taken as long as it is
+    size_at = wav.index(b"data") + 4
+    streamed = wav[:size_at] + b"\xff\xff\xff\xff" + wav[size_at + 4 : len(wav) // 2]
+    assert decode(io.BytesIO(streamed)).size / RATE == pytest.approx(1.5, abs=0.01)
 
 
 @pytest.mark.parametrize("kind", ["flac", "ogg-opus", "mp3", "m4a", "webm"])
@@ -260,3 +271,35 @@ def test_a_duration_guessed_from_the_bit_rate_refuses_nothing_before_decoding(fi
     assert len(next(chunks)) == 2 * CHUNK_SAMPLES  # not refused by its header
     with pytest.raises(AudioTooLong, match="longer than the limit of 2 s"):
         list(chunks)
+
+
+@pytest.mark.parametrize(
+    ("rate", "bits", "channels", "message"),
+    [
+        (1, 16, 1, "sample rate of 1 Hz"),  # 2048 samples would resample to 32.8 M
+        (7999, 16, 1, "sample rate of 7999 Hz"),
+        (500_000, 16, 1, "sample rate of 500000 Hz"),
+        (16000, 0, 1, "0 bits per sample"),
+        (16000, 16, 0, "no audio channels"),
+    ],
+)
+def test_implausible_formats_are_refused_before_decoding(rate, bits, channels, message):
+    data = wav_header(sample_rate=rate, bits=bits, channels=channels, data_bytes=28000)
+    data += bytes(28000)
+    with pytest.raises(UndecodableAudio, match=message):
+        probe_file(io.BytesIO(data))
+    with pytest.raises(UndecodableAudio, match=message):
+        next(iter_pcm(io.BytesIO(data), max_duration_s=None))
+
+
+def test_a_large_frame_is_resampled_in_bounded_pieces(monkeypatch):
+    """However many samples FFmpeg puts in one frame, no piece of output is much more
+    than twice :data:`RESAMPLE_PIECE_SAMPLES` (8 kHz, the lowest rate taken, to 16 kHz)."""
+    samples = (np.sin(np.arange(8000 * 30) / 5) * 8000).astype(np.int16).reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+    frame.sample_rate = 8000
+    monkeypatch.setattr(files_module, "_frames", lambda container, stream: iter([frame]))
+    pieces = [piece.size for piece in files_module._mono_16k(None, None)]
+    # (soxr gives what it held back from the piece before with a piece's output)
+    assert max(pieces) <= 2 * files_module.RESAMPLE_PIECE_SAMPLES + 1000
+    assert sum(pieces) == pytest.approx(16000 * 30, abs=2)

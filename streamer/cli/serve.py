@@ -300,12 +300,47 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         f,
+        "--max-uploads-receiving",
+        server.files.max_uploads_receiving,
+        _within(int, 1),
+        help="upload bodies received at once (a file takes its --max-file-jobs slot only "
+        "once its body is complete); one client address may send at most half of them; "
+        "more are refused with 429 [%(default)s]",
+    )
+    _flag(
+        f,
+        "--upload-min-bytes-per-s",
+        server.files.upload_min_bytes_per_s,
+        _within(int, 0),
+        help="an upload that comes slower than this on average (after its first 10 s) is "
+        "cut with 408; 0: no minimum [%(default)s]",
+    )
+    _flag(
+        f,
+        "--upload-deadline-s",
+        server.files.upload_deadline_s,
+        _within(float, 1),
+        help="an upload body (or a --allow-url-fetch fetch) not complete within this is "
+        "cut with 408 [%(default)s]",
+    )
+    _flag(
+        f,
         "--allow-url-fetch",
         server.files.allow_url_fetch,
         _bool,
         action=argparse.BooleanOptionalAction,
         help='let Deepgram\'s {"url": ...} bodies make the server fetch that URL (off: '
         "a request cannot make the server reach what only it can reach) [%(default)s]",
+    )
+    _flag(
+        f,
+        "--allow-url-fetch-private",
+        server.files.allow_url_fetch_private,
+        _bool,
+        action=argparse.BooleanOptionalAction,
+        help="with --allow-url-fetch, fetch from loopback, link-local and private "
+        "addresses too (off: only public addresses, so a request cannot reach this "
+        "host's or its network's own services) [%(default)s]",
     )
     _flag(
         g,

@@ -78,6 +78,10 @@ def server_options_from(args: argparse.Namespace) -> Any:
             max_upload_bytes=round(args.max_upload_mb * (1 << 20)),
             max_duration_s=args.max_file_duration_s,
             allow_url_fetch=args.allow_url_fetch,
+            allow_url_fetch_private=args.allow_url_fetch_private,
+            max_uploads_receiving=args.max_uploads_receiving,
+            upload_min_bytes_per_s=args.upload_min_bytes_per_s,
+            upload_deadline_s=args.upload_deadline_s,
         ),
     )
 

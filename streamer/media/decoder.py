@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import av
 import av.error
@@ -38,6 +39,11 @@ STEP_TIMEOUT_S = 5.0  # one push may wait this long for the decoder thread
 IDLE_TIMEOUT_S = 600.0  # a thread left waiting this long for bytes treats it as the end
 MAX_GAP_S = 0.05  # audio missing between two decoded frames: a corrupt stream
 PROBE_BYTES = 32  # what FFmpeg may read to find the stream's parameters (its minimum)
+# sample rates a stream or file may declare: below, one frame resampled to 16 kHz is
+# thousands of times its size (2048 samples at 1 Hz are 32.8 M at 16 kHz); above, no
+# audio interface records
+MIN_SAMPLE_RATE_HZ = 8000
+MAX_SAMPLE_RATE_HZ = 384000
 
 
 class ContainerDecoder:
@@ -206,6 +212,7 @@ class ContainerDecoder:
             if not container.streams.audio:
                 raise UndecodableAudio(f"the {self.container} stream has no audio track")
             stream = container.streams.audio[0]
+            check_format(stream, f"{self.container} stream", complete=False)
             with self._cond:
                 self._header_done = True
                 self._read_at_last_sample = self._read_total
@@ -213,9 +220,37 @@ class ContainerDecoder:
             expected_s: float | None = None  # where the next frame should start
             for packet in container.demux(stream):
                 for frame in packet.decode():
+                    check_rate(frame.sample_rate, f"{self.container} stream")
                     expected_s = check_gap(frame, expected_s, f"{self.container} stream")
                     yield from _pcm(resampler.resample(frame))
             yield from _pcm(resampler.resample(None))
+
+
+def check_format(stream: Any, what: str, *, complete: bool = True) -> None:
+    """Refuse, before a sample is decoded, an audio stream whose header declares what no
+    recording is: no codec (a WAV of 0 bits per sample), a rate outside
+    :data:`MIN_SAMPLE_RATE_HZ`..:data:`MAX_SAMPLE_RATE_HZ`, no channels. Raises
+    :class:`UndecodableAudio`; ``what`` names the input ("file", "wav stream"). A live
+    stream's header may not give the rate and channels yet (``complete=False``: only
+    what it gives is checked; :func:`check_rate` checks each frame)."""
+    codec = stream.codec_context
+    if codec is None or not codec.name:
+        raise UndecodableAudio(
+            f"the {what}'s audio format is invalid (no codec for it: 0 bits per sample?)"
+        )
+    if codec.sample_rate or complete:
+        check_rate(codec.sample_rate or 0, what)
+    if complete and not codec.channels:
+        raise UndecodableAudio(f"the {what} declares no audio channels")
+
+
+def check_rate(rate: int, what: str) -> None:
+    """Raises :class:`UndecodableAudio` for a sample rate no recording has."""
+    if not MIN_SAMPLE_RATE_HZ <= rate <= MAX_SAMPLE_RATE_HZ:
+        raise UndecodableAudio(
+            f"the {what}'s sample rate of {rate} Hz is outside the "
+            f"{MIN_SAMPLE_RATE_HZ}-{MAX_SAMPLE_RATE_HZ} Hz this server decodes"
+        )
 
 
 def check_gap(frame: av.AudioFrame, expected_s: float | None, what: str) -> float | None:

@@ -33,7 +33,7 @@ import soxr
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import AudioTooLong, UndecodableAudio
-from streamer.media.decoder import check_gap
+from streamer.media.decoder import check_format, check_gap, check_rate
 
 __all__ = [
     "AUDIO_DEMUXERS",
@@ -66,6 +66,10 @@ BITRATE_DURATION_DEMUXERS = frozenset({"mp3", "aac"})
 SHORTFALL_S = 0.25  # decoded audio this much shorter than the header says: a bad file
 SHORTFALL_RATIO = 0.02  # ... or this share of it, whichever is more
 CHUNK_SAMPLES = SAMPLE_RATE  # one second of output per chunk unless asked otherwise
+WAV_HEADER_SCAN_BYTES = 64 * 1024  # a WAV's data chunk is looked for this far in
+# a frame is resampled this many input samples at a time, so one piece's output is at
+# most 2x it (8 kHz, the lowest rate check_format lets in, to 16 kHz) whatever the frame
+RESAMPLE_PIECE_SAMPLES = 8192
 INT16_SCALE = 32768.0
 # what one sample of each FFmpeg sample format is worth at full scale (u8 is offset)
 _FULL_SCALE = {"s16": 32768.0, "s32": 2147483648.0, "u8": 128.0, "flt": 1.0, "dbl": 1.0}
@@ -99,6 +103,7 @@ def probe_file(source: Source) -> FileInfo:
     containers of :data:`AUDIO_DEMUXERS`, is truncated before its first audio, or has
     no audio track.
     """
+    _check_wav_length(source)
     with _open(source) as container:
         return _info(container, _audio_stream(container))
 
@@ -121,6 +126,7 @@ def iter_pcm(
     if chunk_samples <= 0:
         raise ValueError(f"chunk_samples must be positive, got {chunk_samples}")
     limit_samples = None if max_duration_s is None else int(max_duration_s * SAMPLE_RATE)
+    _check_wav_length(source)
     with _open(source) as container:
         stream = _audio_stream(container)
         info = _info(container, stream)
@@ -159,6 +165,40 @@ def iter_pcm(
 # -- opening --------------------------------------------------------------------------
 
 
+def _check_wav_length(source: Source) -> None:
+    """A RIFF WAV whose ``data`` chunk declares more bytes than the file holds is
+    truncated: FFmpeg clamps the chunk to the file's size (its duration then agrees
+    with what is there), so the declared size is read here. A size of 0 or 0xFFFFFFFF
+    is a stream's WAV (written before its length was known) and is taken as it is."""
+    if hasattr(source, "read"):
+        handle: Any = source
+        handle.seek(0)
+        head = handle.read(WAV_HEADER_SCAN_BYTES)
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(0)
+    else:
+        with open(source, "rb") as handle:
+            head = handle.read(WAV_HEADER_SCAN_BYTES)
+            size = handle.seek(0, os.SEEK_END)
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return
+    offset = 12
+    while offset + 8 <= len(head):
+        chunk, length = (
+            head[offset : offset + 4],
+            int.from_bytes(head[offset + 4 : offset + 8], "little"),
+        )
+        offset += 8
+        if chunk == b"data":
+            if length not in (0, 0xFFFFFFFF) and offset + length > size:
+                raise UndecodableAudio(
+                    f"the WAV file is truncated: its header declares {length} bytes of "
+                    f"audio, the file holds {max(0, size - offset)}"
+                )
+            return
+        offset += length + (length & 1)  # chunks are padded to an even size
+
+
 def _open(source: Source) -> Any:
     """``source`` opened by one of :data:`AUDIO_DEMUXERS`; the error names no file."""
     if hasattr(source, "read"):
@@ -190,7 +230,9 @@ def _reason(error: Exception) -> str:
 def _audio_stream(container: Any) -> Any:
     if not container.streams.audio:
         raise UndecodableAudio("the file has no audio track")
-    return container.streams.audio[0]
+    stream = container.streams.audio[0]
+    check_format(stream, "file")
+    return stream
 
 
 def _info(container: Any, stream: Any) -> FileInfo:
@@ -234,6 +276,7 @@ def _mono_16k(container: Any, stream: Any) -> Iterator[np.ndarray]:
         else:
             expected_s = check_gap(frame, expected_s, "file")
         rate = frame.sample_rate
+        check_rate(rate, "file")  # a chained Ogg stream's rate is its own
         if resampler is not None and resampler.in_rate != rate:
             yield resampler.flush()  # a chained Ogg stream at another rate
             resampler = None
@@ -245,7 +288,9 @@ def _mono_16k(container: Any, stream: Any) -> Iterator[np.ndarray]:
         else:
             if resampler is None:
                 resampler = _Resampler(rate)
-            yield resampler.push(_mono_float(frame))
+            mono = _mono_float(frame)
+            for start in range(0, mono.size, RESAMPLE_PIECE_SAMPLES):
+                yield resampler.push(mono[start : start + RESAMPLE_PIECE_SAMPLES])
     if resampler is not None:
         yield resampler.flush()
 

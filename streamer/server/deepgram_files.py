@@ -28,9 +28,9 @@ from streamer.core.containers import PCM
 from streamer.errors import FileRefused, ProtocolError, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
 from streamer.server.compat import now_iso
-from streamer.server.file_routes import ApiError, FileApi, FileRoutes, spool
+from streamer.server.file_routes import ApiError, FileApi, FileRoutes, Upload, spool
 from streamer.server.http_exchange import HttpExchange, HttpRequest
-from streamer.server.remote_fetch import fetch_url
+from streamer.server.remote_fetch import FetchLimits, fetch_url
 from streamer.server.uploads import media_chunks, raw_chunks, transcribe_file
 
 logger = logging.getLogger(__name__)
@@ -73,14 +73,15 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         )
     except ProtocolError as error:
         raise _invalid(error.message) from None
-    job = routes.admit(DEEPGRAM_FILES, request)  # before a byte of the body is read
+    upload = routes.admit(DEEPGRAM_FILES, exchange)  # before a byte of the body is read
     source: IO[bytes] | None = None
     try:
         content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if content_type == "application/json":
-            source = await _fetched(routes, exchange)
+            source = await _fetched(routes, upload)
         else:
-            source = await spool(exchange, routes.options.max_upload_bytes)
+            source = await spool(upload, routes.options.max_upload_bytes)
+        job = upload.start()  # the body is here: now a transcription slot
         digest = await asyncio.to_thread(_sha256, source)
         listen = options.listen
         stream = replace(listen.stream, words=True)
@@ -122,7 +123,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         headers = {"dg-request-id": request_id, **routes.cors_headers(request)}
         await exchange.respond(http.HTTPStatus.OK, "application/json", orjson.dumps(body), headers)
     finally:
-        routes.release(job)
+        upload.close()
         if source is not None:
             source.close()
 
@@ -142,8 +143,8 @@ def _raw(
     return lambda: raw_chunks(source, options.encoding, options.channels)
 
 
-async def _fetched(routes: FileRoutes, exchange: HttpExchange) -> IO[bytes]:
-    body = await spool(exchange, MAX_URL_BODY_BYTES)
+async def _fetched(routes: FileRoutes, upload: Upload) -> IO[bytes]:
+    body = await spool(upload, MAX_URL_BODY_BYTES, flag=False)
     try:
         url = orjson.loads(body.read()).get("url")
     except (orjson.JSONDecodeError, AttributeError):
@@ -159,7 +160,14 @@ async def _fetched(routes: FileRoutes, exchange: HttpExchange) -> IO[bytes]:
             "this server does not fetch audio from URLs (the operator can allow it with "
             "--allow-url-fetch); send the audio as the request body",
         )
-    return await fetch_url(url, routes.options.max_upload_bytes, routes.options.read_timeout_s)
+    options = routes.options
+    limits = FetchLimits(
+        max_bytes=options.max_upload_bytes,
+        read_timeout_s=options.read_timeout_s,
+        deadline_s=options.upload_deadline_s,
+        allow_private=options.allow_url_fetch_private,
+    )
+    return await fetch_url(url, limits)
 
 
 def _sha256(source: IO[bytes]) -> str:

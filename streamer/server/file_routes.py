@@ -4,12 +4,16 @@
 and path, checks the key and the server's state the way the WebSocket endpoints do, and
 hands the request to its API (:mod:`streamer.server.openai_files`,
 :mod:`streamer.server.deepgram_files`). What both APIs share lives here: the options
-(:class:`FileOptions`), admission of a file (:meth:`FileRoutes.admit`), spooling a body
-to a temporary file with its size limit (:func:`spool`), CORS.
+(:class:`FileOptions`), admission of a file (:meth:`FileRoutes.admit`: a slot for
+receiving its body, at most half of them per client; :meth:`Upload.start`: the
+transcription slot, once the body is complete, so uploads that drip never hold one),
+the body's bounds (:meth:`Upload.read`: a minimum average rate and a total deadline),
+spooling a body to a temporary file with its size limit (:func:`spool`), CORS.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http
 import logging
 import tempfile
@@ -30,13 +34,14 @@ from streamer.server.http_exchange import (
 )
 from streamer.server.options import FileOptions
 from streamer.server.routes import check_request_line
-from streamer.server.uploads import FileJob, FileJobs
+from streamer.server.uploads import FileJob, FileJobs, Receiving
 
 logger = logging.getLogger(__name__)
 
 SPOOL_MEMORY_BYTES = 8 << 20  # an upload is kept in memory up to this, then on disk
 BODY_METHODS = ("POST",)
 MULTIPART_OVERHEAD_BYTES = 1 << 20  # an upload's form fields beside its file
+UPLOAD_RATE_GRACE_S = 10.0  # the minimum upload rate is an average over this at least
 
 
 class ApiError(Exception):
@@ -94,6 +99,9 @@ class FileRoutes:
         self.admission = admission
         self.options = options
         self.jobs = FileJobs(options.max_jobs)
+        self.receiving = Receiving(
+            options.max_uploads_receiving, options.max_uploads_receiving_per_client
+        )
         self.apis = {api.path: api for api in apis}
         self.refused = dict(refused or {})  # path -> (status, message): known, not served
         self.exchanges: set[HttpExchange] = set()
@@ -184,9 +192,26 @@ class FileRoutes:
             return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
         return {}
 
-    def admit(self, api: FileApi, request: HttpRequest) -> FileJob:
-        """A slot for the request's file, once its key, origin and the server allow it
-        (raises :class:`ApiError`)."""
+    def admit(self, api: FileApi, exchange: HttpExchange) -> Upload:
+        """The request's upload, once its key, origin and the server allow it: a slot for
+        receiving its body (raises :class:`ApiError`). Its transcription slot is taken
+        by :meth:`Upload.start` once the body is complete."""
+        request = exchange.request
+        assert request is not None
+        self._check(api, request)
+        try:
+            self.receiving.add(request.peer)
+            self.admission.metrics.file_uploads_receiving.set(self.receiving.total)
+        except FileRefused as error:
+            raise ApiError(
+                http.HTTPStatus.TOO_MANY_REQUESTS,
+                error.code,
+                f"{error}; retry shortly",
+                retry_after_s=RETRY_AFTER_S,
+            ) from None
+        return Upload(self, api, exchange)
+
+    def _check(self, api: FileApi, request: HttpRequest) -> None:
         options = self.admission.options
         if options.token is not None and not token_matches(
             api.presented_token(request), options.token
@@ -199,6 +224,15 @@ class FileRoutes:
             raise ApiError(
                 http.HTTPStatus.FORBIDDEN, "origin_not_allowed", "this origin is not allowed"
             )
+        self._check_state()
+        if self.options.max_jobs == 0:
+            raise ApiError(
+                http.HTTPStatus.FORBIDDEN,
+                "files_disabled",
+                "this server takes no file uploads (--max-file-jobs 0); stream the audio",
+            )
+
+    def _check_state(self) -> None:
         refusal = self.admission.refusal()
         # a file is background work: a full or saturated server still takes it (its
         # jobs wait behind every live one); the server's own state refuses it
@@ -207,12 +241,10 @@ class FileRoutes:
             raise ApiError(
                 http.HTTPStatus.SERVICE_UNAVAILABLE, code, message, retry_after_s=RETRY_AFTER_S
             )
-        if self.options.max_jobs == 0:
-            raise ApiError(
-                http.HTTPStatus.FORBIDDEN,
-                "files_disabled",
-                "this server takes no file uploads (--max-file-jobs 0); stream the audio",
-            )
+
+    def start_job(self, api: FileApi) -> FileJob:
+        """A transcription slot (:meth:`Upload.start` asks for it; raises :class:`ApiError`)."""
+        self._check_state()  # the server may have begun draining while the body came
         try:
             job = self.jobs.add(api.name)
         except FileRefused as error:
@@ -225,10 +257,80 @@ class FileRoutes:
         self.admission.metrics.file_jobs_active.labels(api.name).inc()
         return job
 
-    def release(self, job: FileJob) -> None:
-        """The file's slot, once its request is answered."""
+    def release_job(self, job: FileJob) -> None:
+        """The slot of :meth:`start_job`, once the file's request is answered."""
         self.jobs.remove(job)
         self.admission.metrics.file_jobs_active.labels(job.name).dec()
+
+
+class Upload:
+    """One admitted upload: its body read against its bounds (:meth:`read`), then its
+    transcription slot (:meth:`start`); :meth:`close` frees whichever it holds (call it
+    in a ``finally``)."""
+
+    def __init__(self, routes: FileRoutes, api: FileApi, exchange: HttpExchange) -> None:
+        self.routes = routes
+        self.api = api
+        self.exchange = exchange
+        request = exchange.request
+        assert request is not None
+        self.peer = request.peer
+        self.received_bytes = 0
+        self.job: FileJob | None = None
+        self._receiving = True
+        self._loop = asyncio.get_running_loop()
+        self._started_s = self._loop.time()
+
+    async def read(self) -> bytes:
+        """The body's next piece (b"" at its end); raises :class:`ApiError` (408) when
+        the body comes slower than ``--upload-min-bytes-per-s`` on average (past the
+        first :data:`UPLOAD_RATE_GRACE_S`) or is not complete within
+        ``--upload-deadline-s``, 413 past the exchange's limit."""
+        options = self.routes.options
+        deadline_s = self._started_s + options.upload_deadline_s
+        due_s = deadline_s
+        if options.upload_min_bytes_per_s:
+            # when the average rate would fall below the minimum if nothing more came
+            needed_s = (self.received_bytes + 1) / options.upload_min_bytes_per_s
+            due_s = min(deadline_s, self._started_s + max(UPLOAD_RATE_GRACE_S, needed_s))
+        try:
+            async with asyncio.timeout_at(due_s):
+                data = await read(self.exchange, options.max_upload_bytes)
+        except TimeoutError:
+            if due_s >= deadline_s:
+                message = (
+                    f"the upload was not complete within {options.upload_deadline_s:g} s "
+                    "(--upload-deadline-s)"
+                )
+            else:
+                message = (
+                    "the upload came too slowly: this server needs at least "
+                    f"{options.upload_min_bytes_per_s} bytes/s (--upload-min-bytes-per-s)"
+                )
+            raise ApiError(http.HTTPStatus.REQUEST_TIMEOUT, "upload_too_slow", message) from None
+        self.received_bytes += len(data)
+        return data
+
+    def start(self) -> FileJob:
+        """The body is here: its receiving slot for a transcription slot (raises
+        :class:`ApiError` 429 when ``--max-file-jobs`` files are being transcribed, 503
+        when the server began draining meanwhile)."""
+        self._stop_receiving()
+        self.job = self.routes.start_job(self.api)
+        return self.job
+
+    def close(self) -> None:
+        self._stop_receiving()
+        if self.job is not None:
+            self.routes.release_job(self.job)
+            self.job = None
+
+    def _stop_receiving(self) -> None:
+        if self._receiving:
+            self._receiving = False
+            receiving = self.routes.receiving
+            receiving.remove(self.peer)
+            self.routes.admission.metrics.file_uploads_receiving.set(receiving.total)
 
 
 def new_spool() -> IO[bytes]:
@@ -236,15 +338,16 @@ def new_spool() -> IO[bytes]:
     return tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115
 
 
-async def spool(exchange: HttpExchange, limit_bytes: int) -> IO[bytes]:
-    """The whole body in a spool (raises :class:`ApiError` 413 past ``limit_bytes``)."""
+async def spool(upload: Upload, limit_bytes: int, *, flag: bool = True) -> IO[bytes]:
+    """The whole body in a spool (raises :class:`ApiError` 413 past ``limit_bytes``,
+    the ``--max-upload-mb`` limit when ``flag``)."""
     target = new_spool()
     size = 0
     try:
-        while data := await read(exchange):
+        while data := await upload.read():
             size += len(data)
             if size > limit_bytes:
-                raise too_large(limit_bytes)
+                raise too_large(limit_bytes, flag=flag)
             target.write(data)
     except BaseException:
         target.close()
@@ -253,20 +356,26 @@ async def spool(exchange: HttpExchange, limit_bytes: int) -> IO[bytes]:
     return target
 
 
-async def read(exchange: HttpExchange) -> bytes:
+async def read(exchange: HttpExchange, limit_bytes: int) -> bytes:
     """The body's next piece (b"" at its end); a body that cannot be read is an
-    :class:`ApiError` in the API's shape."""
+    :class:`ApiError` in the API's shape (413 names ``--max-upload-mb``, whose value
+    is ``limit_bytes``)."""
     try:
         return await exchange.read()
     except BodyError as error:
-        code = "file_too_large" if error.status == 413 else "bad_request"
-        raise ApiError(error.status, code, error.message) from None
+        if error.status == http.HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
+            raise too_large(limit_bytes) from None
+        raise ApiError(error.status, "bad_request", error.message) from None
 
 
-def too_large(limit_bytes: int) -> ApiError:
+def too_large(limit_bytes: int, *, flag: bool = True) -> ApiError:
+    """413 for a body over ``limit_bytes``: the operator's ``--max-upload-mb`` (said
+    with its value, which is what a proxy's body limit must allow), or a fixed limit."""
+    megabytes = f"{limit_bytes / (1 << 20):g}"
+    limit = f"--max-upload-mb {megabytes}" if flag else f"{limit_bytes} bytes"
     return ApiError(
         http.HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
         "file_too_large",
-        f"the file is larger than the server's limit of {limit_bytes / (1 << 20):g} MB",
+        f"the upload is larger than this server's limit ({limit})",
         param="file",
     )

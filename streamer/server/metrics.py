@@ -96,6 +96,11 @@ class Metrics:
         self.file_jobs_active = Gauge(
             "streamer_file_jobs_active", "Uploaded files being transcribed", ["api"], registry=r
         )
+        self.file_uploads_receiving = Gauge(
+            "streamer_file_uploads_receiving",
+            "Upload bodies being received (no transcription slot held yet)",
+            registry=r,
+        )
         self.files_total = Counter(
             "streamer_files", "Uploaded files answered", ["api", "outcome"], registry=r
         )

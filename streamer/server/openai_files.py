@@ -25,7 +25,14 @@ from streamer.core.compat import common, openai_negotiation, transcripts
 from streamer.core.protocol import Final, StreamOptions
 from streamer.errors import FileRefused, InvalidHotwords, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
-from streamer.server.file_routes import ApiError, FileApi, FileRoutes, new_spool, read, too_large
+from streamer.server.file_routes import (
+    ApiError,
+    FileApi,
+    FileRoutes,
+    Upload,
+    new_spool,
+    too_large,
+)
 from streamer.server.http_exchange import HttpExchange, HttpRequest
 from streamer.server.uploads import FileJob, media_chunks, transcribe_file
 
@@ -36,7 +43,9 @@ TRANSLATIONS_PATH = "/v1/audio/translations"
 RESPONSE_FORMATS = transcripts.RESPONSE_FORMATS
 GRANULARITIES = transcripts.GRANULARITIES
 MAX_FIELD_BYTES = 64 * 1024  # a form field other than the file
-MAX_PARTS = 64
+MAX_PARTS = 64  # parts of a form; more is a 400
+MAX_PART_HEADERS = 16  # headers of one part; more is a 400
+MAX_PART_HEADER_BYTES = 8192  # one part's headers together
 SSE_KEEPALIVE_S = 15.0  # a comment line while no event is due
 TRANSLATION_REFUSAL = (
     "SenseVoice transcribes speech in its own language and does not translate; "
@@ -77,8 +86,10 @@ def _invalid(message: str, param: str | None, code: str = "invalid_value") -> Ap
     return ApiError(http.HTTPStatus.BAD_REQUEST, code, message, param=param)
 
 
-async def read_form(exchange: HttpExchange, request: HttpRequest, limit_bytes: int) -> Form:
-    """The multipart form, its file spooled (raises :class:`ApiError`)."""
+async def read_form(upload: Upload, request: HttpRequest, limit_bytes: int) -> Form:
+    """The multipart form, its file spooled (raises :class:`ApiError`). The ``file``
+    part is the audio with or without a filename (``curl -F file=<audio.wav`` sends
+    none)."""
     content_type = request.headers.get("Content-Type") or ""
     kind, params = multipart.parse_options_header(content_type)
     boundary = params.get("boundary")
@@ -94,15 +105,18 @@ async def read_form(exchange: HttpExchange, request: HttpRequest, limit_bytes: i
     buffer = bytearray()
     try:
         parser = multipart.PushMultipartParser(
-            boundary, max_segment_count=MAX_PARTS, max_header_size=8192, max_header_count=16
+            boundary,
+            max_segment_count=MAX_PARTS,
+            max_header_size=MAX_PART_HEADER_BYTES,
+            max_header_count=MAX_PART_HEADERS,
         )
         while True:
-            data = await read(exchange)
+            data = await upload.read()
             for event in parser.parse(data):
                 if isinstance(event, multipart.MultipartSegment):
                     part = event
                     buffer.clear()
-                    if part.name == "file" and part.filename is not None:
+                    if part.name == "file":
                         form.close()
                         form.file = new_spool()
                         form.file_bytes = 0
@@ -120,15 +134,21 @@ async def read_form(exchange: HttpExchange, request: HttpRequest, limit_bytes: i
                     else:
                         buffer += event
                         if len(buffer) > MAX_FIELD_BYTES:
-                            raise _invalid(f"the form field {part.name!r} is too long", part.name)
+                            raise _invalid(
+                                f"the form field {printable(part.name)} is longer than "
+                                f"{MAX_FIELD_BYTES} bytes",
+                                printable(part.name, quoted=False),
+                            )
             if not data:
                 break
         if not parser.closed:
             raise _invalid("the multipart body ended early", None, "invalid_request")
-    except multipart.ParserError as error:
+    except multipart.MultipartError as error:  # malformed, or past one of our limits
         form.close()
         raise _invalid(
-            f"the multipart body is malformed ({error})"[:200], None, "invalid_request"
+            f"the multipart body is malformed or too large ({_multipart_reason(error)})",
+            None,
+            "invalid_request",
         ) from None
     except BaseException:
         form.close()
@@ -140,6 +160,20 @@ async def read_form(exchange: HttpExchange, request: HttpRequest, limit_bytes: i
         raise _invalid("the uploaded file is empty", "file")
     form.file.seek(0)
     return form
+
+
+def printable(text: str, *, quoted: bool = True, limit: int = 40) -> str:
+    """A client's name (a form field's) as it may be echoed: printable ASCII, anything
+    else escaped, at most ``limit`` characters; quoted unless ``quoted`` is false."""
+    escaped = text[:limit].encode("ascii", "backslashreplace").decode("ascii")
+    escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped)
+    return f"'{escaped}'" if quoted else escaped
+
+
+def _multipart_reason(error: Exception) -> str:
+    """The parser's own words (a fixed sentence), never the bytes it choked on."""
+    reason = error.args[0] if error.args and isinstance(error.args[0], str) else ""
+    return printable(reason, quoted=False, limit=80) or type(error).__name__
 
 
 def parse_request(form: Form, defaults: StreamOptions) -> Request:
@@ -188,10 +222,10 @@ def _error_shape(error: ApiError) -> dict[str, object]:
 async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
     request = exchange.request
     assert request is not None
-    job = routes.admit(OPENAI_FILES, request)  # before a byte of the body is read
+    upload = routes.admit(OPENAI_FILES, exchange)  # before a byte of the body is read
     form: Form | None = None
     try:
-        form = await read_form(exchange, request, routes.options.max_upload_bytes)
+        form = await read_form(upload, request, routes.options.max_upload_bytes)
         asked = parse_request(form, routes.admission.options.default_stream)
         stream = replace(
             routes.admission.options.default_stream,
@@ -200,6 +234,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
             words="word" in asked.granularities or routes.admission.options.default_stream.words,
         )
         cors = routes.cors_headers(request)
+        job = upload.start()  # the body is here: now a transcription slot
         logger.info(
             "transcribing an upload from %s (%d bytes, %s%s)",
             request.peer,
@@ -230,7 +265,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         )
         await exchange.respond(http.HTTPStatus.OK, content_type, body, cors)
     finally:
-        routes.release(job)
+        upload.close()
         if form is not None:
             form.close()
 

@@ -80,17 +80,33 @@ class ConnectionLimits:
 class FileOptions:
     """The file APIs' limits (``--max-file-jobs``, ``--max-upload-mb``, ...)."""
 
-    max_jobs: int = 4  # files transcribed at once; more are refused with 429
+    max_jobs: int = 4  # files transcribed at once, once received; more are refused with 429
     max_upload_bytes: int = 100 << 20  # a larger upload is refused with 413
     max_duration_s: float = 4 * 3600.0  # longer audio is refused with 400
     allow_url_fetch: bool = False  # Deepgram's {"url": ...} bodies (off: no SSRF)
+    allow_url_fetch_private: bool = False  # ... from loopback, link-local, private addresses
     read_timeout_s: float = 30.0  # each piece of an upload within this
+    # bodies received at once (a transcription slot is taken once one is complete); one
+    # client (address) may hold at most half of them; more are refused with 429
+    max_uploads_receiving: int = 16
+    upload_min_bytes_per_s: int = 4096  # slower on average (after 10 s) is cut with 408
+    upload_deadline_s: float = 900.0  # a body (or a fetch) not complete by then: 408
 
     def __post_init__(self) -> None:
         if self.max_jobs < 0:
             raise ConfigError("max_file_jobs must not be negative (0 turns the file APIs off)")
         if self.max_upload_bytes < 1 or self.max_duration_s <= 0 or self.read_timeout_s <= 0:
             raise ConfigError("max_upload_mb, max_file_duration_s and the timeout must be positive")
+        if self.max_uploads_receiving < 1 or self.upload_deadline_s <= 0:
+            raise ConfigError("max_uploads_receiving and upload_deadline_s must be positive")
+        if self.upload_min_bytes_per_s < 0:
+            raise ConfigError("upload_min_bytes_per_s must not be negative (0: no minimum)")
+
+    @property
+    def max_uploads_receiving_per_client(self) -> int:
+        """Bodies one client address may send at once: half of :attr:`max_uploads_receiving`
+        (at least one), so that one client's stalled uploads never lock out the others."""
+        return max(1, self.max_uploads_receiving // 2)
 
 
 @dataclass(frozen=True)

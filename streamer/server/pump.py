@@ -274,10 +274,13 @@ class SessionPump:
         self.terminated.set()
 
     def stop(self) -> None:
-        """The transport is done: late results have nowhere to go; the worker forgets
-        the session's queued jobs."""
+        """The transport is done, whatever way it ended (``stop``, a close without it, a
+        drop, an error, a timeout): late results have nowhere to go, the worker forgets
+        the session's queued jobs, and the adapter frees what it holds now (a compressed
+        stream's decoder thread would otherwise wait out its idle timeout)."""
         self.gone = True
         self.worker.drop_session(self.session.session_id)
+        self.adapter.release()
 
     def _account(self, message: ServerMessage) -> None:
         metrics = self.metrics

@@ -21,7 +21,7 @@ import secrets
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import IO
+from typing import IO, TypeVar
 
 from streamer.core.compat.audio import AudioDecoder
 from streamer.core.containers import PCM
@@ -39,9 +39,11 @@ RAW_READ_BYTES = 64 * 1024  # raw audio is read from its spool this much at a ti
 CHUNKS_AHEAD = 8  # decoded chunks waiting for the session, at most
 FILE_PENDING_FINALS = 6  # finals a file may have queued at once (room for a batch)
 DECODER_STEP_TIMEOUT_S = 60.0  # one chunk of decoded audio must come within this
+DECODER_STOP_TIMEOUT_S = 5.0  # a stopped decoder thread leaves the file within this
 STOP = '{"type": "stop"}'  # protocol v1's end of stream: the last finals, then end
 
 OnFinal = Callable[[Final], Awaitable[None]]
+T = TypeVar("T")
 
 
 @dataclass
@@ -97,6 +99,38 @@ class FileJobs:
             job.stop(code, message)
 
 
+class Receiving:
+    """The upload bodies being received now: at most ``max_total``, ``max_per_client``
+    from one client address. A body holds no transcription slot (:class:`FileJobs`)
+    until it is complete, so uploads that drip hold only these."""
+
+    def __init__(self, max_total: int, max_per_client: int) -> None:
+        self.max_total = max_total
+        self.max_per_client = max_per_client
+        self.by_client: dict[str, int] = {}
+        self.total = 0
+
+    def add(self, client: str) -> None:
+        """A slot for one more body from ``client`` (raises :class:`FileRefused`)."""
+        if self.total >= self.max_total:
+            raise FileRefused(
+                "too_many_uploads", f"the server is receiving {self.max_total} uploads already"
+            )
+        held = self.by_client.get(client, 0)
+        if held >= self.max_per_client:
+            raise FileRefused("too_many_uploads", f"this client is sending {held} uploads already")
+        self.by_client[client] = held + 1
+        self.total += 1
+
+    def remove(self, client: str) -> None:
+        held = self.by_client.get(client, 0)
+        if held <= 1:
+            self.by_client.pop(client, None)
+        else:
+            self.by_client[client] = held - 1
+        self.total = max(0, self.total - 1)
+
+
 async def media_chunks(
     source: IO[bytes], max_duration_s: float | None
 ) -> tuple[Callable[[], Iterator[bytes]], FileInfo]:
@@ -104,7 +138,7 @@ async def media_chunks(
     the file is, once its header says it is audio within ``max_duration_s`` (raises
     :class:`UndecodableAudio`, :class:`~streamer.errors.AudioTooLong`): what is refused
     is refused before anything is answered."""
-    info = await asyncio.to_thread(probe_file, source)
+    info = await _until_done(asyncio.to_thread(probe_file, source))
     header_s = info.trusted_duration_s
     if max_duration_s is not None and header_s is not None and header_s > max_duration_s:
         raise AudioTooLong(
@@ -198,11 +232,23 @@ async def transcribe_file(
     finally:
         for task in (feeder, writer, stopped):
             task.cancel()
-        decoder.stop()
-        pump.stop()
-        adapter.release()
+        pump.stop()  # releases the adapter
+        # the caller closes the file once we return: the thread must be off it first
+        await decoder.stop()
     transcript.duration_s = session.audio_ms / 1000
     return transcript
+
+
+async def _until_done(work: Awaitable[T]) -> T:
+    """``work`` (a thread's) awaited to its end even when the caller is cancelled
+    meanwhile (the cancellation is raised after it): a thread cannot be interrupted, and
+    the file it reads must not be closed under it."""
+    future = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait({future}, timeout=DECODER_STOP_TIMEOUT_S)
+        raise
 
 
 class _SessionFailed(Exception):
@@ -225,9 +271,15 @@ class _Decoder:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
+        """Stop the thread and wait (at most :data:`DECODER_STOP_TIMEOUT_S`, even when
+        cancelled) until it has left the file, so that the caller may close it: PyAV
+        reading a closed file fails with a traceback."""
         self._stop.set()
         self._room.release()  # wake a producer waiting for room
+        if self._thread.ident is None:
+            return
+        await _until_done(asyncio.to_thread(self._thread.join, DECODER_STOP_TIMEOUT_S))
 
     async def next(self) -> bytes | None:
         try:
@@ -259,6 +311,8 @@ class _Decoder:
         except UndecodableAudio as error:
             self._put(error)
         except Exception as error:  # a decoder bug: logged here, told as undecodable
+            if self._stop.is_set():
+                return  # stopped: nobody waits for what it was doing
             logger.exception("decoding an uploaded file failed")
             self._put(UndecodableAudio(f"the file could not be decoded ({type(error).__name__})"))
         else:

@@ -1,0 +1,484 @@
+"""Mixed soak (issue 32): live PCM, WebM streams and closed tabs, uploads, SSE and hostile
+clients together for N minutes against a ``streamer serve`` it starts; the server's RSS,
+threads and fds at start, middle and end, and every well-behaved client's finals checked.
+
+    python -m bench.stress soak --minutes 20            # the issue's soak
+    python -m bench.stress soak --minutes 4 --out bench/results-incoming/32.md
+
+The well-behaved clients and what each must get, every time, equal to its reference
+(the same audio sent once alone before the soak):
+  * ``--live`` real-time PCM sessions (protocol v1, partials off): the same finals and
+    the end;
+  * one WebM stream, real-time, ended by ``stop``: the same finals and the end;
+  * an upload (Deepgram, WAV) every ``--upload-every-s``: 200 and the same utterances;
+  * an SSE upload (OpenAI, ``stream=true``) every ``--upload-every-s``: the same text in
+    its deltas, ended by ``transcript.text.done``.
+Beside them, hostile clients: a WebM tab that closes without ``stop`` (or drops its
+connection) every ``--tab-close-every-s``, and in turn every ``--hostile-every-s`` a
+dripping upload (cut: 408), a 1 Hz WAV, a WAV of 0 bits per sample, a truncated WAV, a
+form of 70 parts (each 400), and an upload reset mid-transcription.
+
+Every attack talks to 127.0.0.1 only; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.client
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+from websockets.asyncio.client import connect
+
+from bench.common import cpu_name, rss_mb
+from bench.stress import Server, finals_of, long_speech
+
+logger = logging.getLogger("bench.stress.soak")
+
+BOUNDARY = "soak-boundary"
+OPENAI_PATH = "/v1/audio/transcriptions"
+HTTP_TIMEOUT_S = 120.0  # one upload's answer (it waits behind live work)
+SAMPLE_EVERY_S = 5.0
+
+
+@dataclass
+class Tally:
+    """What the clients saw: counts per outcome, and every mismatch described."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+
+    def ok(self, what: str) -> None:
+        self.counts[f"{what} ok"] += 1
+
+    def bad(self, what: str, detail: str) -> None:
+        self.counts[f"{what} FAILED"] += 1
+        self.failures.append(f"{what}: {detail}"[:300])
+
+
+@dataclass(frozen=True)
+class Sample:
+    at_s: float
+    rss_mb: float
+    threads: int
+    fds: int
+
+
+def sample(pid: int, at_s: float) -> Sample:
+    threads = 0
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                threads = int(line.split()[1])
+    try:
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        fds = 0
+    return Sample(at_s, rss_mb(pid), threads, fds)
+
+
+# -- audio ---------------------------------------------------------------------------
+
+
+def wav_bytes(pcm: np.ndarray, *, rate: int = 16000, bits: int = 16, declared: int = 0) -> bytes:
+    data = pcm.astype("<i2").tobytes()
+    block = bits // 8
+    size = declared or len(data)
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * block, block, bits)
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + size)
+        + b"WAVEfmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", size)
+        + data
+    )
+
+
+def webm_bytes(pcm: np.ndarray) -> bytes:
+    """``pcm`` as MediaRecorder's WebM/Opus (ffmpeg)."""
+    with tempfile.TemporaryDirectory() as folder:
+        raw, out = Path(folder) / "in.s16", Path(folder) / "out.webm"
+        raw.write_bytes(pcm.astype("<i2").tobytes())
+        subprocess.run(
+            ["ffmpeg", "-loglevel", "error", "-y", "-f", "s16le", "-ar", "16000", "-ac", "1"]
+            + ["-i", str(raw), "-c:a", "libopus", "-b:a", "32k", "-f", "webm", str(out)],
+            check=True,
+            timeout=120,
+        )
+        return out.read_bytes()
+
+
+def form(audio: bytes, *fields: tuple[str, str]) -> bytes:
+    body = b""
+    for name, value in fields:
+        body += f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode()
+        body += value.encode() + b"\r\n"
+    body += (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        "Content-Type: audio/wav\r\n\r\n"
+    ).encode()
+    return body + audio + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+# -- clients --------------------------------------------------------------------------
+
+
+def post(port: int, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
+    try:
+        connection.request("POST", path, body=body, headers={"Content-Type": content_type})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def deepgram_texts(body: bytes) -> list[str]:
+    return [u["transcript"] for u in orjson.loads(body)["results"]["utterances"]]
+
+
+def sse_text(body: bytes) -> tuple[str, str | None]:
+    """The deltas joined, and the last event's type."""
+    deltas, last = [], None
+    for line in body.decode().splitlines():
+        if line.startswith("data: "):
+            event = orjson.loads(line[6:])
+            last = event.get("type")
+            if last == "transcript.text.delta":
+                deltas.append(event["delta"])
+    return "".join(deltas), last
+
+
+async def webm_session(url: str, webm: bytes, *, slice_s: float, seconds: float) -> list[str]:
+    """A real-time WebM stream ended by ``stop``: its finals' texts."""
+    pieces = _slices(webm, seconds, slice_s)
+    async with connect(f"{url}?encoding=webm&partials=false", max_size=None) as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+        for piece in pieces:
+            await ws.send(piece)
+            await asyncio.sleep(slice_s)
+        await ws.send('{"type": "stop"}')
+        texts = []
+        async with asyncio.timeout(HTTP_TIMEOUT_S):
+            async for frame in ws:
+                message = orjson.loads(frame)
+                if message["type"] == "final" and message["text"]:
+                    texts.append(message["text"])
+                elif message["type"] == "error":
+                    raise RuntimeError(message["code"])
+                elif message["type"] == "end":
+                    return texts
+    raise RuntimeError("no end")
+
+
+async def closed_tab(url: str, webm: bytes, *, abort: bool) -> None:
+    """A tab that streams a second of WebM and closes (or drops) without ``stop``."""
+    ws = await connect(f"{url}?encoding=webm", max_size=None)
+    try:
+        await asyncio.wait_for(ws.recv(), 10)
+        for piece in _slices(webm, 4.0, 0.25)[:4]:
+            await ws.send(piece)
+            await asyncio.sleep(0.25)
+    finally:
+        if abort:
+            ws.transport.abort()
+        else:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.close(), 5)
+
+
+def _slices(data: bytes, seconds: float, slice_s: float) -> list[bytes]:
+    count = max(1, round(seconds / slice_s))
+    step = -(-len(data) // count)
+    return [data[i : i + step] for i in range(0, len(data), step)]
+
+
+def drip(port: int, seconds: float) -> bytes:
+    """An upload declaring 1 MB and sending a byte a second: what it is answered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+        sock.sendall(
+            b"POST /v1/listen HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
+            b"Content-Length: 1048576\r\n\r\n"
+        )
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                answer = sock.recv(4096)
+                return answer
+            except TimeoutError:
+                sock.sendall(b"R")
+    return b""
+
+
+def reset_upload(port: int, body: bytes, after_s: float) -> None:
+    """An upload whose connection is reset ``after_s`` after its body was sent."""
+    head = (
+        f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head + body)
+        time.sleep(after_s)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+# -- the soak --------------------------------------------------------------------------
+
+
+async def soak(args: argparse.Namespace) -> str:
+    cache = Path(os.environ.get("STREAMER_CACHE_DIR", "~/.cache/sensevoice-streamer")).expanduser()
+    speech = long_speech(cache / "speech", args.clip_s / 60)
+    webm = webm_bytes(speech)
+    wav = wav_bytes(speech)
+    server = Server(
+        ["--model", args.model, "--threads", str(args.threads), "--device", "cpu"]
+        + ["--log-level", "info", *args.server_arg],
+        Path(args.log),
+    ).start()
+    tally = Tally()
+    try:
+        server.wait_ready()
+        port, url = server.port, server.url
+        # references: each well-behaved client alone, once
+        live_ref = [f.text for f in (await finals_of(url, speech, ping=False))[0] if f.text]
+        webm_ref = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
+        status, body = await asyncio.to_thread(
+            post, port, "/v1/listen?utterances=true", wav, "audio/wav"
+        )
+        assert status == 200, body[:200]
+        upload_ref = deepgram_texts(body)
+        status, body = await asyncio.to_thread(
+            post, port, "/v1/audio/transcriptions", form(wav, ("response_format", "text")),
+            f"multipart/form-data; boundary={BOUNDARY}",
+        )  # fmt: skip
+        text_ref = body.decode().strip()
+        logger.info(
+            "references: %d live finals, %d WebM finals, %d utterances", len(live_ref),
+            len(webm_ref), len(upload_ref),
+        )  # fmt: skip
+        await asyncio.sleep(5.0)
+        pid = server.process.pid  # type: ignore[union-attr]
+        t0 = time.monotonic()
+        samples = [sample(pid, 0.0)]
+        end = t0 + args.minutes * 60
+
+        def running() -> bool:
+            return time.monotonic() < end
+
+        async def live() -> None:
+            while running():
+                finals, ended, errors = await finals_of(url, speech, ping=True, speed=1.0)
+                texts = [f.text for f in finals if f.text]
+                if texts == live_ref and ended and not errors:
+                    tally.ok("live PCM session")
+                else:
+                    tally.bad("live PCM session", f"{len(texts)}/{len(live_ref)} {ended} {errors}")
+
+        async def webm_stream() -> None:
+            while running():
+                try:
+                    texts = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
+                except Exception as error:  # the tally records it
+                    tally.bad("WebM stream", repr(error))
+                    continue
+                if texts == webm_ref:
+                    tally.ok("WebM stream")
+                else:
+                    tally.bad("WebM stream", f"{len(texts)}/{len(webm_ref)} finals")
+
+        async def tabs() -> None:
+            count = 0
+            while running():
+                count += 1
+                try:
+                    await closed_tab(url, webm, abort=count % 2 == 0)
+                    tally.ok("closed tab")
+                except Exception as error:
+                    tally.bad("closed tab", repr(error))
+                await asyncio.sleep(args.tab_close_every_s)
+
+        async def uploads() -> None:
+            while running():
+                started = time.monotonic()
+                try:
+                    status, body = await asyncio.to_thread(
+                        post, port, "/v1/listen?utterances=true", wav, "audio/wav"
+                    )
+                    if status == 200 and deepgram_texts(body) == upload_ref:
+                        tally.ok("upload")
+                    else:
+                        tally.bad("upload", f"{status} {body[:120]!r}")
+                    status, body = await asyncio.to_thread(
+                        post, port, "/v1/audio/transcriptions", form(wav, ("stream", "true")),
+                        f"multipart/form-data; boundary={BOUNDARY}",
+                    )  # fmt: skip
+                    text, last = sse_text(body)
+                    if status == 200 and last == "transcript.text.done" and _same(text, text_ref):
+                        tally.ok("SSE upload")
+                    else:
+                        tally.bad("SSE upload", f"{status} last={last} {text[:80]!r}")
+                except Exception as error:
+                    tally.bad("upload", repr(error))
+                await asyncio.sleep(max(0.0, started + args.upload_every_s - time.monotonic()))
+
+        hostile_cases = hostile_clients(port, speech, wav)
+
+        async def hostile() -> None:
+            index = 0
+            while running():
+                name, case = hostile_cases[index % len(hostile_cases)]
+                index += 1
+                try:
+                    await asyncio.to_thread(case)
+                    tally.ok(name)
+                except Exception as error:
+                    tally.bad(name, repr(error))
+                await asyncio.sleep(args.hostile_every_s)
+
+        async def sampler() -> None:
+            while running():
+                await asyncio.sleep(SAMPLE_EVERY_S)
+                samples.append(sample(pid, time.monotonic() - t0))
+
+        tasks = [
+            *(live() for _ in range(args.live)),
+            webm_stream(),
+            tabs(),
+            uploads(),
+            hostile(),
+            sampler(),
+        ]
+        await asyncio.gather(*tasks)
+        load_end = sample(pid, time.monotonic() - t0)
+        await asyncio.sleep(args.settle_s)
+        settled = sample(pid, time.monotonic() - t0)
+    finally:
+        exit_s = server.stop()
+    log = Path(args.log).read_text(errors="replace")
+    tally.counts["server log: tracebacks"] = log.count("Traceback (most recent call last)")
+    return report(args, samples, load_end, settled, tally, exit_s)
+
+
+def hostile_clients(
+    port: int, speech: np.ndarray, wav: bytes
+) -> list[tuple[str, Callable[[], None]]]:
+    """The hostile clients, each a blocking call that raises unless it was answered as
+    it must be."""
+    multipart = f"multipart/form-data; boundary={BOUNDARY}"
+
+    def refused(body: bytes, path: str = "/v1/listen", content_type: str = "audio/wav") -> None:
+        status, answer = post(port, path, body, content_type)
+        if status != 400:
+            raise AssertionError(f"{status} {answer[:120]!r}")
+
+    def dripping() -> None:
+        answer = drip(port, 30.0)
+        if not answer.startswith(b"HTTP/1.1 408"):
+            raise AssertionError(repr(answer[:120]))
+
+    parts = [(f"f{i}", "x") for i in range(70)]
+    return [
+        ("dripping upload", dripping),
+        ("1 Hz WAV", lambda: refused(wav_bytes(speech[:28000], rate=1))),
+        ("0-bit WAV", lambda: refused(wav_bytes(speech[:8000], bits=0))),
+        ("truncated WAV", lambda: refused(wav_bytes(speech[:16000], declared=320000))),
+        ("70-part form", lambda: refused(form(wav, *parts), OPENAI_PATH, multipart)),
+        ("reset upload", lambda: reset_upload(port, form(wav), 0.5)),
+    ]
+
+
+def _same(a: str, b: str) -> bool:
+    return a.split() == b.split()
+
+
+def report(
+    args: argparse.Namespace,
+    samples: list[Sample],
+    load_end: Sample,
+    settled: Sample,
+    tally: Tally,
+    exit_s: float | None,
+) -> str:
+    middle = min(samples, key=lambda s: abs(s.at_s - args.minutes * 30))
+    start = samples[0]
+    rows = [("start", start), ("middle", middle), ("end of the load", load_end)]
+    rows.append((f"{args.settle_s:g} s after", settled))
+
+    first = [s for s in samples if s.at_s <= middle.at_s]
+    second = [s for s in samples if s.at_s > middle.at_s] + [load_end]
+
+    def peaks(name: str, unit: str = "") -> str:
+        high = [max(getattr(s, name) for s in half) for half in (first, second)]
+        return f"{high[0]:.0f} / {high[1]:.0f} {unit}".strip()
+
+    def growth(a: float, b: float) -> str:
+        return f"{(b - a) / a * 100:+.1f} %" if a else "-"
+
+    lines = [
+        f"Mixed soak, {args.minutes:g} min, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{cpu_name()}, {os.cpu_count()} CPUs, model {args.model}",
+        "",
+        "| when | at | RSS | threads | fds |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {name} | {s.at_s:.0f} s | {s.rss_mb:.0f} MiB | {s.threads} | {s.fds} |"
+            for name, s in rows
+        ),
+        f"| growth over the last half | | {growth(middle.rss_mb, load_end.rss_mb)} | "
+        f"{growth(middle.threads, load_end.threads)} | {growth(middle.fds, load_end.fds)} |",
+        f"| highest, first half / second half | | {peaks('rss_mb', 'MiB')} | "
+        f"{peaks('threads')} | {peaks('fds')} |",
+        "",
+        "| client | outcomes |",
+        "|---|---|",
+        *(f"| {name} | {count} |" for name, count in sorted(tally.counts.items())),
+        "",
+        f"SIGTERM to exit: {'killed' if exit_s is None else f'{exit_s:.1f} s'}",
+    ]
+    if tally.failures:
+        lines += ["", "Failures:", *(f"- {failure}" for failure in tally.failures[:20])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.stress soak", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--minutes", type=float, default=20.0)
+    p.add_argument("--model", default="random:tiny")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--live", type=int, default=2, help="real-time PCM sessions at once")
+    p.add_argument("--clip-s", type=float, default=20.0, help="each client's audio")
+    p.add_argument("--tab-close-every-s", type=float, default=10.0)
+    p.add_argument("--upload-every-s", type=float, default=20.0)
+    p.add_argument("--hostile-every-s", type=float, default=5.0)
+    p.add_argument("--settle-s", type=float, default=30.0)
+    p.add_argument("--server-arg", action="append", default=[])
+    p.add_argument("--log", default="/tmp/stress-soak-server.log")
+    p.add_argument("--out", help="also write the report to this file")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    text = asyncio.run(soak(args))
+    command = "python -m bench.stress soak " + " ".join(argv)
+    text = f"Command: `{command.strip()}`\n\n{text}"
+    sys.stdout.write(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    return 0 if "FAILED" not in text and "tracebacks | 0 |" in text else 1
