@@ -160,6 +160,9 @@ function handleMessage(message, session) {
         toast(`segment ${message.segment_id} could not be decoded: ${message.error.message}`);
       }
       break;
+    case "warning": // e.g. hotwords the model cannot spell: skipped, the session goes on
+      toast(`${message.code}: ${message.message}`);
+      break;
     case "error":
       // Fatal errors are reported with the close that follows.
       if (!message.fatal && message.code !== "decode_failed") {

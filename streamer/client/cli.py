@@ -30,6 +30,7 @@ from streamer.core.protocol import (
     End,
     Error,
     Final,
+    Notice,
     Partial,
     StreamOptions,
     message_dict,
@@ -235,6 +236,8 @@ class LiveView:
         elif isinstance(message, Error):
             self.line(f"server {'error' if message.fatal else 'warning'}: {message.code}: "
                       f"{message.message}")  # fmt: skip
+        elif isinstance(message, Notice):
+            self.line(f"server warning: {message.code}: {message.message}")
 
     def final_line(self, final: Final) -> str:
         """``00:01.2 [en 😊] Text`` for a final; empty for a final without text or error."""

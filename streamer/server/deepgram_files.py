@@ -118,6 +118,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
             created=now_iso(),
             sha256=digest,
             model=routes.admission.worker.model_name,
+            notices=transcript.notices,
         )
         headers = {"dg-request-id": request_id, **routes.cors_headers(request)}
         await exchange.respond(http.HTTPStatus.OK, "application/json", orjson.dumps(body), headers)

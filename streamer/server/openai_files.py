@@ -23,7 +23,7 @@ import multipart
 from streamer.core import hotwords
 from streamer.core.compat import common, openai_negotiation, transcripts
 from streamer.core.protocol import Final, StreamOptions
-from streamer.errors import FileRefused, InvalidHotwords, UndecodableAudio
+from streamer.errors import FileRefused, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
 from streamer.server.file_routes import ApiError, FileApi, FileRoutes, new_spool, read, too_large
 from streamer.server.http_exchange import HttpExchange, HttpRequest
@@ -161,12 +161,19 @@ def parse_request(form: Form, defaults: StreamOptions) -> Request:
             if value not in granularities:
                 granularities.append(value)
     stream = common.lenient_bool(form.value("stream"), False)
-    language = form.value("language")
-    prompt = form.value("prompt") or ""
-    try:
-        terms = hotwords.parse_prompt(prompt) if prompt.strip() else ()
-    except InvalidHotwords as error:
-        raise _invalid(error.message, "prompt") from None
+    # newer clients (openai 3.60, LiveKit) send the possible languages instead: the
+    # first is forced, as `language` would be
+    language = form.value("language") or next(iter(_values(form, "languages")), None)
+    # free text and keywords alike become hotwords (never an error: what the model
+    # cannot spell is skipped, logged at debug and counted)
+    terms = hotwords.merge(
+        hotwords.parse_prompt(form.value("prompt") or ""),
+        hotwords.parse_terms(_values(form, "keywords")),
+    )
+    for include in _values(form, "include"):
+        # logprobs: OpenAI's are a decoder's token log-probabilities; a CTC model has
+        # per-frame posteriors instead (each word's confidence, in Deepgram's answers)
+        logger.debug("include[]=%.40s is not answered (ignored)", include)
     return Request(
         model=(form.value("model") or "sensevoice").strip()[:100],
         response_format=response_format,
@@ -175,6 +182,11 @@ def parse_request(form: Form, defaults: StreamOptions) -> Request:
         language=common.core_language(language) if language else defaults.language,
         hotwords=terms,
     )
+
+
+def _values(form: Form, name: str) -> list[str]:
+    """A list field as the openai SDK sends it (``name[]`` parts) or plainly repeated."""
+    return [v.strip() for key in (f"{name}[]", name) for v in form.fields.get(key, [])]
 
 
 def _presented_key(request: HttpRequest) -> str | None:

@@ -43,6 +43,7 @@ from streamer.core.protocol import (
     End,
     Error,
     Final,
+    Notice,
     Partial,
     ServerMessage,
     SpeechStart,
@@ -213,6 +214,7 @@ class DeepgramAdapter(WireAdapter):
         self._finalize_answers: deque[_FinalizeAnswer] = deque()
         self._close_requested = False  # CloseStream received: Metadata goes before the close
         self._fatal: Error | None = None  # sent last, right before the close
+        self._notices: list[Notice] = []  # told in Metadata's warnings (Deepgram's place)
 
     # -- client -> server ------------------------------------------------------
 
@@ -328,6 +330,9 @@ class DeepgramAdapter(WireAdapter):
                 self._fatal = message
             else:
                 self._send_error(message.code, message.message, message=message)
+        elif isinstance(message, Notice):
+            self._notices.append(message)
+            self._frames.append(count_only(message))  # told in Metadata, counted now
         elif isinstance(message, End):
             self._answer_finalizes()
             if self._close_requested:
@@ -383,7 +388,7 @@ class DeepgramAdapter(WireAdapter):
 
     def _metadata_message(self, end: End) -> dict[str, Any]:
         model = self.session.options.model_name
-        return {
+        metadata: dict[str, Any] = {
             "type": "Metadata",
             "transaction_key": "deprecated",
             "request_id": self.request_id,
@@ -394,6 +399,9 @@ class DeepgramAdapter(WireAdapter):
             "models": [self._model_uuid],
             "model_info": {self._model_uuid: model_info(model)},
         }
+        if self._notices:
+            metadata["warnings"] = warnings(self._notices)
+        return metadata
 
     def _send_error(
         self,
@@ -410,6 +418,15 @@ class DeepgramAdapter(WireAdapter):
 
     def _send(self, obj: dict[str, Any], message: ServerMessage | None = None) -> None:
         self._frames.append(OutFrame(orjson.dumps(obj), message=message))
+
+
+def warnings(notices: Sequence[Notice]) -> list[dict[str, str]]:
+    """Deepgram's ``metadata.warnings`` for the session's notices (its place for a
+    parameter that was not fully applied: ``{"parameter", "type", "message"}``)."""
+    return [
+        {"parameter": "keywords", "type": notice.code, "message": notice.message}
+        for notice in notices
+    ]
 
 
 def model_uuid(model: str) -> str:

@@ -34,7 +34,7 @@ import orjson
 from streamer.core.captions import srt_document, vtt_document
 from streamer.core.compat import common, deepgram
 from streamer.core.compat.deepgram import ListenOptions
-from streamer.core.protocol import MAX_ERROR_MESSAGE_CHARS, Final, StreamOptions
+from streamer.core.protocol import MAX_ERROR_MESSAGE_CHARS, Final, Notice, StreamOptions
 
 __all__ = [
     "RESPONSE_FORMATS",
@@ -172,9 +172,10 @@ def transcription_verbose_json(
 
 
 def whisper_language(finals: Sequence[Final], requested: str = "auto") -> str:
-    """Whisper's name for the language most of the text is in (by characters), else for
-    the requested one, else :data:`UNKNOWN_LANGUAGE`."""
-    for code in (*_languages(finals), requested):
+    """Whisper's name for the requested language when the request forced one (the model
+    decoded in it, whatever its language tag says), else for the language most of the
+    text is in (by characters), else :data:`UNKNOWN_LANGUAGE`."""
+    for code in (requested, *_languages(finals)):
         if code in WHISPER_LANGUAGE_NAMES:
             return WHISPER_LANGUAGE_NAMES[code]
     return UNKNOWN_LANGUAGE
@@ -341,6 +342,7 @@ def listen_response(
     sha256: str,
     model: str,
     channels: int = 1,
+    notices: Sequence[Notice] = (),
 ) -> dict[str, Any]:
     """Deepgram's prerecorded response: ``metadata`` (``created`` is ISO 8601 UTC from
     the server's clock, ``sha256`` the upload's, ``channels`` the file's) and
@@ -392,6 +394,8 @@ def listen_response(
         "models": [uuid_],
         "model_info": {uuid_: deepgram.model_info(model)},
     }
+    if notices:  # keywords the model could not use (the session's notices)
+        metadata["warnings"] = deepgram.warnings(notices)
     return {"metadata": metadata, "results": results}
 
 
