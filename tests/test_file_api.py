@@ -153,6 +153,30 @@ def test_openai_stream_deltas_then_done(files_server, wav, reference) -> None:
     assert deltas == events[-1].text == join_texts(reference)
 
 
+def test_openai_stream_deltas_carry_their_segment_when_asked(files_server, wav) -> None:
+    """include[]=segments (ours, for the web page's captions): each delta has its
+    utterance as verbose_json's segment; without it the events are OpenAI's alone."""
+    client = _openai(files_server)
+    with wav.open("rb") as f:
+        verbose = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json"
+        )
+    with wav.open("rb") as f:
+        events = list(
+            client.audio.transcriptions.create(
+                model="gpt-4o-transcribe", file=f, stream=True, include=["segments"]
+            )
+        )
+    segments = [e.model_extra["segment"] for e in events if e.type == "transcript.text.delta"]
+    assert [(s["id"], s["start"], s["end"], s["text"]) for s in segments] == [
+        (s.id, s.start, s.end, s.text) for s in verbose.segments or ()
+    ]
+    assert all({"emotion", "event", "sensevoice_language"} <= set(s) for s in segments)
+    with wav.open("rb") as f:
+        plain = list(client.audio.transcriptions.create(model="x", file=f, stream=True))
+    assert all(not (e.model_extra or {}).get("segment") for e in plain)
+
+
 @pytest.mark.parametrize("kind", ["mp3", "ogg-opus", "m4a", "flac", "webm"])
 def test_compressed_uploads_equal_v1_finals_of_their_samples(
     files_server, speech16, tmp_path, kind

@@ -71,6 +71,7 @@ class Request:
     granularities: tuple[str, ...]
     language: str  # the core's ("auto" when absent or unknown)
     hotwords: hotwords.Hotwords
+    segments: bool = False  # include[]=segments (ours): stream deltas carry their segment
 
 
 def _invalid(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
@@ -170,10 +171,12 @@ def parse_request(form: Form, defaults: StreamOptions) -> Request:
         hotwords.parse_prompt(form.value("prompt") or ""),
         hotwords.parse_terms(_values(form, "keywords")),
     )
-    for include in _values(form, "include"):
-        # logprobs: OpenAI's are a decoder's token log-probabilities; a CTC model has
-        # per-frame posteriors instead (each word's confidence, in Deepgram's answers)
-        logger.debug("include[]=%.40s is not answered (ignored)", include)
+    includes = _values(form, "include")
+    for include in includes:
+        if include != "segments":
+            # logprobs: OpenAI's are a decoder's token log-probabilities; a CTC model has
+            # per-frame posteriors instead (each word's confidence, in Deepgram's answers)
+            logger.debug("include[]=%.40s is not answered (ignored)", include)
     return Request(
         model=(form.value("model") or "sensevoice").strip()[:100],
         response_format=response_format,
@@ -181,6 +184,7 @@ def parse_request(form: Form, defaults: StreamOptions) -> Request:
         granularities=tuple(granularities) or ("segment",),
         language=common.core_language(language) if language else defaults.language,
         hotwords=terms,
+        segments="segments" in includes,
     )
 
 
@@ -225,7 +229,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         except UndecodableAudio as error:
             raise _invalid(error.message, "file", "invalid_file") from None
         if asked.stream:
-            await _stream(routes, exchange, job, chunks, stream, cors)
+            await _stream(routes, exchange, job, chunks, stream, cors, segments=asked.segments)
             return
         try:
             transcript = await transcribe_file(routes.admission, job, chunks, stream)
@@ -260,11 +264,13 @@ async def _stream(
     chunks: Callable[[], Iterator[bytes]],
     stream: StreamOptions,
     cors: dict[str, str],
+    *,
+    segments: bool = False,
 ) -> None:
     """``stream=true``: server-sent events, a delta per final as soon as it is decoded,
     and a comment line while none comes for :data:`SSE_KEEPALIVE_S` (so that proxies do
     not time the stream out while live work goes first)."""
-    events = transcripts.TranscriptStream()
+    events = transcripts.TranscriptStream(segments=segments)
     await exchange.start(
         http.HTTPStatus.OK, "text/event-stream", {"X-Accel-Buffering": "no", **cors}
     )

@@ -247,9 +247,12 @@ class TranscriptStream:
     it is decoded (in segment order), then :meth:`done`. The deltas, concatenated, are
     the done event's text (the space between two finals goes in the later delta)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, segments: bool = False) -> None:
         self._texts: list[str] = []
         self.text = ""  # what the deltas have said so far
+        # include[]=segments (ours): each delta also carries its utterance as
+        # verbose_json's segment (times, SenseVoice's tags), for captions as they come
+        self._segments = segments
 
     def delta(self, final: Final) -> dict[str, Any] | None:
         """A ``transcript.text.delta`` event, or None for a final with no text."""
@@ -258,7 +261,10 @@ class TranscriptStream:
         self._texts.append(final.text)
         text = common.join_texts(self._texts)
         delta, self.text = text[len(self.text) :], text
-        return {"type": "transcript.text.delta", "delta": delta}
+        event: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta}
+        if self._segments:
+            event["segment"] = _segment(len(self._texts) - 1, final)
+        return event
 
     def done(self) -> dict[str, Any]:
         """The closing ``transcript.text.done`` event, with the whole text."""
