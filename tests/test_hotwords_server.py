@@ -316,6 +316,11 @@ async def funasr_finals(server: ServerThread, pcm: np.ndarray, **config) -> list
 async def test_funasr_client_hotwords(server, speech) -> None:
     boosted = await funasr_finals(server, speech, hotwords={PHRASE: BOOST * 10})
     assert any(PHRASE in text for text in boosted)
+    # FunASR's protocol has no place for a warning: one it cannot use is only counted
+    before = notices(server)
+    hotwords = {PHRASE: BOOST * 10, UNSPELLABLE: 20}
+    assert any(PHRASE in text for text in await funasr_finals(server, speech, hotwords=hotwords))
+    assert notices(server) == before + 1
     plain = await funasr_finals(server, speech)
     assert plain and not any(PHRASE in text for text in plain)
 
