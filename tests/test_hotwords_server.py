@@ -218,6 +218,56 @@ async def test_openai_realtime_sentence_and_emoji_prompts_as_pipecat_sends_them(
             assert PHRASE in completed["transcript"]
 
 
+async def test_openai_realtime_as_livekit_sends_it(server, speech) -> None:
+    """LiveKit's openai.STT(use_realtime=True): server VAD (350 ms), 2400-byte appends,
+    never a commit, and it raises a non-retryable APIError on any ``error`` event; with
+    a newer model it sends ``languages`` for ``language``. A sentence prompt with an
+    emoji must still give its transcripts."""
+    pcm24 = soxr.resample(speech, 16000, 24000).astype(np.int16).tobytes()
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription&model=gpt-transcribe"
+    session = {
+        "type": "transcription",
+        "audio": {
+            "input": {
+                "format": {"rate": 24000, "type": "audio/pcm"},
+                "transcription": {
+                    "languages": ["en"],
+                    "model": "gpt-transcribe",
+                    "prompt": f"A call about {UNSPELLABLE} and the 🚀 launch of {PHRASE}.",
+                },
+                "turn_detection": {
+                    "type": "server_vad",
+                    "prefix_padding_ms": 600,
+                    "silence_duration_ms": 350,
+                    "threshold": 0.5,
+                },
+            }
+        },
+    }
+    events = []
+    async with websockets.connect(url, additional_headers={"Authorization": "Bearer k"}) as ws:
+        await ws.send(orjson.dumps({"type": "session.update", "session": session}).decode())
+        for i in range(0, len(pcm24), 2400):
+            chunk = base64.b64encode(pcm24[i : i + 2400]).decode()
+            await ws.send(
+                orjson.dumps({"type": "input_audio_buffer.append", "audio": chunk}).decode()
+            )
+        completed = 0
+        async with asyncio.timeout(timeout_s(30)):
+            async for raw in ws:
+                events.append(orjson.loads(raw))
+                if events[-1]["type"].endswith("transcription.completed"):
+                    completed += 1
+                    if completed == 2:
+                        break
+    assert "error" not in [e["type"] for e in events], events
+    transcripts = [e["transcript"] for e in events if e["type"].endswith(".completed")]
+    assert len(transcripts) == 2 and all(transcripts)
+    updated = [e for e in events if e["type"] == "session.updated"]
+    assert updated[0]["session"]["audio"]["input"]["transcription"]["languages"] == ["en"]
+    assert [w["code"] for e in updated for w in e.get("warnings", ())] == ["hotwords_unused"]
+
+
 async def test_openai_realtime_keywords_and_languages(server, speech) -> None:
     """LiveKit sends ``languages`` and ``keywords`` (openai 3.60's fields) for newer
     transcription models instead of ``language`` and ``prompt``."""
