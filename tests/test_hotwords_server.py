@@ -336,6 +336,14 @@ async def test_deepgram_sdk_keywords_and_keyterm(server, speech, greedy) -> None
     assert not any(PHRASE in text for text in plain)
 
 
+async def test_deepgram_sdk_parses_metadata_with_warnings(server, speech) -> None:
+    messages = await clients.deepgram_sdk_async(server.port, speech.tobytes(), keyterm=UNSPELLABLE)
+    assert None not in messages  # every message parsed to a known type
+    assert type(messages[-1]).__name__ == "ListenV1Metadata"
+    metadata = messages[-1].model_dump()  # the extra field kept as the SDK keeps extras
+    assert metadata["warnings"][0]["type"] == "hotwords_unused", metadata
+
+
 async def test_deepgram_bad_keyword_is_a_400_at_the_handshake(server) -> None:
     url = f"ws://127.0.0.1:{server.port}/v1/listen?keywords={PHRASE}:-4"
     with pytest.raises(websockets.InvalidStatus) as refused:
