@@ -33,6 +33,16 @@ MAX_PHRASE_CHARS = 256  # a phrase's length before tokenizing (tokens are limite
 MAX_PHRASE_TOKENS = 32  # default of --hotwords-max-tokens (checked by the model worker)
 FUNASR_WEIGHT_PER_BOOST = 10.0  # FunASR's weight 20 (its clients' example) is boost 2.0
 _SPACES = re.compile(r"\s+")
+MAX_TERM_WORDS = 4  # a prompt's term of more words is a sentence: its names are kept
+_PROMPT_SEPARATORS = re.compile(r"[,;\n，；、]|[.!?](?=\s|$)|[。！？]")
+_KEEP_INSIDE = frozenset("'’-&.+#")  # kept: "Anthropic's", "Node.js", "C++", "C#"
+_COMMON_WORDS = frozenset(
+    """a an and are as at be but by for from has have he her his i if in into is it its
+    me my no not of on or our she so that the their them then there these they this to
+    us was we were what when where which who will with you your please expect words
+    transcribe transcript transcription speaker speakers talk talks about audio
+    recording meeting""".split()
+)
 
 
 @dataclass(frozen=True)
@@ -212,18 +222,6 @@ def parse_terms(terms: Iterable[Any]) -> Hotwords:
             words.append(Hotword(text))
     unique = {word.phrase: word for word in words}
     return tuple(unique.values())[:MAX_PHRASES]
-
-
-MAX_TERM_WORDS = 4  # a prompt's term of more words is a sentence: its names are kept
-_PROMPT_SEPARATORS = re.compile(r"[,;\n，；、]|[.!?](?=\s|$)|[。！？]")
-_KEEP_INSIDE = frozenset("'’-&.+#")  # kept: "Anthropic's", "Node.js", "C++", "C#"
-_COMMON_WORDS = frozenset(
-    """a an and are as at be but by for from has have he her his i if in into is it its
-    me my no not of on or our she so that the their them then there these they this to
-    us was we were what when where which who will with you your please expect words
-    transcribe transcript transcription speaker speakers talk talks about audio
-    recording meeting""".split()
-)
 
 
 def _clean_term(term: str) -> str:
