@@ -140,13 +140,15 @@ class RealtimeAdapter(WireAdapter):
         self._commits: deque[_Commit] = deque()
         self._committed_audio_ms = 0.0
         self._fatal: Error | None = None
+        # what a session.updated is called here (the beta's, or the name the client's
+        # update used): a warning goes out as one more of them
+        self._updated_kind = "transcription_session.updated" if options.beta else "session.updated"
 
     # -- client -> server ------------------------------------------------------
 
     def start(self) -> None:
         self.session.start()
         kind = "transcription_session.created" if self.options.beta else "session.created"
-        self._updated_kind = kind.replace(".created", ".updated")  # as the client's updates
         self._send(
             {
                 "type": kind,
