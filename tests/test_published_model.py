@@ -126,7 +126,15 @@ def test_offline_without_a_cache_and_an_unreachable_hub_say_what_to_do(
         assert f"hf download {PUBLISHED_ONNX_MODEL} model.int8.onnx tokens.txt" in message
         assert "huggingface-cli" not in message
         assert "--model /path/to/dir" in message and "HF_ENDPOINT" in message
-        assert "--model random:small" in message and "-e '.[torch]'" in message
+        assert "--model random:small" in message
+    # random:small needs torch: where it is missing, the command for this install
+    from streamer.model import published
+
+    from streamer.extras import TORCH, install_hint
+
+    hub_env.setattr(published, "missing", lambda *modules: list(modules))
+    message = published._offline_message(PUBLISHED_ONNX_MODEL, "offline")
+    assert f"needs torch: {install_hint(TORCH)})" in message
 
 
 def test_an_unreachable_hub_serves_what_is_cached(
