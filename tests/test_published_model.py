@@ -128,9 +128,8 @@ def test_offline_without_a_cache_and_an_unreachable_hub_say_what_to_do(
         assert "--model /path/to/dir" in message and "HF_ENDPOINT" in message
         assert "--model random:small" in message
     # random:small needs torch: where it is missing, the command for this install
-    from streamer.model import published
-
     from streamer.extras import TORCH, install_hint
+    from streamer.model import published
 
     hub_env.setattr(published, "missing", lambda *modules: list(modules))
     message = published._offline_message(PUBLISHED_ONNX_MODEL, "offline")
