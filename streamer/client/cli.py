@@ -394,10 +394,10 @@ def _summary(result: SessionResult, wall_s: float) -> str:
     parts.append(f"{audio_s:.1f} s of audio sent in {wall_s:.1f} s{speed}")
     ttfp = result.time_to_first_partial_s()
     if ttfp is not None:
-        parts.append(f"first words {ttfp * 1000:.0f} ms after their audio was sent")
+        parts.append(f"first result {ttfp * 1000:.0f} ms after its speech began (as sent)")
     latency = result.median_final_latency_s()
     if latency is not None:
-        parts.append(f"each final {latency * 1000:.0f} ms after its audio (median)")
+        parts.append(f"finals {latency * 1000:.0f} ms after their speech ended (median)")
     if result.end is not None and result.end.partials_skipped:
         skipped = result.end.partials_skipped
         parts.append(
