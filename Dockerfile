@@ -36,7 +36,10 @@ COPY web_demo /src/web_demo
 RUN pip install -c /src/constraints.txt "/src${EXTRAS}"
 
 FROM ${PYTHON_IMAGE}
-# libsndfile for soundfile (audio files); nothing else the server needs is outside the venv
+# libsndfile for soundfile (audio files); nothing else the server needs is outside the venv:
+# no ffmpeg program either, since PyAV's wheel carries FFmpeg's libraries, which decode
+# M4A, WebM, MP3 and the rest for uploads, live containers, `streamer client` and
+# `streamer transcribe` (tests/test_audio_io.py reads M4A and WebM with no ffmpeg on PATH)
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libsndfile1 \
     && rm -rf /var/lib/apt/lists/*

@@ -2,7 +2,8 @@
 
 :func:`load_audio` reads anything libsndfile reads (wav, flac, ogg, mp3 with libsndfile
 >= 1.1, ...) with ``soundfile``; other containers (m4a, aac, opus in webm, video files)
-go through ``ffmpeg`` when it is on ``PATH``. Channels are averaged to mono and the
+go through FFmpeg's libraries as PyAV ships them (:mod:`streamer.media.files`, the
+uploads' reader; no ``ffmpeg`` program needed). Channels are averaged to mono and the
 signal is resampled with ``soxr``. Headerless ``.raw``/``.pcm``/``.s16`` files are read
 as signed 16-bit little-endian mono at ``raw_sample_rate``.
 
@@ -13,8 +14,6 @@ asyncio, websockets or torch.
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import soundfile
 import soxr
 
 from streamer.core.audio import SAMPLE_RATE
-from streamer.errors import ConfigError
+from streamer.errors import ConfigError, StreamerError
 
 __all__ = [
     "SAMPLE_RATE",
@@ -92,8 +91,8 @@ def load_audio(
 ) -> np.ndarray:
     """Read an audio file as mono int16 PCM at ``target_rate`` Hz.
 
-    Raises :class:`ConfigError` with a message fit for the user when the file is missing,
-    is not audio, or needs ffmpeg and ffmpeg is not installed.
+    Raises :class:`ConfigError` with a message fit for the user when the file is missing
+    or is not audio.
     """
     path = Path(path)
     if path.is_dir():
@@ -105,9 +104,9 @@ def load_audio(
     try:
         data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
-        # libsndfile does not know the container (m4a, webm, mp4, ...): let ffmpeg try.
-        logger.debug("soundfile cannot read %s (%s); trying ffmpeg", path, exc)
-        return _load_with_ffmpeg(path, target_rate, soundfile_error=str(exc))
+        # libsndfile does not know the container (m4a, webm, mp4, ...): FFmpeg's turn
+        logger.debug("soundfile cannot read %s (%s); trying PyAV", path, exc)
+        return _load_with_pyav(path, target_rate, soundfile_error=str(exc))
     mono = to_mono(data)
     return to_int16(resample(mono, int(rate), target_rate))
 
@@ -119,23 +118,22 @@ def _load_raw(path: Path, raw_rate: int, target_rate: int) -> np.ndarray:
     return to_int16(resample(int16_to_float32(data), raw_rate, target_rate))
 
 
-def _load_with_ffmpeg(path: Path, target_rate: int, soundfile_error: str) -> np.ndarray:
-    ffmpeg = shutil.which("ffmpeg")
-    if ffmpeg is None:
-        raise ConfigError(
-            f"cannot read {path}: not a format libsndfile reads ({soundfile_error}); install"
-            " ffmpeg to read mp3/m4a/other formats, or convert the file to wav or flac"
-        )
-    command = [
-        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-i", str(path),
-        "-vn", "-f", "s16le", "-acodec", "pcm_s16le", "-ac", "1", "-ar", str(target_rate), "-",
-    ]  # fmt: skip
+def _load_with_pyav(path: Path, target_rate: int, soundfile_error: str) -> np.ndarray:
+    """What libsndfile cannot read (m4a, aac, opus in webm, video files), through FFmpeg's
+    libraries as the package ships them (PyAV): no ffmpeg program needed, and the same
+    decoding and conversion as an upload to the server."""
+    from streamer.media.files import iter_pcm  # PyAV: imported only when needed
+
     try:
-        completed = subprocess.run(command, capture_output=True, check=False)
+        with path.open("rb") as f:
+            pcm = np.frombuffer(b"".join(iter_pcm(f, max_duration_s=None)), dtype="<i2")
+    except StreamerError as exc:
+        raise ConfigError(
+            f"cannot read {path}: not an audio file libsndfile or FFmpeg reads "
+            f"({getattr(exc, 'message', exc)}; libsndfile: {soundfile_error})"
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"cannot run ffmpeg to read {path}: {exc}") from exc
-    if completed.returncode != 0:
-        detail = completed.stderr.decode(errors="replace").strip().splitlines()
-        reason = detail[-1] if detail else f"exit status {completed.returncode}"
-        raise ConfigError(f"cannot read {path}: not a supported audio file ({reason})")
-    return np.frombuffer(completed.stdout, dtype="<i2").astype(np.int16)
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if target_rate == SAMPLE_RATE:
+        return pcm.astype(np.int16)
+    return to_int16(resample(int16_to_float32(pcm), SAMPLE_RATE, target_rate))

@@ -9,7 +9,12 @@ benches' psutil, tqdm and matplotlib.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
+import shlex
+import sys
+from pathlib import Path
 
 from streamer.errors import ConfigError
 
@@ -32,7 +37,53 @@ def missing(*modules: str) -> list[str]:
 
 
 def install_hint(extra: str) -> str:
-    return f"pip install '{DISTRIBUTION}[{extra}]'"
+    """The command that adds ``extra`` to this install, for how it was installed: from a
+    checkout (``pip install -e .``, what the README does) the checkout's own extra with
+    its constraints; otherwise the extra's packages by name (the distribution is not on
+    PyPI, so ``pip install 'sensevoice-streamer[torch]'`` would not be found)."""
+    pip = f"{shlex.quote(sys.executable)} -m pip install"
+    checkout = _checkout()
+    if checkout is not None:
+        constraints = " -c constraints.txt" if (checkout / "constraints.txt").is_file() else ""
+        return f"cd {shlex.quote(str(checkout))} && {pip}{constraints} -e '.[{extra}]'"
+    packages = _extra_requirements(extra)
+    if not packages:
+        return f"{pip} '{DISTRIBUTION}[{extra}]'"
+    return f"{pip} " + " ".join(shlex.quote(p) for p in packages)
+
+
+def _checkout() -> Path | None:
+    """The source directory this package was installed from (PEP 610), if it still is one."""
+    try:
+        text = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+        origin = json.loads(text) if text else {}
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    url = origin.get("url", "") if isinstance(origin, dict) else ""
+    if "dir_info" not in origin or not url.startswith("file://"):
+        return None
+    directory = Path(url.removeprefix("file://"))
+    return directory if (directory / "pyproject.toml").is_file() else None
+
+
+def _extra_requirements(extra: str, seen: frozenset[str] = frozenset()) -> list[str]:
+    """The requirements ``extra`` adds (an extra naming another of ours is expanded)."""
+    try:
+        requires = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    packages = []
+    for line in requires:
+        spec, _, marker = line.partition(";")
+        if f'extra == "{extra}"' not in marker.replace("'", '"'):
+            continue
+        spec = spec.strip()
+        if spec.startswith(f"{DISTRIBUTION}[") and extra not in seen:
+            for inner in spec[len(DISTRIBUTION) + 1 : -1].split(","):
+                packages += _extra_requirements(inner.strip(), seen | {extra})
+        else:
+            packages.append(spec)
+    return packages
 
 
 def require(purpose: str, extra: str, *modules: str) -> None:

@@ -58,6 +58,10 @@ class ServerThread:
             # make them refuse sessions: only a test that passes CapacityOptions (of its
             # own) gets capacity-aware admission (tests/test_capacity.py)
             options = replace(options, capacity=CapacityOptions(enabled=False))
+        if options.web_root is None:
+            # this checkout's page: the package's streamer.web_demo may resolve to another
+            # checkout's folder (the editable install's), as it does in a worktree
+            options = replace(options, web_root=Path(__file__).resolve().parent.parent / "web_demo")
         self.options = replace(options, host="127.0.0.1", port=0)
         self.classifier_factory = classifier_factory
         self.worker = ModelWorker(load, **worker_options)

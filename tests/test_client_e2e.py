@@ -134,7 +134,7 @@ async def test_tags_shown_in_the_live_view_and_json(
     happy = [f for f in finals if (f["emotion"], f["event"]) == ("HAPPY", "Laughter")]
     assert happy, finals  # the tagged model answers "hello there" as happy laughter
     assert "😊 😀]" in captured.err or "HAPPY Laughter]" in captured.err
-    assert "segment" in captured.err.splitlines()[-1]  # the summary
+    assert "utterance" in captured.err.splitlines()[-1]  # the summary
 
 
 async def test_example_script(server_url: str, speech_wav: Path, tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ async def test_example_script(server_url: str, speech_wav: Path, tmp_path: Path)
     assert process.returncode == 0, stderr.decode()
     assert all(orjson.loads(line)["type"] == "final" for line in stdout.splitlines())
     assert out.read_text().startswith("WEBVTT")
-    assert f"captioned segments to {out} (vtt)" in stderr.decode()  # says where it wrote
+    assert f"wrote {out} (vtt): " in stderr.decode()  # says where it wrote, and what
 
 
 async def test_unreachable_and_unsupported(speech_wav: Path, tmp_path: Path) -> None:

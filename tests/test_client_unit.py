@@ -382,7 +382,32 @@ async def test_cli_writes_outputs_and_summary(
     captured = capsys.readouterr()
     assert [orjson.loads(line)["text"] for line in captured.out.splitlines()] == ["seg0", "seg1"]
     assert "[en HAPPY Laughter] seg0" in captured.err or "[en 😊 😀] seg0" in captured.err
-    assert "2 segments" in captured.err
+    assert "2 utterances transcribed" in captured.err
+    # what was written, in words: cues from utterances; the JSON lines as messages
+    assert f"wrote {srt} (srt): 2 subtitle cues from 2 utterances\n" in captured.err
+    assert f"wrote {jsonl} (jsonl): " in captured.err and " messages" in captured.err
+
+
+async def test_cli_quiet_prints_nothing_but_what_was_asked(
+    scripted: tuple[str, Script], wav: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = scripted
+    srt = tmp_path / "out.srt"
+    args = cli_args(str(wav), "--url", url, "--no-pace", "-q", "-o", str(srt))
+    assert await client_cli.run_client(args) == client_cli.EXIT_OK
+    captured = capsys.readouterr()  # stdout is not a terminal here: it was the transcript
+    assert captured.out == "" and captured.err == ""
+    assert srt.read_text().count(" --> ") == 2
+
+
+async def test_cli_url_without_a_path_gets_the_v1_path(
+    scripted: tuple[str, Script], wav: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, script = scripted
+    bare = url.split("/v1/")[0]  # ws://127.0.0.1:PORT (the server's root is its web page)
+    assert await client_cli.run_client(cli_args(str(wav), "--url", bare, "--no-pace")) == 0
+    assert script.queries[0].startswith("/v1/asr")
+    assert "2 utterances transcribed" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -437,3 +462,23 @@ def test_tag_label() -> None:
     assert client_cli.tag_label("en", "HAPPY", "Laughter", emoji=False) == "[en HAPPY Laughter]"
     assert client_cli.tag_label("zh", "NEUTRAL", "Speech", emoji=True) == "[zh]"
     assert client_cli.tag_label(None, None, None, emoji=True) == ""
+
+
+async def test_cli_hotwords_from_a_list_or_a_file(
+    scripted: tuple[str, Script], wav: Path, tmp_path: Path
+) -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    url, script = scripted
+    listed = cli_args(
+        str(wav), "--url", url, "--no-pace", "-q", "--hotwords", "Kubernetes,Claude:3"
+    )
+    assert await client_cli.run_client(listed) == client_cli.EXIT_OK
+    file = tmp_path / "terms.txt"
+    file.write_text("# products\nKubernetes\nClaude:3\n")
+    from_file = cli_args(str(wav), "--url", url, "--no-pace", "-q", "--hotwords", str(file))
+    assert await client_cli.run_client(from_file) == client_cli.EXIT_OK
+    for query in script.queries[-2:]:
+        assert parse_qs(urlsplit(query).query)["hotwords"] == ["Kubernetes:2,Claude:3"]
+    bad = cli_args(str(wav), "--url", url, "-q", "--hotwords", "Claude:lots")
+    assert await client_cli.run_client(bad) == client_cli.EXIT_USAGE

@@ -429,3 +429,30 @@ def test_a_field_of_the_wrong_json_type_is_invalid_value_and_the_session_goes_on
     h.text(GA_UPDATE)  # the session goes on
     append(h, bursts().tobytes())
     assert len(completed(h)) == 2
+
+
+def test_languages_force_the_first_and_keywords_are_hotwords() -> None:
+    """openai 3.60 and LiveKit send ``languages`` and ``keywords`` for newer models."""
+    h = harness()
+    transcription = {"model": "gpt-transcribe", "languages": ["ja", "en"], "keywords": ["Claude"]}
+    h.text(
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"transcription": transcription}}},
+        }
+    )
+    assert h.session.stream.language == "ja"
+    assert [w.phrase for w in h.session.stream.hotwords] == ["Claude"]
+    echoed = h.sent[-1]["session"]["audio"]["input"]["transcription"]
+    assert echoed["languages"] == ["ja", "en"] and echoed["keywords"] == ["Claude"]
+    # `language` when both are given; an unusable prompt is never an error
+    h = harness()
+    transcription = {"language": "en", "languages": ["ja"], "prompt": "🚀🚀 ... !!"}
+    h.text(
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"transcription": transcription}}},
+        }
+    )
+    assert h.session.stream.language == "en" and h.session.stream.hotwords == ()
+    assert not h.of_type("error")

@@ -164,6 +164,7 @@ def test_the_language_is_named_as_whisper_names_it():
     silent = [final(0, 0, 500, "", language="nospeech")]
     assert whisper_language(silent, "ja") == "japanese"
     assert whisper_language(silent) == UNKNOWN_LANGUAGE
+    assert whisper_language(zh, "en") == "english"  # a forced language is the one reported
     body = transcription_verbose_json([], duration_s=1.5, language="ko")
     assert TranscriptionVerbose.model_validate(body).language == "korean"
     assert body["text"] == "" and body["segments"] == []

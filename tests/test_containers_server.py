@@ -21,6 +21,7 @@ from streamer.testkit.speech import speak
 from tests.clips import LIBRIVOX, load_wav
 from tests.containers_audio import encode, needs_ffmpeg, slices
 from tests.server_fixtures import messages_until_close
+from tests.timing import timeout_s
 
 SLICE_S = 0.25
 PCM_CHUNK_S = 0.04
@@ -176,3 +177,74 @@ async def test_v1_encoding_option_is_checked(tiny_server) -> None:
     async with connect(f"{tiny_server.url}?encoding=aac") as ws:
         message = orjson.loads(await ws.recv())
         assert message["type"] == "error" and message["code"] == "invalid_option"
+
+
+# -- a container declared raw PCM, raw PCM without a declaration (issue 33) ----------------
+
+
+@pytest.fixture(scope="module")
+def webm_bytes(speech, tmp_path_factory) -> bytes:
+    return encode(speech[: 3 * 16000], "webm", tmp_path_factory.mktemp("declared"))
+
+
+async def test_v1_webm_sent_as_pcm_is_refused_with_what_to_declare(tiny_server, webm_bytes):
+    # protocol v1's default encoding is pcm_s16le: a browser recording sent without
+    # encoding=webm would decode as noise into one meaningless final
+    async with connect(tiny_server.url) as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+        for piece in slices(webm_bytes, 3, 0.25):
+            await ws.send(piece)
+        messages, close_code = await messages_until_close(ws)
+    errors = [m for m in messages if m["type"] == "error"]
+    assert [(e["code"], e["fatal"]) for e in errors] == [("undecodable_audio", True)]
+    assert "declared raw PCM" in errors[0]["message"]
+    assert "encoding=webm" in errors[0]["message"]
+    assert not [m for m in messages if m["type"] == "final" and m["text"]]
+    assert close_code == 1003
+
+
+async def test_deepgram_linear16_that_is_webm_is_refused(tiny_server, webm_bytes) -> None:
+    url = f"ws://127.0.0.1:{tiny_server.port}/v1/listen?encoding=linear16&sample_rate=16000"
+    async with connect(url) as ws:
+        for piece in slices(webm_bytes, 3, 0.25):
+            await ws.send(piece)
+        messages, close_code = await messages_until_close(ws)
+    assert [m["type"] for m in messages] == ["Error"]
+    assert "webm header" in messages[0]["description"]
+    assert "omit encoding" in messages[0]["description"]
+    assert close_code == 1008
+
+
+async def test_deepgram_raw_pcm_without_encoding_gets_a_hint(tiny_server, speech) -> None:
+    pieces = slices(speech[: 3 * 16000].tobytes(), 3, 0.25)
+    finals, metadata = await deepgram_finals(tiny_server.port, pieces)
+    (warning,) = metadata["warnings"]
+    assert (warning["parameter"], warning["type"]) == ("encoding", "pcm_assumed")
+    assert "encoding=linear16&sample_rate=N" in warning["message"]
+    # a declared one gets none
+    _, metadata = await deepgram_finals(
+        tiny_server.port, pieces, "&encoding=linear16&sample_rate=16000"
+    )
+    assert "warnings" not in metadata
+
+
+def test_deepgram_prerecorded_declared_and_undeclared(tiny_server, speech, webm_bytes) -> None:
+    import urllib.error
+    import urllib.request
+
+    def post(query: str, body: bytes) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{tiny_server.port}/v1/listen{query}",
+            data=body,
+            headers={"Authorization": "Token k", "Content-Type": "audio/*"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s(30)) as response:
+                return response.status, orjson.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, orjson.loads(error.read())
+
+    status, body = post("?encoding=linear16&sample_rate=16000", webm_bytes)
+    assert status == 400 and "omit encoding" in str(body), body
+    status, body = post("", speech[: 3 * 16000].tobytes())  # raw PCM, not said
+    assert status == 400 and "encoding=linear16&sample_rate=N" in str(body), body

@@ -153,6 +153,30 @@ def test_openai_stream_deltas_then_done(files_server, wav, reference) -> None:
     assert deltas == events[-1].text == join_texts(reference)
 
 
+def test_openai_stream_deltas_carry_their_segment_when_asked(files_server, wav) -> None:
+    """include[]=segments (ours, for the web page's captions): each delta has its
+    utterance as verbose_json's segment; without it the events are OpenAI's alone."""
+    client = _openai(files_server)
+    with wav.open("rb") as f:
+        verbose = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json"
+        )
+    with wav.open("rb") as f:
+        events = list(
+            client.audio.transcriptions.create(
+                model="gpt-4o-transcribe", file=f, stream=True, include=["segments"]
+            )
+        )
+    segments = [e.model_extra["segment"] for e in events if e.type == "transcript.text.delta"]
+    assert [(s["id"], s["start"], s["end"], s["text"]) for s in segments] == [
+        (s.id, s.start, s.end, s.text) for s in verbose.segments or ()
+    ]
+    assert all({"emotion", "event", "sensevoice_language"} <= set(s) for s in segments)
+    with wav.open("rb") as f:
+        plain = list(client.audio.transcriptions.create(model="x", file=f, stream=True))
+    assert all(not (e.model_extra or {}).get("segment") for e in plain)
+
+
 @pytest.mark.parametrize("kind", ["mp3", "ogg-opus", "m4a", "flac", "webm"])
 def test_compressed_uploads_equal_v1_finals_of_their_samples(
     files_server, speech16, tmp_path, kind
@@ -168,6 +192,44 @@ def test_compressed_uploads_equal_v1_finals_of_their_samples(
             model="whisper-1", file=f, response_format="verbose_json"
         )
     assert [s.text.strip() for s in result.segments] == expected
+
+
+async def _streamed_live(server: ServerThread, data: bytes) -> list[str]:
+    """Protocol v1 with ``encoding=auto``: the container's bytes in 4 kB slices, as a
+    browser's MediaRecorder or a live encoder sends them."""
+    from websockets.asyncio.client import connect
+
+    finals = []
+    url = f"{server.url}?token={KEY}&encoding=auto&partials=false"
+    async with connect(url, max_size=None) as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+        for i in range(0, len(data), 4096):
+            await ws.send(data[i : i + 4096])
+        await ws.send('{"type":"stop"}')
+        async with asyncio.timeout(timeout_s(60)):
+            async for frame in ws:
+                message = orjson.loads(frame)
+                assert message["type"] != "error", message
+                if message["type"] == "final" and message["text"]:
+                    finals.append(message["text"])
+    return finals
+
+
+@pytest.mark.parametrize("kind", ["ogg-opus", "webm"])
+def test_an_opus_file_gives_the_same_text_uploaded_and_streamed_live(
+    files_server, speech16, tmp_path, kind
+) -> None:
+    """One resampler for every path: Opus decodes at 48 kHz, and the live container
+    decoder and the upload both bring it to 16 kHz with the same soxr conversion, so
+    the same bytes give the same samples, cuts and text."""
+    path = write_audio(speech16, 16000, kind, tmp_path / f"speech.{kind}")
+    live = asyncio.run(_streamed_live(files_server, path.read_bytes()))
+    assert len(live) == 2, live
+    with path.open("rb") as f:
+        result = _openai(files_server).audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json"
+        )
+    assert [s.text.strip() for s in result.segments] == live
 
 
 def test_deepgram_sdk_prerecorded(files_server, wav, reference) -> None:

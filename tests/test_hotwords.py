@@ -12,7 +12,7 @@ from streamer.core.compat import deepgram
 from streamer.core.compat.funasr import parse_config
 from streamer.core.hotwords import DEFAULT_BOOST, Hotword
 from streamer.core.jobs import DecodeResult
-from streamer.core.protocol import Error, StreamOptions, parse_stream_options
+from streamer.core.protocol import Error, Notice, StreamOptions, parse_stream_options
 from streamer.core.session import Session, SessionOptions
 from streamer.core.transcript import Transcript
 from streamer.errors import InvalidHotwords
@@ -111,6 +111,34 @@ def test_openai_prompt_is_a_list_of_terms() -> None:
     )
 
 
+def phrases(words: hw.Hotwords) -> list[str]:
+    return [w.phrase for w in words]
+
+
+def test_a_sentence_prompt_keeps_its_names_and_never_raises() -> None:
+    # OpenAI's prompt is free text (pipecat and LiveKit document sentences): its names
+    sentence = "The speaker talks about Kubernetes and Anthropic's Claude Code release in 2024."
+    assert phrases(hw.parse_prompt(sentence)) == ["Kubernetes", "Anthropic's Claude Code", "2024"]
+    assert hw.parse_prompt("expect words related to technology and science") == ()
+    # symbols no tokenizer spells (emoji) are dropped; "C++", "Node.js" are kept
+    assert phrases(hw.parse_prompt("🚀 Launch, rocket🚀; C++, Node.js.")) == [
+        "Launch",
+        "rocket",
+        "C++",
+        "Node.js",
+    ]
+    assert hw.parse_prompt("🚀 ... !!! ,,,") == ()
+    long = ", ".join(f"t{i}" for i in range(hw.MAX_PHRASES + 5)) + ", " + "x" * 300
+    assert len(hw.parse_prompt(long)) == hw.MAX_PHRASES  # the rest ignored, no error
+
+
+def test_openai_keywords_are_terms_leniently() -> None:
+    assert phrases(hw.parse_terms(["Kubernetes", 3, "", "🚀", "x" * 300, " Claude  Code "])) == [
+        "Kubernetes",
+        "Claude Code",
+    ]
+
+
 def test_hotwords_file_lines_comments_and_errors() -> None:
     text = "# products\nKubernetes\n\nAnthropic:3\n"
     assert hw.parse_file(text) == (Hotword("Kubernetes"), Hotword("Anthropic", 3.0))
@@ -170,8 +198,11 @@ def test_phrases_the_model_could_not_use_are_told_once() -> None:
     )
     for job in session.jobs_to_submit():
         session.decode_finished(DecodeResult(job=job, transcript=transcript))
-    errors = [m for m in session.messages_to_send() if isinstance(m, Error)]
-    assert [(e.code, e.fatal) for e in errors] == [("invalid_hotwords", False)]
+    told = session.messages_to_send()
+    assert not [m for m in told if isinstance(m, Error)]  # a notice, never an error
+    notices = [m for m in told if isinstance(m, Notice)]
+    assert [(n.code, n.message) for n in notices] == [("hotwords_unused", "1 of 1 ...")]
+    assert session.close_code is None or session.close_code == 1000
 
 
 # -- the model side: tokenizing, once per phrase set -----------------------------------------

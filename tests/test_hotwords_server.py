@@ -8,7 +8,11 @@ funasr-client send the fields (tests/compat_clients.py has the SDK's query).
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
+import re
+import urllib.parse
+import urllib.request
 import wave
 from dataclasses import replace
 from functools import partial
@@ -123,10 +127,204 @@ async def test_a_phrase_the_model_cannot_spell_is_told_and_the_others_used(serve
         await ws.send('{"type":"stop"}')
         async for raw in ws:
             messages.append(orjson.loads(raw))
-    errors = [m for m in messages if m["type"] == "error"]
-    assert [(e["code"], e["fatal"]) for e in errors] == [("invalid_hotwords", False)]
-    assert errors[0]["message"].startswith("1 of 2 hotwords are not used")
+    assert not [m for m in messages if m["type"] == "error"]  # a warning, never an error
+    warnings = [m for m in messages if m["type"] == "warning"]
+    assert [w["code"] for w in warnings] == ["hotwords_unused"]
+    assert warnings[0]["message"].startswith("1 of 2 hotwords are not used")
+    assert "阿里巴巴" not in warnings[0]["message"]  # phrases are not echoed
     assert any(PHRASE in m["text"] for m in messages if m["type"] == "final")
+    assert notices(server) >= 1
+
+
+def notices(server: ServerThread) -> float:
+    """``streamer_notices_total{code="hotwords_unused"}`` as /metrics says it."""
+    url = server.http_url + "/metrics"
+    with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
+        text = response.read().decode()
+    found = re.search(r'^streamer_notices_total\{code="hotwords_unused"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+UNSPELLABLE = "阿里巴巴"  # random:tiny's vocabulary has no piece for it
+
+
+async def test_deepgram_live_tells_unused_keywords_in_metadata(server, speech) -> None:
+    before = notices(server)
+    url = (
+        f"ws://127.0.0.1:{server.port}/v1/listen?encoding=linear16&sample_rate=16000"
+        f"&keyterm={PHRASE}&keyterm={UNSPELLABLE}"
+    )
+    messages = []
+    async with websockets.connect(url, additional_headers={"Authorization": "Token k"}) as ws:
+        data = speech.tobytes()
+        for i in range(0, len(data), 32000):
+            await ws.send(data[i : i + 32000])
+        await ws.send('{"type":"CloseStream"}')
+        async with asyncio.timeout(timeout_s(30)):
+            async for raw in ws:
+                messages.append(orjson.loads(raw))
+    assert "Error" not in [m["type"] for m in messages]
+    (metadata,) = [m for m in messages if m["type"] == "Metadata"]
+    (warning,) = metadata["warnings"]
+    assert warning["parameter"] == "keywords" and warning["type"] == "hotwords_unused"
+    assert warning["message"].startswith("1 of 2 hotwords are not used")
+    finals = [m for m in messages if m["type"] == "Results" and m["is_final"]]
+    assert any(PHRASE in m["channel"]["alternatives"][0]["transcript"] for m in finals)
+    assert notices(server) == before + 1
+
+
+async def test_openai_realtime_sentence_and_emoji_prompts_as_pipecat_sends_them(
+    server, speech
+) -> None:
+    """pipecat waits for session.created, sends its update (manual commits) and treats
+    every ``error`` as fatal (it reconnected 18 times in 8 s); LiveKit raises on one.
+    A free-text prompt must give transcripts, and what the model cannot use is told in
+    a session.updated's warnings."""
+    pcm24 = soxr.resample(speech, 16000, 24000).astype(np.int16).tobytes()
+    prompts = {
+        "sentence": f"Please transcribe the meeting about {UNSPELLABLE} and its release.",
+        "emoji": f"{PHRASE} 🚀, {UNSPELLABLE} 🎉",
+    }
+    for name, prompt in prompts.items():
+        url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+        events = []
+        async with websockets.connect(url, additional_headers={"Authorization": "Bearer k"}) as ws:
+            created = orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s(10)))
+            assert created["type"] == "session.created"
+            session = copy.deepcopy(clients.GA_SESSION)
+            session["audio"]["input"]["turn_detection"] = None  # pipecat's default
+            session["audio"]["input"]["transcription"]["prompt"] = prompt
+            await ws.send(orjson.dumps({"type": "session.update", "session": session}).decode())
+            for i in range(0, len(pcm24), 3300):  # pipecat's 3300-byte appends
+                chunk = base64.b64encode(pcm24[i : i + 3300]).decode()
+                await ws.send(
+                    orjson.dumps({"type": "input_audio_buffer.append", "audio": chunk}).decode()
+                )
+            await ws.send('{"type":"input_audio_buffer.commit"}')
+            async with asyncio.timeout(timeout_s(30)):
+                async for raw in ws:
+                    events.append(orjson.loads(raw))
+                    if events[-1]["type"].endswith("transcription.completed"):
+                        break
+        kinds = [e["type"] for e in events]
+        assert "error" not in kinds, (name, [e for e in events if e["type"] == "error"])
+        completed = events[-1]
+        assert completed["transcript"], name
+        updates = [e for e in events if e["type"] == "session.updated"]
+        assert updates[0].get("warnings") is None  # the answer to the update itself
+        warned = [e for e in updates if e.get("warnings")]
+        assert [w["code"] for e in warned for w in e["warnings"]] == ["hotwords_unused"], name
+        if name == "emoji":  # the phrase the model can spell is used
+            assert PHRASE in completed["transcript"]
+
+
+async def test_openai_realtime_as_livekit_sends_it(server, speech) -> None:
+    """LiveKit's openai.STT(use_realtime=True): server VAD (350 ms), 2400-byte appends,
+    never a commit, and it raises a non-retryable APIError on any ``error`` event; with
+    a newer model it sends ``languages`` for ``language``. A sentence prompt with an
+    emoji must still give its transcripts."""
+    pcm24 = soxr.resample(speech, 16000, 24000).astype(np.int16).tobytes()
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription&model=gpt-transcribe"
+    session = {
+        "type": "transcription",
+        "audio": {
+            "input": {
+                "format": {"rate": 24000, "type": "audio/pcm"},
+                "transcription": {
+                    "languages": ["en"],
+                    "model": "gpt-transcribe",
+                    "prompt": f"A call about {UNSPELLABLE} and the 🚀 launch of {PHRASE}.",
+                },
+                "turn_detection": {
+                    "type": "server_vad",
+                    "prefix_padding_ms": 600,
+                    "silence_duration_ms": 350,
+                    "threshold": 0.5,
+                },
+            }
+        },
+    }
+    events = []
+    async with websockets.connect(url, additional_headers={"Authorization": "Bearer k"}) as ws:
+        await ws.send(orjson.dumps({"type": "session.update", "session": session}).decode())
+        for i in range(0, len(pcm24), 2400):
+            chunk = base64.b64encode(pcm24[i : i + 2400]).decode()
+            await ws.send(
+                orjson.dumps({"type": "input_audio_buffer.append", "audio": chunk}).decode()
+            )
+        completed = 0
+        async with asyncio.timeout(timeout_s(30)):
+            async for raw in ws:
+                events.append(orjson.loads(raw))
+                if events[-1]["type"].endswith("transcription.completed"):
+                    completed += 1
+                    if completed == 2:
+                        break
+    assert "error" not in [e["type"] for e in events], events
+    transcripts = [e["transcript"] for e in events if e["type"].endswith(".completed")]
+    assert len(transcripts) == 2 and all(transcripts)
+    updated = [e for e in events if e["type"] == "session.updated"]
+    assert updated[0]["session"]["audio"]["input"]["transcription"]["languages"] == ["en"]
+    assert [w["code"] for e in updated for w in e.get("warnings", ())] == ["hotwords_unused"]
+
+
+async def test_openai_realtime_keywords_and_languages(server, speech) -> None:
+    """LiveKit sends ``languages`` and ``keywords`` (openai 3.60's fields) for newer
+    transcription models instead of ``language`` and ``prompt``."""
+    pcm24 = soxr.resample(speech, 16000, 24000).astype(np.int16).tobytes()
+    session = copy.deepcopy(clients.GA_SESSION)
+    transcription = session["audio"]["input"]["transcription"]
+    del transcription["language"]
+    transcription.update(languages=["zh", "en"], keywords=[PHRASE])
+    events = await clients.openai_ga(server.port, pcm24, 2, session)
+    assert "error" not in [e.type for e in events]
+    assert any(PHRASE in t for t in clients.openai_transcripts(events))
+    updated = next(e for e in events if e.type == "session.updated")
+    echoed = updated.session.audio.input.transcription
+    assert echoed.languages == ["zh", "en"] and echoed.keywords == [PHRASE]
+
+
+def test_uploads_take_keywords_languages_and_skip_what_cannot_be_spelt(
+    server, speech, tmp_path
+) -> None:
+    from openai import OpenAI
+
+    path = tmp_path / "speech.wav"
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1), out.setsampwidth(2), out.setframerate(16000)
+        out.writeframes(speech.tobytes())
+    client = OpenAI(api_key="k", base_url=f"http://127.0.0.1:{server.port}/v1", max_retries=0)
+    before = notices(server)
+    with path.open("rb") as f:
+        plain = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json"
+        )
+    assert PHRASE not in plain.text
+    with path.open("rb") as f:
+        boosted = client.audio.transcriptions.create(
+            model="gpt-transcribe",
+            file=f,
+            response_format="verbose_json",
+            keywords=[PHRASE, UNSPELLABLE],
+            languages=["ja", "en"],
+            include=["logprobs"],
+        )
+    assert PHRASE in boosted.text
+    assert boosted.language == "japanese"  # languages[0] forced, and reported as forced
+    assert notices(server) == before + 1  # the unspellable one: counted, not an error
+    # Deepgram's prerecorded answer says it in metadata.warnings
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/v1/listen?keyterm={PHRASE}"
+        f"&keyterm={urllib.parse.quote(UNSPELLABLE)}",
+        data=path.read_bytes(),
+        headers={"Authorization": "Token k", "Content-Type": "audio/wav"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s(30)) as response:
+        body = orjson.loads(response.read())
+    (warning,) = body["metadata"]["warnings"]
+    assert (warning["parameter"], warning["type"]) == ("keywords", "hotwords_unused")
+    transcript = body["results"]["channels"][0]["alternatives"][0]["transcript"]
+    assert PHRASE in transcript
 
 
 async def test_deepgram_sdk_keywords_and_keyterm(server, speech, greedy) -> None:
@@ -136,6 +334,14 @@ async def test_deepgram_sdk_keywords_and_keyterm(server, speech, greedy) -> None
         assert any(PHRASE in text for text in finals), query
     plain = clients.deepgram_finals(await clients.deepgram_sdk_async(server.port, speech.tobytes()))
     assert not any(PHRASE in text for text in plain)
+
+
+async def test_deepgram_sdk_parses_metadata_with_warnings(server, speech) -> None:
+    messages = await clients.deepgram_sdk_async(server.port, speech.tobytes(), keyterm=UNSPELLABLE)
+    assert None not in messages  # every message parsed to a known type
+    assert type(messages[-1]).__name__ == "ListenV1Metadata"
+    metadata = messages[-1].model_dump()  # the extra field kept as the SDK keeps extras
+    assert metadata["warnings"][0]["type"] == "hotwords_unused", metadata
 
 
 async def test_deepgram_bad_keyword_is_a_400_at_the_handshake(server) -> None:
@@ -168,6 +374,11 @@ async def funasr_finals(server: ServerThread, pcm: np.ndarray, **config) -> list
 async def test_funasr_client_hotwords(server, speech) -> None:
     boosted = await funasr_finals(server, speech, hotwords={PHRASE: BOOST * 10})
     assert any(PHRASE in text for text in boosted)
+    # FunASR's protocol has no place for a warning: one it cannot use is only counted
+    before = notices(server)
+    hotwords = {PHRASE: BOOST * 10, UNSPELLABLE: 20}
+    assert any(PHRASE in text for text in await funasr_finals(server, speech, hotwords=hotwords))
+    assert notices(server) == before + 1
     plain = await funasr_finals(server, speech)
     assert plain and not any(PHRASE in text for text in plain)
 

@@ -65,7 +65,10 @@ def test_port_in_use_is_one_clear_line(cache_dir: Path) -> None:
 def test_missing_model_directory_is_one_clear_line(cache_dir: Path, tmp_path: Path) -> None:
     result = _serve("--model", str(tmp_path / "no-such-model"), cache_dir=cache_dir)
     assert result.returncode != 0
-    assert "does not exist" in _one_error_line(result.stderr)
+    line = _one_error_line(result.stderr)
+    assert "does not exist" in line
+    for layout in ("config.yaml, model.pt", "model_quant.onnx", "tokens.txt", "random:small"):
+        assert layout in line  # every layout --model may be, torch's and ONNX's
 
 
 def test_incomplete_model_directory_names_the_missing_files(

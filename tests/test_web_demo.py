@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from difflib import SequenceMatcher
 from pathlib import Path
 
@@ -281,31 +282,93 @@ async def test_microphone_captions(http_base_url: str, tmp_path: Path) -> None:
     assert errors == []
 
 
+def upload_segments(http_base_url: str, path: Path) -> list[dict]:
+    """The server's own verbose_json segments for ``path`` (the page's reference)."""
+    from openai import OpenAI
+
+    client = OpenAI(api_key="k", base_url=f"{http_base_url}/v1", max_retries=0)
+    with path.open("rb") as f:
+        body = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json"
+        )
+    return [segment.model_dump() for segment in body.segments or ()]
+
+
 @needs_tools
-async def test_file_captions(http_base_url: str, tmp_path: Path) -> None:
-    texts = [FOX, HELLO]
+async def test_file_captions_come_from_the_upload_api(http_base_url: str, tmp_path: Path) -> None:
+    """ "Caption a file…" uploads it (stream=true): the captions fill in as the server
+    decodes, in a fraction of the file's duration, with no WebSocket at all."""
+    texts = [FOX, HELLO] * 3
     wav = tmp_path / "file.wav"
     pcm, _ = write_speech_wav(wav, texts, gap_ms=1000)
+    duration_s = pcm.size / synth.SAMPLE_RATE
+    expected = upload_segments(http_base_url, wav)
+    assert [s["text"] for s in expected] == texts
 
     async with playwright_api.async_playwright() as playwright:
         browser, page, traffic, errors = await open_page(playwright, http_base_url, [])
+        posts: list[str] = []
+        page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+        try:
+            started = time.monotonic()
+            await page.set_input_files("#file", wav)
+            await page.wait_for_selector("#summary[data-ended=true]", timeout=timeout_s(30) * 1000)
+            elapsed_s = time.monotonic() - started
+            await page.wait_for_selector(
+                "#connection[data-state=idle]", timeout=timeout_s(5) * 1000
+            )
+            nodes = page.locator(".segment.final")
+            assert await nodes.count() == len(expected)
+            for i, segment in enumerate(expected):
+                node = nodes.nth(i)
+                assert await node.locator(".text").inner_text() == segment["text"]
+                assert await node.get_attribute("data-emotion") == segment["emotion"]
+                assert await node.get_attribute("data-event") == segment["event"]
+                assert await node.get_attribute("data-language") == segment["sensevoice_language"]
+            summary = await page.inner_text("#summary")
+            assert re.fullmatch(
+                rf"file\.wav: {len(expected)} captions in [\d.]+ s \(uploaded\)", summary
+            )
+            async with page.expect_download() as info:
+                await page.click("#export-srt")
+            cues = Path(await (await info.value).path()).read_text(encoding="utf-8")
+            assert cues.strip().count("\n\n") == len(expected) - 1
+        finally:
+            await browser.close()
+    assert [url.split("/", 3)[-1] for url in posts] == ["v1/audio/transcriptions"]
+    assert traffic.urls == []  # no WebSocket: the file is not played at real time
+    # played at real time it took the file's whole duration; uploaded, a fraction (the
+    # issue's quarter is for random:small int8, bench/results-incoming/issue-33.md: here
+    # the bound leaves room for the two cores' other work)
+    assert elapsed_s < timeout_s(duration_s / 2), (elapsed_s, duration_s)
+    assert errors == []
+
+
+@needs_tools
+async def test_file_captions_without_the_upload_api_are_streamed(
+    make_server, tagged_model_dir: Path, tmp_path: Path
+) -> None:
+    """A server that takes no uploads (--max-file-jobs 0): the file is played into the
+    WebSocket at real time, as before."""
+    from streamer.server.options import FileOptions
+    from tests.server_fixtures import recognizer_loader
+
+    server = make_server(recognizer_loader(tagged_model_dir), files=FileOptions(max_jobs=0))
+    texts = [FOX, HELLO]
+    wav = tmp_path / "file.wav"
+    pcm, _ = write_speech_wav(wav, texts, gap_ms=1000)
+    async with playwright_api.async_playwright() as playwright:
+        browser, page, traffic, errors = await open_page(playwright, server.http_url, [])
         try:
             await page.set_input_files("#file", wav)
-            await page.wait_for_selector(
-                "#connection[data-state=live]", timeout=timeout_s(10) * 1000
-            )
-            # The page sends `stop` by itself at the end of the file.
             await page.wait_for_selector("#summary[data-ended=true]", timeout=timeout_s(30) * 1000)
             await page.wait_for_selector(
                 "#connection[data-state=idle]", timeout=timeout_s(5) * 1000
             )
             await check_finals(page, traffic, texts, exact=True)
             assert traffic.sent_text == [{"type": "stop"}]
-            assert re.search(r"latency \d+ ms", await page.inner_text("#latency"))
         finally:
             await browser.close()
-
-    # A 16 kHz mono file goes out sample for sample.
     sent = np.frombuffer(bytes(traffic.sent_audio), dtype="<i2")
-    np.testing.assert_array_equal(sent, pcm)
-    assert errors == []
+    np.testing.assert_array_equal(sent, pcm)  # a 16 kHz mono file goes out sample for sample
+    assert [e for e in errors if "403" not in e] == []  # the refused upload's console line

@@ -5,6 +5,7 @@ import { CaptionStream, asrUrl } from "./asr-client.js";
 import { CaptionView } from "./captions.js";
 import { download, exportBaseName, toSrt, toText } from "./export.js";
 import { LatencyMeter } from "./latency.js";
+import { UploadError, UploadUnavailable, segmentAsFinal, transcribeUpload } from "./upload.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -160,6 +161,9 @@ function handleMessage(message, session) {
         toast(`segment ${message.segment_id} could not be decoded: ${message.error.message}`);
       }
       break;
+    case "warning": // e.g. hotwords the model cannot spell: skipped, the session goes on
+      toast(`${message.code}: ${message.message}`);
+      break;
     case "error":
       // Fatal errors are reported with the close that follows.
       if (!message.fatal && message.code !== "decode_failed") {
@@ -251,6 +255,46 @@ async function startMicrophone() {
 }
 
 async function captionFile(file) {
+  if (run || !file) return;
+  const current = newRun();
+  current.abort = new AbortController();
+  ui.progress.hidden = false;
+  ui.progress.textContent = `uploading ${file.name}…`;
+  const session = { index: 0, offsetMs: 0 }; // one upload: one timeline from 0
+  let captions = 0;
+  const started = performance.now();
+  showConnection("live", "transcribing an upload");
+  try {
+    await transcribeUpload(file, {
+      language: ui.language.value,
+      token: ui.token.value.trim(),
+      signal: current.abort.signal,
+      onSegment: (segment) => {
+        captions += 1;
+        view.handle(segmentAsFinal(segment), session);
+        ui.progress.textContent = `${file.name}: ${captions} captions, up to ${segment.end.toFixed(1)} s`;
+      },
+    });
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    ui.summary.textContent = `${file.name}: ${captions} captions in ${seconds} s (uploaded)`;
+    ui.summary.dataset.ended = "true";
+    showConnection("idle");
+  } catch (err) {
+    if (err instanceof UploadUnavailable) {
+      await finishRun(current);
+      return streamFile(file); // an older server: caption it live, at real time
+    }
+    if (err?.name !== "AbortError") {
+      showNotice(err instanceof UploadError ? `The server could not caption ${file.name}: ${err.message}` : `Upload failed: ${err}`);
+    }
+    showConnection("idle");
+  }
+  await finishRun(current);
+}
+
+// The file played into the WebSocket at real time, as a microphone would: for a server
+// without the upload API.
+async function streamFile(file) {
   if (run || !file) return;
   const current = newRun();
   ui.progress.hidden = false;

@@ -19,7 +19,7 @@ from streamer.cli.common import (
     _recognizer_options,
     random_models_for,
 )
-from streamer.core.protocol import LANGUAGES, StreamOptions
+from streamer.core.protocol import LANGUAGES, Final, StreamOptions
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS
 from streamer.errors import ConfigError, StreamerError
 
@@ -44,6 +44,21 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--vad-aggressiveness", type=int, choices=(0, 1, 2, 3), default=DEFAULT_AGGRESSIVENESS
     )
+    p.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the transcript to FILE: subtitles (.srt, .vtt), OpenAI's verbose_json "
+        "(.json: segments and words with times), or text (.txt); one input file only",
+    )
+    p.add_argument(
+        "--hotwords",
+        default=None,
+        metavar="PHRASES|FILE",
+        help="phrases to favour: 'Kubernetes,Anthropic:3' or a file of one a line",
+    )
     _add_model_arguments(p)
     _add_logging_arguments(p)
     # None: warnings, plus the loading stages (a model takes seconds to a minute to load);
@@ -51,12 +66,54 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_transcribe, log_level=None)
 
 
+_OUTPUT_FORMATS = {".srt": "srt", ".vtt": "vtt", ".json": "json", ".txt": "txt"}
+
+
+def _output_format(args: argparse.Namespace) -> str | None:
+    """``--output``'s format from its extension; ConfigError when it cannot be written."""
+    if args.output is None:
+        return None
+    if len(args.files) != 1:
+        raise ConfigError("--output takes one input file (run once per file)")
+    fmt = _OUTPUT_FORMATS.get(args.output.suffix.lower())
+    if fmt is None:
+        raise ConfigError(
+            f"--output {args.output}: the extension says the format: {', '.join(_OUTPUT_FORMATS)}"
+        )
+    return fmt
+
+
+def _write_output(
+    path: Path, fmt: str, finals: list[Final], duration_s: float, language: str
+) -> None:
+    from streamer.client.captions import render
+    from streamer.core.compat.transcripts import transcription_verbose_json
+
+    if fmt == "json":
+        body = transcription_verbose_json(
+            finals, duration_s=duration_s, granularities=("segment", "word"), language=language
+        )
+        text = orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n"
+    else:
+        text = render(((final, 0.0) for final in finals), fmt)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
+
+
 def _cmd_transcribe(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from streamer.audio_io import load_audio
+    from streamer.client.cli import read_hotwords_argument
     from streamer.core.protocol import message_dict
+    from streamer.core.session_state import SessionOptions
     from streamer.model.loading import LoadProgress, load_recognizer, preflight
     from streamer.offline import transcribe_pcm
 
+    output_format = _output_format(args)
+    words = read_hotwords_argument(args.hotwords) if args.hotwords else ()
     options = _recognizer_options(args)
     preflight(options)
     classifier_factory = _classifier_factory(args.vad)
@@ -64,6 +121,7 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
     stages = logging.INFO if args.log_level is None else logging.NOTSET
     logging.getLogger("streamer.model.loading").setLevel(stages)
     recognizer = load_recognizer(options, LoadProgress())
+    session_options = replace(SessionOptions(model_name=recognizer.name), hotwords=words)
     out = sys.stdout
     status = 0
     for path in args.files:
@@ -74,14 +132,17 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
             status = 2
             continue
         texts = []
+        finals = []
         for final in transcribe_pcm(
             recognizer,
             pcm,
             language=args.language,
             itn=not args.no_itn,
+            session_options=session_options,
             vad_aggressiveness=args.vad_aggressiveness,
             classifier=None if classifier_factory is None else classifier_factory(),
         ):
+            finals.append(final)
             if args.json:
                 record = {"file": str(path), **message_dict(final)}
                 out.write(orjson.dumps(record).decode() + "\n")
@@ -91,6 +152,10 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
             prefix = f"{path}: " if len(args.files) > 1 else ""
             out.write(prefix + " ".join(texts) + "\n")
         out.flush()
+        if output_format is not None:
+            duration_s = pcm.size / 16000
+            _write_output(args.output, output_format, finals, duration_s, args.language)
+            sys.stderr.write(f"wrote {args.output} ({output_format})\n")
     return status
 
 

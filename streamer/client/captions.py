@@ -87,19 +87,36 @@ class CaptionWriter(Protocol):
     def close(self) -> None:
         """Flush what is buffered (the underlying stream is not closed)."""
 
+    def describe(self) -> str:
+        """What was written, in words for the summary ("15 subtitle cues from 6
+        utterances")."""
+
 
 class _StreamWriter:
     def __init__(self, stream: TextIO, fmt: str) -> None:
         self._stream = stream
         self._fmt = fmt
         self._cues = 0
+        self._finals = 0  # finals with text
+        self._records = 0  # jsonl lines
         if fmt == "vtt":
             stream.write(VTT_HEADER)
 
+    def describe(self) -> str:
+        if self._fmt == "jsonl":
+            return _count(self._records, "message")
+        utterances = _count(self._finals, "utterance")
+        if self._fmt == "txt":
+            return f"{utterances}, a line each"
+        split = ", long ones split to be readable" if self._cues > self._finals else ""
+        return f"{_count(self._cues, 'subtitle cue')} from {utterances}{split}"
+
     def write(self, message: ServerMessage, arrival_s: float) -> None:
         if self._fmt == "jsonl":
+            self._records += 1
             self._stream.write(_jsonl_line(message, arrival_s))
         elif isinstance(message, Final) and message.text.strip():
+            self._finals += 1
             if self._fmt == "txt":
                 self._stream.write(message.text.strip() + "\n")
             else:
@@ -113,6 +130,10 @@ class _StreamWriter:
 
     def close(self) -> None:
         self._stream.flush()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def make_writer(stream: TextIO, fmt: str) -> CaptionWriter:

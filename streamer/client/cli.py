@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -25,11 +25,13 @@ from streamer.client.captions import FORMATS, CaptionWriter, display_width, form
 from streamer.client.connection import DEFAULT_URL, ClientOptions, Received, ServerUnreachable
 from streamer.client.streaming import stream_file
 from streamer.client.timeline import SessionResult
+from streamer.core import hotwords
 from streamer.core.protocol import (
     LANGUAGES,
     End,
     Error,
     Final,
+    Notice,
     Partial,
     StreamOptions,
     message_dict,
@@ -40,6 +42,7 @@ from streamer.errors import (
     ClientError,
     ConfigError,
     ConnectionRefusedByServer,
+    InvalidHotwords,
     InvalidOption,
     ServerClosed,
 )
@@ -82,8 +85,19 @@ _BAR_CELLS = 20
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``streamer client`` arguments (and the exit-code epilog) to ``parser``."""
-    parser.add_argument("file", type=Path, help="audio file (wav, flac, ogg; mp3/m4a via ffmpeg)")
-    parser.add_argument("--url", default=DEFAULT_URL, help="server endpoint (default: %(default)s)")
+    parser.add_argument("file", type=Path, help="audio file (wav, flac, ogg, mp3, m4a, webm, ...)")
+    parser.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help="server endpoint; without a path, /v1/asr (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hotwords",
+        default=None,
+        metavar="PHRASES|FILE",
+        help="phrases to favour: 'Kubernetes,Anthropic:3' (phrase or phrase:boost, "
+        "comma-separated) or a file of one a line, as serve's --hotwords",
+    )
     parser.add_argument(
         "--language", choices=LANGUAGES, default="auto", help="spoken language (default: auto)"
     )
@@ -136,7 +150,13 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print each final as a JSON line on stdout"
     )
-    parser.add_argument("--quiet", "-q", action="store_true", help="no live view, no summary")
+    parser.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="print nothing but errors: no live view, no summary, no transcript on a piped "
+        "stdout (--json and --output - still write stdout)",
+    )
     parser.add_argument(
         "--reconnects",
         type=int,
@@ -235,6 +255,8 @@ class LiveView:
         elif isinstance(message, Error):
             self.line(f"server {'error' if message.fatal else 'warning'}: {message.code}: "
                       f"{message.message}")  # fmt: skip
+        elif isinstance(message, Notice):
+            self.line(f"server warning: {message.code}: {message.message}")
 
     def final_line(self, final: Final) -> str:
         """``00:01.2 [en 😊] Text`` for a final; empty for a final without text or error."""
@@ -311,7 +333,29 @@ def _stream_options(args: argparse.Namespace) -> StreamOptions:
     }
     if args.endpoint_ms is not None:
         params["endpoint_ms"] = args.endpoint_ms
-    return parse_stream_options(params)
+    options = parse_stream_options(params)
+    if args.hotwords:
+        words = read_hotwords_argument(args.hotwords)
+        try:
+            hotwords.as_query(words)  # the client sends them in the URL
+        except InvalidHotwords as error:
+            raise ConfigError(f"--hotwords: {error.message}") from None
+        options = replace(options, hotwords=words)
+    return options
+
+
+def read_hotwords_argument(value: str) -> hotwords.Hotwords:
+    """``--hotwords``: a file of one ``phrase`` or ``phrase:boost`` a line when ``value``
+    names one, else a comma-separated list of them (ConfigError if malformed)."""
+    path = Path(value).expanduser()
+    try:
+        if path.is_file():
+            return hotwords.parse_file(path.read_text(encoding="utf-8"), name=str(path))
+        return hotwords.parse_v1(value, strings=True)
+    except OSError as error:
+        raise ConfigError(f"--hotwords {value}: {error.strerror or error}") from None
+    except InvalidHotwords as error:
+        raise ConfigError(f"--hotwords: {error.message}") from None
 
 
 @contextlib.contextmanager
@@ -339,22 +383,27 @@ def _outputs(paths: list[str], explicit_format: str | None) -> Iterator[list[_Ou
 
 
 def _summary(result: SessionResult, wall_s: float) -> str:
+    """One line that explains itself: what was transcribed, how fast, how late."""
     if result.end is not None:
         audio_s = result.end.audio_ms / 1000
     else:
         audio_s = max((c.end_sample for c in result.sends), default=0) / result.sample_rate
-    segments = sum(1 for f in result.finals if f.text.strip())
-    parts = [f"{segments} segment{'s' if segments != 1 else ''}"]
+    utterances = sum(1 for f in result.finals if f.text.strip())
+    parts = [f"{utterances} utterance{'s' if utterances != 1 else ''} transcribed"]
     speed = f" ({audio_s / wall_s:.1f}× real time)" if wall_s > 0 else ""
-    parts.append(f"{audio_s:.1f} s audio in {wall_s:.1f} s{speed}")
+    parts.append(f"{audio_s:.1f} s of audio sent in {wall_s:.1f} s{speed}")
     ttfp = result.time_to_first_partial_s()
     if ttfp is not None:
-        parts.append(f"first result {ttfp * 1000:.0f} ms")
+        parts.append(f"first result {ttfp * 1000:.0f} ms after its speech began (as sent)")
     latency = result.median_final_latency_s()
     if latency is not None:
-        parts.append(f"median final latency {latency * 1000:.0f} ms")
+        parts.append(f"finals {latency * 1000:.0f} ms after their speech ended (median)")
     if result.end is not None and result.end.partials_skipped:
-        parts.append(f"{result.end.partials_skipped} partials skipped")
+        skipped = result.end.partials_skipped
+        parts.append(
+            f"{skipped} partial update{'s' if skipped != 1 else ''} skipped while the "
+            "server was busy (finals are never skipped)"
+        )
     if result.reconnects:
         parts.append(f"{result.reconnects} reconnect{'s' if result.reconnects != 1 else ''}")
     return " · ".join(parts)
@@ -397,7 +446,8 @@ async def run_client(args: argparse.Namespace) -> int:
         emoji=encoding.startswith("utf"),
         width=shutil.get_terminal_size((80, 24)).columns,
     )
-    stdout_text = not args.json and not out.isatty() and "-" not in args.output
+    # piped stdout gets the transcript, unless -q (nothing but what was asked for)
+    stdout_text = not args.json and not args.quiet and not out.isatty() and "-" not in args.output
     started_s = time.monotonic()
 
     try:
@@ -439,6 +489,7 @@ async def run_client(args: argparse.Namespace) -> int:
                 )
             finally:
                 view.close()
+                descriptions = [output.writer.describe() for output in outputs]
     except ConfigError as exc:
         _error(err, str(exc))
         return EXIT_USAGE
@@ -453,10 +504,9 @@ async def run_client(args: argparse.Namespace) -> int:
         return EXIT_SERVER_ERROR
     if not args.quiet:
         err.write(_summary(result, time.monotonic() - started_s) + "\n")
-        segments = sum(1 for f in result.finals if f.text.strip())
-        for path in args.output:
+        for path, written in zip(args.output, descriptions, strict=True):
             if path != "-":
                 fmt = format_for(path, args.format)
-                err.write(f"wrote {segments} captioned segments to {path} ({fmt})\n")
+                err.write(f"wrote {path} ({fmt}): {written}\n")
         err.flush()
     return EXIT_OK

@@ -137,8 +137,12 @@ class Received:
 
 
 def session_url(options: ClientOptions) -> str:
-    """``options.url`` with the non-default stream options added as query parameters."""
+    """``options.url`` with the non-default stream options added as query parameters;
+    a URL without a path (``ws://host:8000``) gets protocol v1's (``/v1/asr``), where
+    the server's root would answer the web page and refuse the upgrade."""
     parts = urlsplit(options.url)
+    if parts.path in ("", "/"):
+        parts = parts._replace(path=PATH)
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     defaults = StreamOptions()
     for name, value in dataclasses.asdict(options.stream).items():

@@ -34,6 +34,9 @@ _MAGICS = (
     (b"fLaC", "flac"),
     (b"ID3", "mp3"),  # an ID3v2 tag before MPEG audio frames
 )
+# containers whose first bytes raw PCM cannot start with by chance often enough to matter
+# (a WAV header over PCM is only a click; an MPEG sync is two samples near -1)
+UNMISTAKABLE = ("webm", "ogg", "flac")
 # MPEG audio sample-rate index 3 and bitrate indexes 0 (free) and 15 are invalid
 _MPEG_BAD_BITRATE = (0x0, 0xF)
 
@@ -50,6 +53,23 @@ def sniff(head: bytes) -> str | None:
     if _mpeg_layer3_header(head):
         return "mp3"
     return None
+
+
+def container_in_pcm(head: bytes) -> str | None:
+    """The container (one of :data:`UNMISTAKABLE`) whose header bytes declared raw PCM
+    start with: a WebM recording sent as ``linear16`` would decode as noise into one
+    meaningless final, so it is refused instead."""
+    found = sniff(head[:SNIFF_BYTES])
+    return found if found in UNMISTAKABLE else None
+
+
+def pcm_refusal(found: str, hint: str) -> UndecodableAudio:
+    """The error for container bytes declared raw PCM; ``hint`` says, in the protocol's
+    own words, how to declare the container."""
+    return UndecodableAudio(
+        f"the audio was declared raw PCM but starts with a {found} header (a {found} "
+        f"file or recording): {hint}"
+    )
 
 
 def _mpeg_layer3_header(head: bytes) -> bool:
@@ -85,11 +105,20 @@ class AudioInput:
     """
 
     def __init__(
-        self, encoding: str, sample_rate: int, open_decoder: DecoderFactory | None
+        self,
+        encoding: str,
+        sample_rate: int,
+        open_decoder: DecoderFactory | None,
+        *,
+        pcm_hint: str = "",
     ) -> None:
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown encoding {encoding!r}")
         self.encoding = encoding
+        # with encoding=PCM: how to declare a container, for a stream that starts with
+        # one (refused: see container_in_pcm); "" leaves declared PCM unchecked
+        self._pcm_hint = pcm_hint
+        self._pcm_checked = not pcm_hint or encoding != PCM
         self.sample_rate = sample_rate
         self._open_decoder = open_decoder
         self.detected: str | None = PCM if encoding == PCM else None  # once known
@@ -103,6 +132,11 @@ class AudioInput:
 
     def push(self, data: bytes) -> bytes:
         if self.detected == PCM:
+            if not self._pcm_checked and data:
+                self._pcm_checked = True
+                found = container_in_pcm(data)
+                if found is not None:
+                    raise pcm_refusal(found, self._pcm_hint)
             return data
         if self.detected is None:
             self._head += data

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,16 @@ MAX_PHRASE_CHARS = 256  # a phrase's length before tokenizing (tokens are limite
 MAX_PHRASE_TOKENS = 32  # default of --hotwords-max-tokens (checked by the model worker)
 FUNASR_WEIGHT_PER_BOOST = 10.0  # FunASR's weight 20 (its clients' example) is boost 2.0
 _SPACES = re.compile(r"\s+")
-_PROMPT_SEPARATORS = re.compile(r"[,;\n，；、]")
+MAX_TERM_WORDS = 4  # a prompt's term of more words is a sentence: its names are kept
+_PROMPT_SEPARATORS = re.compile(r"[,;\n，；、]|[.!?](?=\s|$)|[。！？]")
+_KEEP_INSIDE = frozenset("'’-&.+#")  # kept: "Anthropic's", "Node.js", "C++", "C#"
+_COMMON_WORDS = frozenset(
+    """a an and are as at be but by for from has have he her his i if in into is it its
+    me my no not of on or our she so that the their them then there these they this to
+    us was we were what when where which who will with you your please expect words
+    transcribe transcript transcription speaker speakers talk talks about audio
+    recording meeting""".split()
+)
 
 
 @dataclass(frozen=True)
@@ -178,12 +188,77 @@ def parse_funasr(value: Any) -> Hotwords:
 
 
 def parse_prompt(prompt: str) -> Hotwords:
-    """OpenAI's transcription ``prompt`` read as a list of terms: split at commas,
-    semicolons and line breaks, each term a phrase with the default boost."""
-    terms = [t for t in _PROMPT_SEPARATORS.split(prompt) if t.strip()]
-    return _checked(
-        (hotword(t, where=f"prompt term {i + 1}") for i, t in enumerate(terms)), "prompt"
-    )
+    """OpenAI's transcription ``prompt``, which is free text, as hotwords; never raises
+    (a prompt is text, not a contract).
+
+    Split at commas, semicolons, line breaks and sentence ends; each short term (at most
+    :data:`MAX_TERM_WORDS` words: a list of names) is a phrase. A longer term is a
+    sentence ("expect words about Kubernetes and Claude Code"): only its names are kept,
+    runs of words with a capital letter, a digit or a non-ASCII letter that are not
+    common words ("Kubernetes", "Claude Code"), since boosting "expect" or "about" helps
+    nothing. Symbols the tokenizer cannot spell (emoji) are dropped from each term; what
+    the model still cannot use is skipped by the worker, which says so in a notice."""
+    phrases: list[str] = []
+    for term in _PROMPT_SEPARATORS.split(prompt):
+        words = _clean_term(term).split()
+        if len(words) <= MAX_TERM_WORDS:
+            phrases.append(" ".join(words))
+        else:
+            phrases.extend(_names(words))
+    return parse_terms(phrases)
+
+
+def parse_terms(terms: Iterable[Any]) -> Hotwords:
+    """Phrases to favour with the default boost (OpenAI's ``keywords``, the prompt's
+    terms), leniently: a term that is not a string, empty once symbols are dropped, or
+    over :data:`MAX_PHRASE_CHARS` characters is skipped, and past :data:`MAX_PHRASES`
+    the rest is ignored; never raises."""
+    words = []
+    for term in terms:
+        if not isinstance(term, str):
+            continue
+        text = _clean_term(term)
+        if text and len(text) <= MAX_PHRASE_CHARS:
+            words.append(Hotword(text))
+    unique = {word.phrase: word for word in words}
+    return tuple(unique.values())[:MAX_PHRASES]
+
+
+def _clean_term(term: str) -> str:
+    """``term`` with symbols, emoji and punctuation other than :data:`_KEEP_INSIDE`
+    replaced by spaces, spaces collapsed, and no punctuation at either end."""
+    kept = []
+    for char in term:
+        category = unicodedata.category(char)
+        if category[0] in "LMN" or char in _KEEP_INSIDE:
+            kept.append(char)
+        else:
+            kept.append(" ")
+    words = ("".join(kept)).split()
+    return " ".join(word.strip("'’-&.") for word in words).strip()
+
+
+def _names(words: Sequence[str]) -> list[str]:
+    """The runs of name-like words in a sentence's ``words`` (at most MAX_TERM_WORDS)."""
+    names: list[str] = []
+    run: list[str] = []
+    for word in words:
+        if _name_like(word):
+            run.append(word)
+            if len(run) < MAX_TERM_WORDS:
+                continue
+        if run:
+            names.append(" ".join(run))
+            run = []
+    if run:
+        names.append(" ".join(run))
+    return names
+
+
+def _name_like(word: str) -> bool:
+    if word.lower() in _COMMON_WORDS:
+        return False
+    return any(c.isupper() or c.isdigit() or (c.isalpha() and not c.isascii()) for c in word)
 
 
 def parse_file(text: str, *, name: str = "hotwords file") -> Hotwords:

@@ -291,6 +291,24 @@ class Error:
 
 
 @dataclass(frozen=True)
+class Notice:
+    """Something the client asked for is not (fully) applied, and the session goes on:
+    a warning, never an error (clients that stop at every ``error`` keep working)."""
+
+    type: ClassVar[str] = "warning"
+    code: str  # NOTICE_HOTWORDS_UNUSED
+    message: str  # for people; counts and reasons, never the client's phrases
+
+    def __post_init__(self) -> None:
+        if len(self.message) > MAX_ERROR_MESSAGE_CHARS:
+            cut = self.message[: MAX_ERROR_MESSAGE_CHARS - 3] + "..."
+            object.__setattr__(self, "message", cut)
+
+
+NOTICE_HOTWORDS_UNUSED = "hotwords_unused"  # phrases the model's vocabulary cannot spell
+
+
+@dataclass(frozen=True)
 class End:
     type: ClassVar[str] = "end"
     segments: int  # finals sent in this session
@@ -299,9 +317,9 @@ class End:
     partials_skipped: int  # partial decodes skipped because the worker was busy
 
 
-ServerMessage = Ready | SpeechStart | Partial | Final | Error | End
+ServerMessage = Ready | SpeechStart | Partial | Final | Error | Notice | End
 _SERVER_TYPES: dict[str, type] = {
-    cls.type: cls for cls in (Ready, SpeechStart, Partial, Final, Error, End)
+    cls.type: cls for cls in (Ready, SpeechStart, Partial, Final, Error, Notice, End)
 }
 
 

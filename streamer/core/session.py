@@ -28,6 +28,7 @@ from streamer.core.protocol import (
     Final,
     FinalizeMessage,
     KeepaliveMessage,
+    Notice,
     Partial,
     Ready,
     ServerMessage,
@@ -46,7 +47,6 @@ from streamer.errors import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
     CLOSE_POLICY_VIOLATION,
-    InvalidHotwords,
     MalformedMessage,
     ProtocolError,
     UnexpectedMessage,
@@ -588,10 +588,11 @@ class Session:
                 self._emit(m)
 
     def _hotwords_unused(self, why: str) -> None:
-        """Some phrases could not be tokenized: told once per phrase set, not fatal."""
+        """Some phrases could not be tokenized: told once per phrase set, as a notice
+        (a prompt is text, not a contract: the others are used, the session goes on)."""
         if self._hotwords_told != self._hotwords:
             self._hotwords_told = self._hotwords
-            self._non_fatal(InvalidHotwords(why))
+            self._emit(Notice(code=protocol.NOTICE_HOTWORDS_UNUSED, message=why))
 
     def _non_fatal(self, error: ProtocolError) -> None:
         self._non_fatal_code(error.code, error.message)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamer.core import protocol
-from streamer.core.containers import PCM, AudioInput, DecoderFactory
+from streamer.core.containers import PCM, AudioInput, DecoderFactory, container_in_pcm, pcm_refusal
 from streamer.core.protocol import ServerMessage, StopMessage
 from streamer.core.session import Session, State
 from streamer.errors import CLOSE_UNSUPPORTED_DATA, ProtocolError, UndecodableAudio
@@ -93,6 +93,13 @@ class V1Adapter(WireAdapter):
     def receive_bytes(self, data: bytes) -> None:
         stream = self.session.stream
         if self._input is None:
+            if stream.encoding == PCM and self.session.state is State.CONFIGURING:
+                # the first frame: a recording's container declared PCM would be noise
+                found = container_in_pcm(data)
+                if found is not None:
+                    hint = f"connect with encoding={found} (or encoding=auto)"
+                    self._undecodable(pcm_refusal(found, hint))
+                    return
             if stream.encoding == PCM or self.session.state is not State.CONFIGURING:
                 self.session.receive_audio(data)
                 return

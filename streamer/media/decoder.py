@@ -29,6 +29,7 @@ import numpy as np
 
 from streamer.core.containers import CONTAINER_FORMATS
 from streamer.errors import UndecodableAudio
+from streamer.media.convert import MonoConverter
 
 logger = logging.getLogger(__name__)
 
@@ -216,14 +217,16 @@ class ContainerDecoder:
             with self._cond:
                 self._header_done = True
                 self._read_at_last_sample = self._read_total
-            resampler = av.AudioResampler(format="s16", layout="mono", rate=self.sample_rate)
+            # the uploads' conversion (soxr, channels averaged): the same bytes give
+            # the same samples, uploaded or streamed
+            converter = MonoConverter(self.sample_rate)
             expected_s: float | None = None  # where the next frame should start
             for packet in container.demux(stream):
                 for frame in packet.decode():
                     check_rate(frame.sample_rate, f"{self.container} stream")
                     expected_s = check_gap(frame, expected_s, f"{self.container} stream")
-                    yield from _pcm(resampler.resample(frame))
-            yield from _pcm(resampler.resample(None))
+                    yield from _pcm(converter.push(frame))
+            yield from _pcm(converter.flush())
 
 
 def check_format(stream: Any, what: str, *, complete: bool = True) -> None:
@@ -269,11 +272,9 @@ def check_gap(frame: av.AudioFrame, expected_s: float | None, what: str) -> floa
     return start_s + frame.samples / frame.sample_rate
 
 
-def _pcm(frames: list[av.AudioFrame]) -> Iterator[bytes]:
-    for frame in frames:
-        samples = frame.to_ndarray()
-        if samples.size:
-            yield np.ascontiguousarray(samples.reshape(-1), dtype="<i2").tobytes()
+def _pcm(samples: np.ndarray) -> Iterator[bytes]:
+    if samples.size:
+        yield np.ascontiguousarray(samples, dtype="<i2").tobytes()
 
 
 def open_decoder(container: str, sample_rate: int) -> ContainerDecoder:

@@ -8,11 +8,11 @@ decodes it lazily, holding one chunk and one decoded frame at a time, never the 
 file. Both block (run them in a thread) and raise :class:`UndecodableAudio` for what is
 not audio, or :class:`AudioTooLong` for a file over the caller's duration limit.
 
-The samples are converted here rather than by libswresample: channels are averaged,
-other rates are resampled with soxr (the filter :mod:`streamer.audio_io` uses for
-``streamer transcribe``) in float32 and rounded without dither, and a 16 kHz mono s16
-file (a WAV, a 16-bit FLAC) comes out bit-identical to its samples, so its finals are
-those protocol v1 gives for the same samples.
+The samples are converted by :class:`~streamer.media.convert.MonoConverter` (not by
+libswresample), as a container streamed live is: channels averaged, other rates
+resampled with soxr and rounded without dither, and a 16 kHz mono s16 file (a WAV, a
+16-bit FLAC) comes out bit-identical to its samples, so its finals are those protocol
+v1 gives for the same samples, and an Ogg or WebM file's are those it gives streamed.
 
 Only the demuxers of :data:`AUDIO_DEMUXERS` may open a file: FFmpeg's ``concat`` and
 ``hls`` demuxers read the files or URLs a playlist names, which an upload must never
@@ -29,10 +29,10 @@ from typing import IO, Any
 import av
 import av.error
 import numpy as np
-import soxr
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import AudioTooLong, UndecodableAudio
+from streamer.media.convert import MonoConverter
 from streamer.media.decoder import check_format, check_gap, check_rate
 
 __all__ = [
@@ -67,12 +67,6 @@ SHORTFALL_S = 0.25  # decoded audio this much shorter than the header says: a ba
 SHORTFALL_RATIO = 0.02  # ... or this share of it, whichever is more
 CHUNK_SAMPLES = SAMPLE_RATE  # one second of output per chunk unless asked otherwise
 WAV_HEADER_SCAN_BYTES = 64 * 1024  # a WAV's data chunk is looked for this far in
-# a frame is resampled this many input samples at a time, so one piece's output is at
-# most 2x it (8 kHz, the lowest rate check_format lets in, to 16 kHz) whatever the frame
-RESAMPLE_PIECE_SAMPLES = 8192
-INT16_SCALE = 32768.0
-# what one sample of each FFmpeg sample format is worth at full scale (u8 is offset)
-_FULL_SCALE = {"s16": 32768.0, "s32": 2147483648.0, "u8": 128.0, "flt": 1.0, "dbl": 1.0}
 
 # a binary file open for reading, or a path
 Source = str | os.PathLike[str] | IO[bytes]
@@ -265,8 +259,9 @@ def _too_long(limit_s: float, duration_s: float | None = None) -> AudioTooLong:
 
 
 def _mono_16k(container: Any, stream: Any) -> Iterator[np.ndarray]:
-    """The stream's frames as int16 mono at 16 kHz, resampled where they are not."""
-    resampler: _Resampler | None = None
+    """The stream's frames as int16 mono at 16 kHz (:class:`MonoConverter`: the live
+    container decoder's conversion too)."""
+    converter = MonoConverter(SAMPLE_RATE)
     expected_s: float | None = None  # where the next frame should start
     for frame in _frames(container, stream):
         if frame.pts is None and expected_s is not None and frame.sample_rate:
@@ -275,24 +270,12 @@ def _mono_16k(container: Any, stream: Any) -> Iterator[np.ndarray]:
             expected_s += frame.samples / frame.sample_rate
         else:
             expected_s = check_gap(frame, expected_s, "file")
-        rate = frame.sample_rate
-        check_rate(rate, "file")  # a chained Ogg stream's rate is its own
-        if resampler is not None and resampler.in_rate != rate:
-            yield resampler.flush()  # a chained Ogg stream at another rate
-            resampler = None
-        exact = _exact_int16(frame)
-        if rate == SAMPLE_RATE and exact is not None:
-            yield exact
-        elif rate == SAMPLE_RATE:
-            yield _to_int16(_mono_float(frame))
-        else:
-            if resampler is None:
-                resampler = _Resampler(rate)
-            mono = _mono_float(frame)
-            for start in range(0, mono.size, RESAMPLE_PIECE_SAMPLES):
-                yield resampler.push(mono[start : start + RESAMPLE_PIECE_SAMPLES])
-    if resampler is not None:
-        yield resampler.flush()
+        # a chained Ogg stream's rate is its own: each frame's is checked (a 1 Hz frame
+        # would resample 2048 samples into 32.8 M); within 8-384 kHz a frame's output is
+        # at most twice its input
+        check_rate(frame.sample_rate, "file")
+        yield converter.push(frame)
+    yield converter.flush()
 
 
 def _frames(container: Any, stream: Any) -> Iterator[av.AudioFrame]:
@@ -307,55 +290,3 @@ def _frames(container: Any, stream: Any) -> Iterator[av.AudioFrame]:
         raise UndecodableAudio(
             f"the file is corrupt near {max(0.0, position_s):.3f} s: {_reason(error)}"
         ) from None
-
-
-def _exact_int16(frame: av.AudioFrame) -> np.ndarray | None:
-    """A mono s16 frame's samples as they are; a multi-channel one averaged and
-    rounded to int16 exactly; None for other sample formats."""
-    if frame.format.name not in ("s16", "s16p"):
-        return None
-    samples = frame.to_ndarray()
-    channels = frame.layout.nb_channels
-    if channels == 1:
-        return samples.reshape(-1)
-    mean = _by_channel(samples, frame).mean(axis=0, dtype=np.float64)
-    return np.rint(mean).astype(np.int16)
-
-
-def _mono_float(frame: av.AudioFrame) -> np.ndarray:
-    """A frame of any sample format as float32 mono in [-1, 1]."""
-    kind = frame.format.name.rstrip("p")
-    if kind not in _FULL_SCALE:
-        raise UndecodableAudio(f"the file's samples are in an unknown format ({kind})")
-    samples = _by_channel(frame.to_ndarray(), frame).astype(np.float64)
-    if kind == "u8":
-        samples -= 128.0
-    mono = samples.mean(axis=0) / _FULL_SCALE[kind]
-    return mono.astype(np.float32)
-
-
-def _by_channel(samples: np.ndarray, frame: av.AudioFrame) -> np.ndarray:
-    """``(channels, samples)``: a packed frame's interleaved samples split."""
-    channels = frame.layout.nb_channels
-    if frame.format.is_planar:
-        return samples
-    return samples.reshape(-1, channels).T
-
-
-def _to_int16(floats: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(floats * INT16_SCALE), -32768, 32767).astype(np.int16)
-
-
-class _Resampler:
-    """soxr in float32 with its state carried from frame to frame (the output does not
-    depend on FFmpeg's frame sizes), rounded to int16 without dither."""
-
-    def __init__(self, in_rate: int) -> None:
-        self.in_rate = in_rate
-        self._stream = soxr.ResampleStream(in_rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-
-    def push(self, mono: np.ndarray) -> np.ndarray:
-        return _to_int16(self._stream.resample_chunk(mono, last=False))
-
-    def flush(self) -> np.ndarray:
-        return _to_int16(self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True))

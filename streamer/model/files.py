@@ -155,14 +155,23 @@ def looks_like_path(model: str) -> bool:
     return model.count("/") != 1
 
 
+def missing_directory(directory: Path) -> ModelError:
+    """The error for a ``--model`` directory that does not exist: every layout it may be."""
+    return ModelError(
+        f"Model directory {directory} does not exist. --model takes a directory in one of "
+        "these layouts: torch/funasr's (config.yaml, model.pt, its sentencepiece tokenizer "
+        "and am.mvn, as ModelScope's iic/SenseVoiceSmall), FunASR's ONNX export (model.onnx "
+        "or model_quant.onnx, am.mvn, tokens.json or a *.bpe.model), or sherpa-onnx's "
+        "(model.int8.onnx or model.onnx and tokens.txt); or a hub id (iic/SenseVoiceSmall, "
+        "csukuangfj/sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-07-17), or random:tiny / "
+        "random:small for a test model."
+    )
+
+
 def model_files(directory: Path) -> ModelFiles:
     """The files funasr will read from ``directory``; ModelError naming any missing one."""
     if not directory.is_dir():
-        raise ModelError(
-            f"Model directory {directory} does not exist. Pass the directory that holds "
-            "SenseVoiceSmall's config.yaml, model.pt, tokenizer and am.mvn, a hub id such as "
-            "iic/SenseVoiceSmall, or random:tiny for a test model."
-        )
+        raise missing_directory(directory)
     metas: dict[str, Any] = {}
     meta_file = directory / "configuration.json"
     if meta_file.exists():

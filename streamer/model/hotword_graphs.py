@@ -74,13 +74,16 @@ class HotwordGraphs:
         phrases: list[list[int]] = []
         boosts: list[float] = []
         unknown = too_long = 0
+        skipped: list[str] = []  # for the debug log only: phrases are user data
         for word in used:
             variants = self._encodings(word.phrase)
             if not variants:
                 unknown += 1
+                skipped.append(word.phrase)
                 continue
             if len(variants[0]) > self._max_tokens:
                 too_long += 1
+                skipped.append(word.phrase)
                 continue
             for ids in variants:
                 phrases.append(ids)
@@ -95,6 +98,8 @@ class HotwordGraphs:
             unused = f"{unknown + too_long} of {len(used)} hotwords are not used: " + ", ".join(
                 reasons
             )
+        if skipped:
+            logger.debug("hotwords skipped (the vocabulary cannot spell them): %r", skipped)
         graph = ContextGraph(phrases, boosts) if phrases else None
         logger.debug("hotword graph: %d phrases, %d nodes", len(phrases), len(graph or ()))
         return CompiledHotwords(graph, unused)

@@ -47,7 +47,7 @@ from streamer.model.decoding import (
     read_tokens_json,
     read_tokens_txt,
 )
-from streamer.model.files import model_source
+from streamer.model.files import missing_directory, model_source
 from streamer.model.frontend import Cmvn, Frontend, read_am_mvn
 from streamer.model.onnx_export import (
     CMVN_FILE,
@@ -237,10 +237,7 @@ def locate_onnx_model(options: RecognizerOptions) -> OnnxModelDir:
     source = model_source(model, options.hub, options.cache_dir, options.random_models)
     directory = _download(options) if isinstance(source, str) else source
     if not directory.is_dir():
-        raise ModelError(
-            f"Model directory {directory} does not exist. Pass a SenseVoiceSmall directory "
-            "(torch/funasr, FunASR ONNX or sherpa-onnx), a hub id, or random:tiny."
-        )
+        raise missing_directory(directory)
     if not any((directory / name).is_file() for name in _ONNX_FILES):
         if not (directory / "model.pt").is_file() and not (directory / "config.yaml").is_file():
             raise ModelError(

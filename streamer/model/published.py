@@ -21,10 +21,12 @@ import hashlib
 import logging
 import os
 import re
+import socket
+import urllib.parse
 from pathlib import Path
 
 from streamer.errors import ModelError
-from streamer.extras import missing
+from streamer.extras import TORCH, TORCH_MODULES, install_hint, missing
 from streamer.model.files import HASH_CHUNK_BYTES, file_sha256
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ PUBLISHED_ONNX_MODEL = "csukuangfj/sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-
 PUBLISHED_FILES = ("model.int8.onnx", "tokens.txt")  # what the server runs of it
 PUBLISHED_PREFIX = "sherpa-onnx-sense-voice-"  # the names of sherpa-onnx's SenseVoice repos
 
+PROBE_TIMEOUT_S = 5.0  # connecting to the hub before a download: no answer is offline
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
 
@@ -59,11 +63,25 @@ def fetch_published(model: str, cache_dir: Path) -> Path:
             f"fetching {model} needs huggingface_hub: pip install huggingface-hub "
             "(or download the files elsewhere and pass their directory as --model)"
         )
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
+    _one_handler_per_record()
     cache = hub_cache(cache_dir)
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if not offline:
+        # huggingface_hub retries an unreachable hub for about 25 s, once per file,
+        # before it says so (or falls back to the cache): ask once, quickly
+        unreachable = _unreachable(endpoint)
+        if unreachable is not None:
+            cached = all(
+                isinstance(try_to_load_from_cache(model, name, cache_dir=str(cache)), str)
+                for name in PUBLISHED_FILES
+            )
+            if not cached:
+                raise ModelError(_offline_message(model, f"{endpoint} {unreachable}"))
+            logger.info("%s %s: using the cached files", endpoint, unreachable)
+            offline = True
     paths = []
     for filename in PUBLISHED_FILES:
         try:
@@ -85,6 +103,51 @@ def fetch_published(model: str, cache_dir: Path) -> Path:
     return directory
 
 
+def _unreachable(endpoint: str) -> str | None:
+    """Why ``endpoint`` cannot be reached ("cannot be reached (...)"), or None when a
+    connection opens, or when a proxy is configured (only the proxy knows the way)."""
+    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
+        return None
+    url = urllib.parse.urlsplit(endpoint)
+    if not url.hostname:
+        return None
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=PROBE_TIMEOUT_S):
+            return None
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        return f"cannot be reached ({reason})"
+
+
+def _offline_message(model: str, why: str) -> str:
+    """One message with the next steps that work without the hub."""
+    files = " ".join(PUBLISHED_FILES)
+    return (
+        f"cannot fetch the default model {model}: {why}, and it is not in the cache. "
+        "Next steps, any of: (1) on a machine that can reach it, "
+        f"`hf download {model} {files} --local-dir sensevoice-onnx` (huggingface-hub's "
+        "CLI), copy that folder here and serve with `--model ./sensevoice-onnx`; "
+        "(2) `--model /path/to/dir`, a SenseVoiceSmall directory you already have "
+        "(funasr/ModelScope's, FunASR's ONNX export or sherpa-onnx's); (3) HF_ENDPOINT "
+        "set to a reachable Hugging Face mirror; (4) to try the server without the model, "
+        "`--model random:small` (random weights, meaningless text"
+        + (f"; needs torch: {install_hint(TORCH)})" if missing(*TORCH_MODULES) else ")")
+    )
+
+
+def _one_handler_per_record() -> None:
+    """huggingface_hub gives its own logger a handler of its own that writes to stderr,
+    and its records then also reach the application's handlers: every retry warning
+    was printed twice. Where the application has handlers, the library's goes."""
+    if not logging.getLogger().handlers:
+        return
+    hub = logging.getLogger("huggingface_hub")
+    for handler in list(hub.handlers):
+        if type(handler) is logging.StreamHandler:
+            hub.removeHandler(handler)
+
+
 def _fetch_error(
     model: str, filename: str, endpoint: str, offline: bool, error: Exception
 ) -> ModelError:
@@ -94,19 +157,13 @@ def _fetch_error(
         RepositoryNotFoundError,
     )
 
-    fallback = (
-        "download the files elsewhere (huggingface-cli download "
-        f"{model} {' '.join(PUBLISHED_FILES)}) and pass their directory as --model"
-    )
     if isinstance(error, LocalEntryNotFoundError):
         if offline:
             return ModelError(
-                f"{model}/{filename} is not in the local cache and HF_HUB_OFFLINE is set: "
-                f"start once without it (or with HF_ENDPOINT set to a mirror), or {fallback}"
+                _offline_message(model, "HF_HUB_OFFLINE is set (start once without it)")
             )
         return ModelError(
-            f"cannot download {model}/{filename}: {endpoint} cannot be reached and the file "
-            f"is not cached ({_reason(error)}). Set HF_ENDPOINT to a mirror, or {fallback}"
+            _offline_message(model, f"{endpoint} cannot be reached ({_reason(error)})")
         )
     if isinstance(error, RepositoryNotFoundError):
         return ModelError(f"{endpoint} has no model {model} (404); check the id")

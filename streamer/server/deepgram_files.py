@@ -24,7 +24,7 @@ import orjson
 
 from streamer.core.compat import common, deepgram, transcripts
 from streamer.core.compat.audio import BYTES_PER_SAMPLE
-from streamer.core.containers import PCM
+from streamer.core.containers import AUTO, PCM, SNIFF_BYTES, container_in_pcm, pcm_refusal
 from streamer.errors import FileRefused, ProtocolError, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
 from streamer.server.compat import now_iso
@@ -90,7 +90,15 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
             if listen.container == PCM:  # raw audio, as encoding and sample_rate say
                 chunks = _raw(source, listen, routes.options.max_duration_s)
             else:
-                chunks, info = await media_chunks(source, routes.options.max_duration_s)
+                try:
+                    chunks, info = await media_chunks(source, routes.options.max_duration_s)
+                except UndecodableAudio as error:
+                    if listen.container != AUTO:
+                        raise
+                    # raw PCM has no header to recognise: say how to send it
+                    raise UndecodableAudio(
+                        f"{error.message} (raw PCM? say so: encoding=linear16&sample_rate=N)"
+                    ) from None
                 if info.channels > 1 and common.lenient_bool(
                     request.query.get("multichannel"), False
                 ):
@@ -119,6 +127,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
             created=now_iso(),
             sha256=digest,
             model=routes.admission.worker.model_name,
+            notices=transcript.notices,
         )
         headers = {"dg-request-id": request_id, **routes.cors_headers(request)}
         await exchange.respond(http.HTTPStatus.OK, "application/json", orjson.dumps(body), headers)
@@ -131,6 +140,10 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
 def _raw(
     source: IO[bytes], options: deepgram.ListenOptions, max_duration_s: float
 ) -> Callable[[], Iterator[bytes]]:
+    head = source.read(SNIFF_BYTES)
+    if (found := container_in_pcm(head)) is not None:
+        hint = "omit encoding (the file's container is recognised)"
+        raise _invalid(pcm_refusal(found, hint).message)
     source.seek(0, 2)
     size = source.tell()
     source.seek(0)

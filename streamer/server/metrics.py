@@ -115,6 +115,13 @@ class Metrics:
             registry=r,
         )
         self.errors_total = Counter("streamer_errors", "Error messages sent", ["code"], registry=r)
+        self.notices_total = Counter(
+            "streamer_notices",
+            "Warnings given to sessions that go on (hotwords_unused: phrases the model's "
+            "vocabulary cannot spell, skipped)",
+            ["code"],
+            registry=r,
+        )
         self.decode_seconds = Histogram(
             "streamer_decode_seconds",
             "Model time per decode",
@@ -245,6 +252,7 @@ class Metrics:
         # slow (validation and a lock), a dict lookup is not
         self.segments = _Children(self.segments_total)
         self.errors = _Children(self.errors_total)
+        self.notices = _Children(self.notices_total)
         self._queue_wait = _Children(self.queue_wait_seconds)
         self._decode = _Children(self.decode_seconds)
         self._worker_decodes = _Children(self.worker_decodes_total)

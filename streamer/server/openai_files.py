@@ -23,7 +23,7 @@ import multipart
 from streamer.core import hotwords
 from streamer.core.compat import common, openai_negotiation, transcripts
 from streamer.core.protocol import Final, StreamOptions
-from streamer.errors import FileRefused, InvalidHotwords, UndecodableAudio
+from streamer.errors import FileRefused, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
 from streamer.server.file_routes import (
     ApiError,
@@ -80,6 +80,7 @@ class Request:
     granularities: tuple[str, ...]
     language: str  # the core's ("auto" when absent or unknown)
     hotwords: hotwords.Hotwords
+    segments: bool = False  # include[]=segments (ours): stream deltas carry their segment
 
 
 def _invalid(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
@@ -195,12 +196,21 @@ def parse_request(form: Form, defaults: StreamOptions) -> Request:
             if value not in granularities:
                 granularities.append(value)
     stream = common.lenient_bool(form.value("stream"), False)
-    language = form.value("language")
-    prompt = form.value("prompt") or ""
-    try:
-        terms = hotwords.parse_prompt(prompt) if prompt.strip() else ()
-    except InvalidHotwords as error:
-        raise _invalid(error.message, "prompt") from None
+    # newer clients (openai 3.60, LiveKit) send the possible languages instead: the
+    # first is forced, as `language` would be
+    language = form.value("language") or next(iter(_values(form, "languages")), None)
+    # free text and keywords alike become hotwords (never an error: what the model
+    # cannot spell is skipped, logged at debug and counted)
+    terms = hotwords.merge(
+        hotwords.parse_prompt(form.value("prompt") or ""),
+        hotwords.parse_terms(_values(form, "keywords")),
+    )
+    includes = _values(form, "include")
+    for include in includes:
+        if include != "segments":
+            # logprobs: OpenAI's are a decoder's token log-probabilities; a CTC model has
+            # per-frame posteriors instead (each word's confidence, in Deepgram's answers)
+            logger.debug("include[]=%.40s is not answered (ignored)", include)
     return Request(
         model=(form.value("model") or "sensevoice").strip()[:100],
         response_format=response_format,
@@ -208,7 +218,13 @@ def parse_request(form: Form, defaults: StreamOptions) -> Request:
         granularities=tuple(granularities) or ("segment",),
         language=common.core_language(language) if language else defaults.language,
         hotwords=terms,
+        segments="segments" in includes,
     )
+
+
+def _values(form: Form, name: str) -> list[str]:
+    """A list field as the openai SDK sends it (``name[]`` parts) or plainly repeated."""
+    return [v.strip() for key in (f"{name}[]", name) for v in form.fields.get(key, [])]
 
 
 def _presented_key(request: HttpRequest) -> str | None:
@@ -248,7 +264,7 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         except UndecodableAudio as error:
             raise _invalid(error.message, "file", "invalid_file") from None
         if asked.stream:
-            await _stream(routes, exchange, job, chunks, stream, cors)
+            await _stream(routes, exchange, job, chunks, stream, cors, segments=asked.segments)
             return
         try:
             transcript = await transcribe_file(routes.admission, job, chunks, stream)
@@ -283,11 +299,13 @@ async def _stream(
     chunks: Callable[[], Iterator[bytes]],
     stream: StreamOptions,
     cors: dict[str, str],
+    *,
+    segments: bool = False,
 ) -> None:
     """``stream=true``: server-sent events, a delta per final as soon as it is decoded,
     and a comment line while none comes for :data:`SSE_KEEPALIVE_S` (so that proxies do
     not time the stream out while live work goes first)."""
-    events = transcripts.TranscriptStream()
+    events = transcripts.TranscriptStream(segments=segments)
     await exchange.start(
         http.HTTPStatus.OK, "text/event-stream", {"X-Accel-Buffering": "no", **cors}
     )

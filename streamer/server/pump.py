@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 
 from streamer.core.jobs import DecodeResult
 from streamer.core.pacing import InputBudget, InputPacer
-from streamer.core.protocol import Error, Final, Partial, ServerMessage, SpeechStart
+from streamer.core.protocol import Error, Final, Notice, Partial, ServerMessage, SpeechStart
 from streamer.core.wire import OutFrame, WireAdapter
 from streamer.errors import CLOSE_POLICY_VIOLATION
 from streamer.model.pool import WorkerPool
@@ -298,3 +298,5 @@ class SessionPump:
                 metrics.partials_sent_total.inc()
         elif isinstance(message, Error):
             metrics.errors(message.code).inc()
+        elif isinstance(message, Notice):
+            metrics.notices(message.code).inc()

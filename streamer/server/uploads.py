@@ -25,7 +25,7 @@ from typing import IO, TypeVar
 
 from streamer.core.compat.audio import AudioDecoder
 from streamer.core.containers import PCM
-from streamer.core.protocol import Error, Final, StreamOptions
+from streamer.core.protocol import Error, Final, Notice, StreamOptions
 from streamer.core.wire import OutFrame, WireAdapter
 from streamer.errors import AudioTooLong, FileRefused, UndecodableAudio
 from streamer.media.files import FileInfo, iter_pcm, probe_file
@@ -53,6 +53,7 @@ class FileTranscript:
 
     finals: list[Final] = field(default_factory=list)
     duration_s: float = 0.0
+    notices: list[Notice] = field(default_factory=list)  # hotwords the model could not use
 
 
 class FileJob:
@@ -194,6 +195,9 @@ async def transcribe_file(
             transcript.finals.append(message)
             if on_final is not None:
                 await on_final(message)
+        elif isinstance(message, Notice):
+            transcript.notices.append(message)
+            logger.debug("file %s: %s", session.session_id, message.message)
         elif isinstance(message, Error) and message.fatal:
             raise _SessionFailed(message)
 

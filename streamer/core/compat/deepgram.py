@@ -43,6 +43,7 @@ from streamer.core.protocol import (
     End,
     Error,
     Final,
+    Notice,
     Partial,
     ServerMessage,
     SpeechStart,
@@ -63,6 +64,7 @@ MAX_CHANNELS = 8  # more interleaved channels than this are refused
 TELEPHONY_SAMPLE_RATE = 8000  # the default rate of mulaw and alaw
 SUBPROTOCOL = "token"  # browsers send ["token", KEY] and need "token" echoed
 CONTAINER_ENCODINGS = {"opus": "ogg", "ogg-opus": "ogg", "flac": "flac"}  # Deepgram's names
+NOTICE_PCM_ASSUMED = "pcm_assumed"  # no encoding, no container header: read as linear16
 _ERROR_VARIANTS = {"undecodable_audio": "DATA-0000"}  # what Deepgram calls the core's codes
 _MODEL_NAMESPACE = uuid.UUID("5b0e7f6a-2c51-4e8e-9a43-0a6c1f1c9d11")  # model_uuid from its name
 
@@ -206,13 +208,20 @@ class DeepgramAdapter(WireAdapter):
             "model_uuid": self._model_uuid,
         }
         self._decoder = AudioDecoder(options.encoding, options.channels)
-        self._input = AudioInput(options.container, session.stream.sample_rate, open_decoder)
+        self._input = AudioInput(
+            options.container,
+            session.stream.sample_rate,
+            open_decoder,
+            pcm_hint="omit encoding (a container is recognised by its first bytes)",
+        )
+        self._pcm_told = options.container != AUTO  # raw PCM without encoding: a hint
         self._sha256 = hashlib.sha256()
         self._frames: list[OutFrame] = []
         self._finals_seen = 0
         self._finalize_answers: deque[_FinalizeAnswer] = deque()
         self._close_requested = False  # CloseStream received: Metadata goes before the close
         self._fatal: Error | None = None  # sent last, right before the close
+        self._notices: list[Notice] = []  # told in Metadata's warnings (Deepgram's place)
 
     # -- client -> server ------------------------------------------------------
 
@@ -227,6 +236,11 @@ class DeepgramAdapter(WireAdapter):
 
     def _receive_audio(self, data: bytes) -> None:
         """Raw audio, or what the container decoded to (mono s16le already)."""
+        if not self._pcm_told and self._input.detected == PCM:
+            self._pcm_told = True
+            notice = Notice(code=NOTICE_PCM_ASSUMED, message=self._pcm_hint())
+            self._notices.append(notice)  # told in Metadata's warnings, counted now
+            self._frames.append(count_only(notice))
         pcm = data if self._input.container else self._decoder.push(data)
         if pcm:
             self.session.receive_audio(pcm)
@@ -328,6 +342,9 @@ class DeepgramAdapter(WireAdapter):
                 self._fatal = message
             else:
                 self._send_error(message.code, message.message, message=message)
+        elif isinstance(message, Notice):
+            self._notices.append(message)
+            self._frames.append(count_only(message))  # told in Metadata, counted now
         elif isinstance(message, End):
             self._answer_finalizes()
             if self._close_requested:
@@ -381,9 +398,16 @@ class DeepgramAdapter(WireAdapter):
             "metadata": self._metadata,
         }
 
+    def _pcm_hint(self) -> str:
+        return (
+            "no encoding was given and the audio has no container header: it is read as "
+            f"raw linear16 at {self.session.stream.sample_rate} Hz, {self.options.channels} "
+            "channel(s); send encoding=linear16&sample_rate=N to say what it is"
+        )
+
     def _metadata_message(self, end: End) -> dict[str, Any]:
         model = self.session.options.model_name
-        return {
+        metadata: dict[str, Any] = {
             "type": "Metadata",
             "transaction_key": "deprecated",
             "request_id": self.request_id,
@@ -394,6 +418,9 @@ class DeepgramAdapter(WireAdapter):
             "models": [self._model_uuid],
             "model_info": {self._model_uuid: model_info(model)},
         }
+        if self._notices:
+            metadata["warnings"] = warnings(self._notices)
+        return metadata
 
     def _send_error(
         self,
@@ -410,6 +437,19 @@ class DeepgramAdapter(WireAdapter):
 
     def _send(self, obj: dict[str, Any], message: ServerMessage | None = None) -> None:
         self._frames.append(OutFrame(orjson.dumps(obj), message=message))
+
+
+def warnings(notices: Sequence[Notice]) -> list[dict[str, str]]:
+    """Deepgram's ``metadata.warnings`` for the session's notices (its place for a
+    parameter that was not fully applied: ``{"parameter", "type", "message"}``)."""
+    return [
+        {
+            "parameter": "encoding" if notice.code == NOTICE_PCM_ASSUMED else "keywords",
+            "type": notice.code,
+            "message": notice.message,
+        }
+        for notice in notices
+    ]
 
 
 def model_uuid(model: str) -> str:

@@ -51,7 +51,16 @@ from streamer.core.compat.textjoin import AppendOnlyText, separator
 from streamer.core.containers import PCM, AudioInput, DecoderFactory
 from streamer.core.hotwords import Hotwords, as_v1
 from streamer.core.hotwords import parse_funasr as parse_funasr_hotwords
-from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart, Word
+from streamer.core.protocol import (
+    End,
+    Error,
+    Final,
+    Notice,
+    Partial,
+    ServerMessage,
+    SpeechStart,
+    Word,
+)
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter, count_only
 from streamer.errors import (
@@ -461,6 +470,9 @@ class FunAsrAdapter(WireAdapter):
             elif isinstance(message, Error):
                 if message.fatal and self._failure is None and not self._last_sent:
                     self._failure = message  # a server limit (idle timeout, duration)
+            elif isinstance(message, Notice):
+                # FunASR's protocol has no warning: hotwords it cannot use are counted
+                self._frames.append(count_only(message))
             elif isinstance(message, End):
                 ended = True
         if ended:

@@ -94,6 +94,8 @@ class TranscriptionConfig:
     model: str | None = None
     language: str | None = None
     prompt: str = ""
+    languages: list[str] | None = None  # the audio's possible languages; [0] is forced
+    keywords: list[str] | None = None  # phrases to favour (hotwords), as the prompt's terms
     turn_detection: dict[str, Any] | None = field(
         default_factory=lambda: dict(DEFAULT_TURN_DETECTION)
     )  # None: manual commits
@@ -104,6 +106,13 @@ class TranscriptionConfig:
     def server_vad(self) -> bool:
         td = self.turn_detection
         return isinstance(td, dict) and td.get("type") in _VAD_TYPES
+
+    @property
+    def forced_language(self) -> str | None:
+        """The language asked for: ``language``, else the first of ``languages``."""
+        if self.language:
+            return self.language
+        return self.languages[0] if self.languages else None
 
     @property
     def sample_rate(self) -> int:
@@ -201,6 +210,10 @@ def parse_update(session: object, base: TranscriptionConfig) -> TranscriptionCon
             if name in transcription:
                 value = _typed(transcription[name], str, f"transcription.{name}")
                 changes[name] = "" if name == "prompt" and value is None else value
+        for name in ("languages", "keywords"):
+            if name in transcription:
+                items = _typed(transcription[name], list, f"transcription.{name}")
+                changes[name] = [v for v in items if isinstance(v, str)] if items else None
     if "include" in session:
         changes["include"] = _typed(session["include"], list, "session.include") or []
     return replace(base, **changes)
@@ -251,7 +264,11 @@ def _turn_detection(value: object) -> dict[str, Any] | None:
 
 def session_object(c: TranscriptionConfig, session_id: str, beta: bool) -> dict[str, Any]:
     """The session object of ``session.created``/``updated`` (beta: flat)."""
-    transcription = {"model": c.model, "language": c.language, "prompt": c.prompt}
+    transcription: dict[str, Any] = {"model": c.model, "language": c.language, "prompt": c.prompt}
+    if c.languages is not None:
+        transcription["languages"] = c.languages
+    if c.keywords is not None:
+        transcription["keywords"] = c.keywords
     if beta:
         return {
             "id": session_id,

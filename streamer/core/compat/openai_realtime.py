@@ -22,8 +22,12 @@ has the client side. The mapping:
   ``input_audio_buffer.clear`` drops the uncommitted audio's text (``cleared``).
 
 ``error`` events only for what the client must fix (unreadable JSON, an unknown event,
-bad base64, an unsupported format): LiveKit treats any ``error`` as fatal, so nothing
-benign (an empty commit, a language change mid-stream) ever produces one.
+bad base64, an unsupported format): LiveKit treats any ``error`` as fatal and pipecat
+reconnects on each, so nothing benign (an empty commit, a language change mid-stream,
+a prompt term the model cannot spell) ever produces one. The prompt is free text: its
+terms and ``keywords`` become hotwords (:func:`streamer.core.hotwords.parse_prompt`),
+and what the model could not use is told in a ``session.updated`` with ``warnings``.
+``languages`` (newer clients send it instead of ``language``) forces its first entry.
 
 The handshake and ``session.update`` parsing are in
 :mod:`streamer.core.compat.openai_negotiation` (re-exported here).
@@ -64,7 +68,7 @@ from streamer.core.compat.openai_negotiation import (
     select_subprotocol,
     session_object,
 )
-from streamer.core.protocol import End, Error, Final, Partial, ServerMessage, SpeechStart
+from streamer.core.protocol import End, Error, Final, Notice, Partial, ServerMessage, SpeechStart
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter, count_only
 from streamer.errors import InvalidHotwords, ProtocolError, UnexpectedMessage
@@ -136,6 +140,9 @@ class RealtimeAdapter(WireAdapter):
         self._commits: deque[_Commit] = deque()
         self._committed_audio_ms = 0.0
         self._fatal: Error | None = None
+        # what a session.updated is called here (the beta's, or the name the client's
+        # update used): a warning goes out as one more of them
+        self._updated_kind = "transcription_session.updated" if options.beta else "session.updated"
 
     # -- client -> server ------------------------------------------------------
 
@@ -227,9 +234,10 @@ class RealtimeAdapter(WireAdapter):
                 turn_detection=self._effective_turn_detection(config.turn_detection),
             )
             self.config = config
+        self._updated_kind = kind.replace(".update", ".updated")
         self._send(
             {
-                "type": kind.replace(".update", ".updated"),
+                "type": self._updated_kind,
                 "session": session_object(self.config, self._session_id, self.options.beta),
             }
         )
@@ -238,11 +246,16 @@ class RealtimeAdapter(WireAdapter):
     def _stream_params(self, config: TranscriptionConfig) -> dict[str, Any]:
         params: dict[str, Any] = {
             "sample_rate": config.sample_rate,
-            "language": common.core_language(config.language),
+            "language": common.core_language(config.forced_language),
             "partials": config.server_vad,  # deltas only in server VAD mode
         }
-        if config.prompt.strip():  # a list of terms to favour (docs/openai-realtime.md)
-            params["hotwords"] = hotwords.as_v1(hotwords.parse_prompt(config.prompt))
+        # the prompt's terms and the keywords to favour (docs/openai-realtime.md); what
+        # the model cannot spell is skipped and told in a session.updated's warnings
+        terms = hotwords.merge(
+            hotwords.parse_prompt(config.prompt), hotwords.parse_terms(config.keywords or ())
+        )
+        if terms:
+            params["hotwords"] = hotwords.as_v1(terms)
         td = config.turn_detection
         silence_ms = common.lenient_int(td.get("silence_duration_ms")) if td else None
         if silence_ms is not None:
@@ -369,12 +382,21 @@ class RealtimeAdapter(WireAdapter):
         elif isinstance(message, Final):
             self._final(message)
         elif isinstance(message, Error):
-            # non-fatal ones are benign here (a failed decode has its own .failed event),
-            # but for the prompt's terms that the model could not use
+            # non-fatal ones are benign here (a failed decode has its own .failed event)
             if message.fatal:
                 self._fatal = message
-            elif message.code == InvalidHotwords.code:
-                self._error(message.message, "invalid_value", _PROMPT_PARAM, None)
+        elif isinstance(message, Notice):
+            # never an error event: pipecat reconnects on every one, LiveKit gives up
+            self._send(
+                {
+                    "type": self._updated_kind,
+                    "session": session_object(self.config, self._session_id, self.options.beta),
+                    "warnings": [
+                        {"code": message.code, "message": message.message, "param": _PROMPT_PARAM}
+                    ],
+                },
+                message,
+            )
         elif isinstance(message, End):
             self._complete_commits(everything=True)
             if self._fatal is not None:

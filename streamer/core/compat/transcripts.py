@@ -34,7 +34,7 @@ import orjson
 from streamer.core.captions import srt_document, vtt_document
 from streamer.core.compat import common, deepgram
 from streamer.core.compat.deepgram import ListenOptions
-from streamer.core.protocol import MAX_ERROR_MESSAGE_CHARS, Final, StreamOptions
+from streamer.core.protocol import MAX_ERROR_MESSAGE_CHARS, Final, Notice, StreamOptions
 
 __all__ = [
     "RESPONSE_FORMATS",
@@ -172,9 +172,10 @@ def transcription_verbose_json(
 
 
 def whisper_language(finals: Sequence[Final], requested: str = "auto") -> str:
-    """Whisper's name for the language most of the text is in (by characters), else for
-    the requested one, else :data:`UNKNOWN_LANGUAGE`."""
-    for code in (*_languages(finals), requested):
+    """Whisper's name for the requested language when the request forced one (the model
+    decoded in it, whatever its language tag says), else for the language most of the
+    text is in (by characters), else :data:`UNKNOWN_LANGUAGE`."""
+    for code in (requested, *_languages(finals)):
         if code in WHISPER_LANGUAGE_NAMES:
             return WHISPER_LANGUAGE_NAMES[code]
     return UNKNOWN_LANGUAGE
@@ -246,9 +247,12 @@ class TranscriptStream:
     it is decoded (in segment order), then :meth:`done`. The deltas, concatenated, are
     the done event's text (the space between two finals goes in the later delta)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, segments: bool = False) -> None:
         self._texts: list[str] = []
         self.text = ""  # what the deltas have said so far
+        # include[]=segments (ours): each delta also carries its utterance as
+        # verbose_json's segment (times, SenseVoice's tags), for captions as they come
+        self._segments = segments
 
     def delta(self, final: Final) -> dict[str, Any] | None:
         """A ``transcript.text.delta`` event, or None for a final with no text."""
@@ -257,7 +261,10 @@ class TranscriptStream:
         self._texts.append(final.text)
         text = common.join_texts(self._texts)
         delta, self.text = text[len(self.text) :], text
-        return {"type": "transcript.text.delta", "delta": delta}
+        event: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta}
+        if self._segments:
+            event["segment"] = _segment(len(self._texts) - 1, final)
+        return event
 
     def done(self) -> dict[str, Any]:
         """The closing ``transcript.text.done`` event, with the whole text."""
@@ -341,6 +348,7 @@ def listen_response(
     sha256: str,
     model: str,
     channels: int = 1,
+    notices: Sequence[Notice] = (),
 ) -> dict[str, Any]:
     """Deepgram's prerecorded response: ``metadata`` (``created`` is ISO 8601 UTC from
     the server's clock, ``sha256`` the upload's, ``channels`` the file's) and
@@ -392,6 +400,8 @@ def listen_response(
         "models": [uuid_],
         "model_info": {uuid_: deepgram.model_info(model)},
     }
+    if notices:  # keywords the model could not use (the session's notices)
+        metadata["warnings"] = deepgram.warnings(notices)
     return {"metadata": metadata, "results": results}
 
 

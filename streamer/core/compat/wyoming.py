@@ -34,7 +34,7 @@ import orjson
 from streamer.core import protocol
 from streamer.core.compat.common import core_language
 from streamer.core.compat.textjoin import AppendOnlyText, separator
-from streamer.core.protocol import End, Error, Final, Partial, SpeechStart
+from streamer.core.protocol import End, Error, Final, Notice, Partial, SpeechStart
 from streamer.core.session import Session, State
 from streamer.core.wire import OutFrame, WireAdapter, count_only
 from streamer.errors import (
@@ -376,6 +376,8 @@ class WyomingAdapter(WireAdapter):
             elif isinstance(message, Error):
                 if message.fatal and self._failure is None:
                     self._failure = message  # a server limit (idle timeout, duration)
+            elif isinstance(message, Notice):
+                self._count(message)  # Wyoming has no warning event: counted, never sent
             elif isinstance(message, End):
                 self._finish()
         frames, self._frames = self._frames, []
