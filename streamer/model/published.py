@@ -54,35 +54,39 @@ def hub_cache(cache_dir: Path) -> Path:
 def fetch_published(model: str, cache_dir: Path) -> Path:
     """The local directory of published export ``model`` with :data:`PUBLISHED_FILES`,
     downloaded once and checked; ModelError saying what to do when it cannot be had."""
+    paths = [fetch_published_file(model, name, cache_dir) for name in PUBLISHED_FILES]
+    directory = paths[0].parent
+    logger.info("published model %s: %s", model, directory)
+    return directory
+
+
+def fetch_published_file(model: str, filename: str, cache_dir: Path) -> Path:
+    """One file of Hugging Face repository ``model``, downloaded once into the cache and
+    checked against the hub's checksum (the diarizer's published graphs come this way)."""
     if missing("huggingface_hub"):
         raise ModelError(
             f"fetching {model} needs huggingface_hub: pip install huggingface-hub "
-            "(or download the files elsewhere and pass their directory as --model)"
+            "(or download the files elsewhere and pass their directory)"
         )
     from huggingface_hub import hf_hub_download
 
     cache = hub_cache(cache_dir)
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    paths = []
-    for filename in PUBLISHED_FILES:
-        try:
-            path = Path(
-                hf_hub_download(
-                    model,
-                    filename,
-                    cache_dir=str(cache),
-                    endpoint=endpoint,
-                    local_files_only=offline,
-                )
+    try:
+        path = Path(
+            hf_hub_download(
+                model,
+                filename,
+                cache_dir=str(cache),
+                endpoint=endpoint,
+                local_files_only=offline,
             )
-        except Exception as error:  # huggingface_hub raises its own tree and httpx's
-            raise _fetch_error(model, filename, endpoint, offline, error) from None
-        _check(path, cache)
-        paths.append(path)
-    directory = paths[0].parent
-    logger.info("published model %s: %s", model, directory)
-    return directory
+        )
+    except Exception as error:  # huggingface_hub raises its own tree and httpx's
+        raise _fetch_error(model, filename, endpoint, offline, error) from None
+    _check(path, cache)
+    return path
 
 
 def _fetch_error(
@@ -96,7 +100,7 @@ def _fetch_error(
 
     fallback = (
         "download the files elsewhere (huggingface-cli download "
-        f"{model} {' '.join(PUBLISHED_FILES)}) and pass their directory as --model"
+        f"{model} {filename}) and pass its directory"
     )
     if isinstance(error, LocalEntryNotFoundError):
         if offline:
