@@ -31,6 +31,7 @@ from streamer.core.diarization import (
     word_speaker,
 )
 from streamer.core.protocol import Final, SpeakerTurn, SpeakerWord, StreamOptions
+from streamer.core.words import join_words
 
 _PENDING = None  # a closed segment whose speakers are not known yet
 
@@ -44,6 +45,31 @@ class SpeakerJob:
     pcm: np.ndarray  # 16 kHz mono int16, the segment's audio as the final decodes it
     start_sample: int  # where it begins in the session's timeline
     background: bool = False  # a file upload's: no latency bound worth the name
+
+
+@dataclass(frozen=True, eq=False)
+class KnownSpeaker:
+    """A speaker known before the stream starts: a name and its voice's embedding."""
+
+    name: str
+    embedding: np.ndarray  # unit length
+    speech_samples: int  # the solo speech behind it (its weight against new evidence)
+
+
+def reference_job(index: int, pcm_s16le: bytes) -> SpeakerJob:
+    """The speaker job of a known speaker's reference sample (16 kHz s16le bytes)."""
+    pcm = np.frombuffer(pcm_s16le, dtype="<i2").astype(np.int16)
+    return SpeakerJob("known", -1 - index, pcm, 0)
+
+
+def known_speaker(name: str, analysis: SpeakerAnalysis | None) -> KnownSpeaker | None:
+    """The main voice of a reference's analysis, or None when it holds too little speech."""
+    voices = [s for s in analysis.speakers if s.embedding is not None] if analysis else []
+    if not voices:
+        return None
+    main = max(voices, key=lambda s: s.solo_samples)
+    assert main.embedding is not None
+    return KnownSpeaker(name, main.embedding, main.solo_samples)
 
 
 class SpeakerQueue(Protocol):
@@ -81,6 +107,10 @@ class SessionSpeakers:
     def jobs_to_submit(self) -> list[SpeakerJob]:
         out, self._jobs = self._jobs, []
         return out
+
+    def enrol(self, known: KnownSpeaker) -> None:
+        """A known speaker: matched like the others, labelled with its name."""
+        self.names[self.tracker.enrol(known.embedding, known.speech_samples)] = known.name
 
     @property
     def held(self) -> list[int]:
@@ -164,3 +194,33 @@ class SessionSpeakers:
 
 def _sample(ms: float) -> int:
     return int(round(ms * SAMPLE_RATE / 1000))
+
+
+def speaker_parts(final: Final) -> list[Final]:
+    """A diarized final cut where its speaker changes: one final per run of one
+    speaker's words (its text those words joined, its ``speaker`` theirs), for captions
+    and segments per speaker. A final without speakers, or with one, is itself."""
+    words = final.words or ()
+    labels = [getattr(w, "speaker", None) or final.speaker for w in words]
+    if final.speaker is None or len(set(labels)) <= 1:
+        return [
+            final if not labels or final.speaker == labels[0] else replace(final, speaker=labels[0])
+        ]
+    parts = []
+    start = 0
+    for i in range(1, len(words) + 1):
+        if i == len(words) or labels[i] != labels[start]:
+            run = words[start:i]
+            parts.append(
+                replace(
+                    final,
+                    start_ms=final.start_ms if start == 0 else run[0].start_ms,
+                    end_ms=final.end_ms if i == len(words) else run[-1].end_ms,
+                    text=join_words(run),
+                    words=tuple(run),
+                    speaker=labels[start],
+                    turns=None,
+                )
+            )
+            start = i
+    return parts
