@@ -140,3 +140,35 @@ def test_a_load_failure_refuses_jobs() -> None:
     assert not worker.wait_ready(timeout_s(10))
     assert worker.failure == "no graphs"
     assert not worker.submit(job(0), lambda j, a: None)
+
+
+def test_the_lean_install_diarizes_without_torch(cache_dir: Path) -> None:
+    """The ONNX layout runs with torch, funasr and onnx unimportable (the plain install's
+    state; its own venv is tests/test_lean_install.py's): the speaker worker loads the
+    graphs and labels a recorded voice."""
+    import subprocess
+    import sys
+
+    from streamer.testkit.diarizer import VOICES, ensure_diarizer
+
+    directory = ensure_diarizer(cache_dir)
+    code = f"""
+import sys
+for name in ("torch", "funasr", "onnx"):
+    sys.modules[name] = None  # import raises ImportError, as where it is not installed
+import numpy as np
+from streamer.model.speakers.layout import resolve_diarizer
+from streamer.model.speakers.models import SpeakerModels
+from streamer.testkit.diarizer import load_voice
+models = SpeakerModels(resolve_diarizer({str(directory)!r}, None))
+audio = load_voice(__import__("pathlib").Path({str(VOICES["reader"][0])!r}))
+analysis = models.analyse(0, (audio * 32767).astype(np.int16))
+embedded = [s for s in analysis.speakers if s.embedding is not None]
+print(len(embedded), sorted(m for m in ("torch", "funasr", "onnx") if sys.modules.get(m)))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s(120)
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, loaded = done.stdout.split(maxsplit=1)
+    assert int(count) >= 1 and loaded.strip() == "[]"
