@@ -168,6 +168,18 @@ def test_enrolled_speakers_are_matched_first() -> None:
     assert tracker.assign(utterance(0, (near(b, 1), 0, 2))) == {0: 1}
 
 
+def test_offline_clustering_finds_the_voices_with_and_without_the_count() -> None:
+    from streamer.core.diarization import cluster_speakers
+
+    centers = [voice(s) for s in range(3)]
+    who = [0, 1, 0, 2, 1, 1, 0, 2, 2, 0]
+    embeddings = np.array([near(centers[w], i, spread=0.6) for i, w in enumerate(who)])
+    expected = [{0: 0, 1: 1, 2: 2}[w] for w in who]  # numbered in order of appearance
+    assert cluster_speakers(embeddings, 3) == expected
+    assert cluster_speakers(embeddings) == expected  # the eigengap says 3
+    assert cluster_speakers(embeddings[:1]) == [0] and cluster_speakers(np.zeros((0, 8))) == []
+
+
 # -- turns and words -------------------------------------------------------------------
 
 

@@ -14,11 +14,9 @@ from websockets.asyncio.client import connect
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import DiarizationOptions, SpeakerAnalysis
-from streamer.core.jobs import DecodeResult
-from streamer.core.protocol import Final, StreamOptions
-from streamer.core.session import Session, SessionOptions
+from streamer.core.protocol import Final
+from streamer.core.session import SessionOptions
 from streamer.core.transcript import Transcript
-from streamer.core.vad import webrtc_classifier
 from streamer.model.interface import RecognizerBase
 from streamer.model.speakers.worker import SpeakerWorker
 from streamer.server.server import ServerOptions
@@ -145,46 +143,6 @@ async def test_late_speakers_never_hold_a_final_past_the_bound() -> None:
         server.shutdown()
 
 
-def online_hypothesis(models, pcm: np.ndarray, options: DiarizationOptions) -> list:
-    """The live path without sockets: a diarized session, its speaker jobs answered by the
-    real models, its finals' turns as the hypothesis."""
-    from streamer.testkit.diarizer import RefTurn
-
-    session = Session(
-        "der",
-        SessionOptions(diarization=options),
-        StreamOptions(diarize=True, partials=False),
-        webrtc_classifier(2),
-    )
-    session.start()
-    turns = []
-
-    def answer_all() -> None:
-        assert session.speakers is not None
-        while True:
-            jobs = session.jobs_to_submit()
-            speaker_jobs = session.speakers.jobs_to_submit()
-            if not jobs and not speaker_jobs:
-                break
-            for job in speaker_jobs:
-                session.speakers_finished(job.segment_id, models.analyse(job.segment_id, job.pcm))
-            for job in jobs:
-                session.decode_finished(DecodeResult(job=job, transcript=wordy(job.pcm)))
-        for m in session.messages_to_send():
-            if isinstance(m, Final):
-                turns.extend(
-                    RefTurn(t.start_ms / 1000, t.end_ms / 1000, t.speaker) for t in m.turns or ()
-                )
-
-    data = pcm.tobytes()
-    for i in range(0, len(data), 32000):
-        session.receive_audio(data[i : i + 32000])
-        answer_all()
-    session.receive_text('{"type":"stop"}')
-    answer_all()
-    return turns
-
-
 @pytest.mark.parametrize(
     "voices, seed, max_der, max_confusion",
     [
@@ -199,11 +157,12 @@ def test_online_der_on_recorded_voices(
     diarizer_files, voices, seed, max_der, max_confusion
 ) -> None:
     from streamer.model.speakers.models import SpeakerModels
-    from streamer.testkit.diarizer import conversation, der
+    from streamer.testkit.diarizer import conversation, der, diarize_stream
 
     models = SpeakerModels(diarizer_files)
     pcm, reference = conversation(list(voices), 16, seed=seed, overlap_every=4)
-    hypothesis = online_hypothesis(models, pcm, DiarizationOptions())
+    # the live path: a diarized session's finals, their turns as the server sends them
+    hypothesis = diarize_stream(models, pcm, DiarizationOptions()).online
     score = der(reference, hypothesis, collar_s=0.25)
     assert score.der <= max_der, score
     assert score.confusion <= max_confusion, score

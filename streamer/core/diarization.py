@@ -334,3 +334,51 @@ def main_speaker(turns: Sequence[Turn]) -> int | None:
     for t in turns:
         totals[t.speaker] = totals.get(t.speaker, 0) + t.end - t.start
     return max(totals, key=lambda s: totals[s]) if totals else None
+
+
+def cluster_speakers(
+    embeddings: np.ndarray, count: int | None = None, *, max_speakers: int = 8
+) -> list[int]:
+    """Offline labels for unit embeddings (N, dim): spectral clustering on their cosine
+    affinity, into ``count`` speakers, or with ``count`` None as many as the largest gap
+    of the normalised Laplacian's eigenvalues says (up to ``max_speakers``). Labels are
+    numbered in order of first appearance. Deterministic (farthest-point k-means start)."""
+    n = len(embeddings)
+    if n == 0:
+        return []
+    if n == 1 or count == 1:
+        return [0] * n
+    affinity = np.clip(embeddings @ embeddings.T, 0.0, None)
+    np.fill_diagonal(affinity, 0.0)
+    degree = np.maximum(affinity.sum(axis=1), 1e-9)
+    scale = 1.0 / np.sqrt(degree)
+    laplacian = np.eye(n) - scale[:, None] * affinity * scale[None, :]
+    values, vectors = np.linalg.eigh(laplacian)
+    if count is None:
+        limit = min(max_speakers, n - 1)
+        gaps = np.diff(values[: limit + 1])
+        count = int(np.argmax(gaps)) + 1 if limit >= 1 else 1
+    count = max(1, min(count, n))
+    rows = vectors[:, :count]
+    rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-9)
+    labels = _kmeans(rows, count)
+    order: dict[int, int] = {}
+    return [order.setdefault(int(label), len(order)) for label in labels]
+
+
+def _kmeans(points: np.ndarray, k: int, iterations: int = 50) -> np.ndarray:
+    centres = [points[0]]
+    for _ in range(1, k):
+        distance = np.min([np.sum((points - c) ** 2, axis=1) for c in centres], axis=0)
+        centres.append(points[int(np.argmax(distance))])
+    centre = np.array(centres)
+    labels = np.zeros(len(points), dtype=np.int64)
+    for _ in range(iterations):
+        new = np.argmin(((points[:, None, :] - centre[None]) ** 2).sum(axis=2), axis=1)
+        if np.array_equal(new, labels) and _ > 0:
+            break
+        labels = new
+        for j in range(k):
+            if np.any(labels == j):
+                centre[j] = points[labels == j].mean(axis=0)
+    return labels

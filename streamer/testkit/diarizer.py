@@ -214,3 +214,100 @@ def _activity(turns: list[RefTurn], names: list[str], frames: int) -> np.ndarray
             int(round(t.start_s / DER_STEP_S)) : int(round(t.end_s / DER_STEP_S)),
         ] = True
     return out
+
+
+# -- the live path without sockets, and its offline counterpart ------------------------
+
+
+@dataclass
+class DiarizedRun:
+    """What one conversation gave: the hypothesis turns and the models' time."""
+
+    online: list[RefTurn]  # the finals' turns, as the live server sends them
+    analyses: list[tuple[int, object]]  # (utterance start sample, SpeakerAnalysis)
+    analyse_s: float  # speaker models' time (segmentation and embeddings)
+
+
+def diarize_stream(models: object, pcm: np.ndarray, options: object) -> DiarizedRun:
+    """A diarized session (webrtcvad, the server's segmenter) fed ``pcm`` in 1 s chunks,
+    its speaker jobs answered by ``models`` (SpeakerModels) and its decode jobs by a
+    stand-in transcript: the online labels exactly as the live path computes them."""
+    from streamer.core.jobs import DecodeResult
+    from streamer.core.protocol import Final, StreamOptions
+    from streamer.core.session import Session, SessionOptions
+    from streamer.core.transcript import Transcript
+    from streamer.core.vad import webrtc_classifier
+
+    session = Session(
+        "diarize",
+        SessionOptions(diarization=options),  # type: ignore[arg-type]
+        StreamOptions(diarize=True, partials=False),
+        webrtc_classifier(2),
+    )
+    session.start()
+    run = DiarizedRun([], [], 0.0)
+    raw = "<|en|><|NEUTRAL|><|Speech|><|woitn|>speech"
+
+    def answer_all() -> None:
+        assert session.speakers is not None
+        while True:
+            jobs = session.jobs_to_submit()
+            speaker_jobs = session.speakers.jobs_to_submit()
+            if not jobs and not speaker_jobs:
+                break
+            for speaker_job in speaker_jobs:
+                analysis = models.analyse(speaker_job.segment_id, speaker_job.pcm)  # type: ignore[attr-defined]
+                run.analyse_s += analysis.analyse_ms / 1000
+                run.analyses.append((speaker_job.start_sample, analysis))
+                session.speakers_finished(speaker_job.segment_id, analysis)
+            for job in jobs:
+                t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=0)
+                session.decode_finished(DecodeResult(job=job, transcript=t))
+        for m in session.messages_to_send():
+            if isinstance(m, Final):
+                run.online.extend(
+                    RefTurn(t.start_ms / 1000, t.end_ms / 1000, t.speaker) for t in m.turns or ()
+                )
+
+    data = pcm.astype("<i2").tobytes()
+    for i in range(0, len(data), 2 * SAMPLE_RATE):
+        session.receive_audio(data[i : i + 2 * SAMPLE_RATE])
+        answer_all()
+    session.receive_text('{"type":"stop"}')
+    answer_all()
+    return run
+
+
+def offline_turns(run: DiarizedRun, options: object, count: int | None) -> list[RefTurn]:
+    """The same utterances' local speakers clustered together at the end (what an upload
+    may do, since nothing was sent yet): spectral clustering into ``count`` speakers (None:
+    the eigengap's estimate); local speakers too short to embed take their utterance's
+    main speaker."""
+    from streamer.core.diarization import cluster_speakers, speaker_turns
+
+    keys, vectors = [], []
+    for u, (_, analysis) in enumerate(run.analyses):
+        for local in analysis.speakers:  # type: ignore[attr-defined]
+            if local.embedding is not None:
+                keys.append((u, local.index))
+                vectors.append(local.embedding)
+    if not vectors:
+        return []
+    labels = cluster_speakers(np.array(vectors, dtype=np.float64), count)
+    by_key = dict(zip(keys, labels, strict=True))
+    turns = []
+    for u, (start, analysis) in enumerate(run.analyses):
+        mapping = {i: s for (uu, i), s in by_key.items() if uu == u}
+        if not mapping:
+            continue
+        solo = {s.index: s.solo_samples for s in analysis.speakers}  # type: ignore[attr-defined]
+        main = mapping[max(mapping, key=lambda index: solo.get(index, 0))]
+        for local in analysis.speakers:  # type: ignore[attr-defined]
+            mapping.setdefault(local.index, main)
+        for t in speaker_turns(analysis, mapping, options):  # type: ignore[arg-type]
+            turns.append(
+                RefTurn(
+                    (start + t.start) / SAMPLE_RATE, (start + t.end) / SAMPLE_RATE, str(t.speaker)
+                )
+            )
+    return turns
