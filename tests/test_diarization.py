@@ -30,6 +30,7 @@ from streamer.core.protocol import (
     message_dict,
     parse_stream_options,
 )
+from streamer.core.segmenter import SegmentEnd
 from streamer.core.session import Session, SessionOptions
 from streamer.core.session_speakers import SessionSpeakers
 from streamer.core.transcript import Transcript
@@ -305,7 +306,8 @@ def test_an_answer_before_the_text_labels_the_final_at_once() -> None:
         session.receive_audio(pcm[i : i + 3200])
     assert session.speakers is not None
     (job,) = session.speakers.jobs_to_submit()
-    session.speakers_finished(job.segment_id, utterance(0, (voice(1), 0.0, 1.0)))
+    answer = utterance(0, (voice(1), 0.0, 1.0))
+    session.speakers_finished(job.segment_id, SpeakerAnalysis(0, len(job.pcm), answer.speakers))
     decode_all(session)
     (final,) = finals(session)
     assert final.speaker == "A"
@@ -344,11 +346,66 @@ def test_session_speakers_forget_and_names() -> None:
         "s", StreamOptions(diarize=True), DiarizationOptions(), names={0: "Ann"}
     )
     speakers.tracker.enrol(voice(1))
-    speakers.segment_closed(0, np.zeros(RATE, np.int16), 0)
+    speakers.segment_closed(SegmentEnd(0, 0, RATE, "silence"), np.zeros(RATE, np.int16))
     final = Final(0, 0.0, 1000.0, "hi", "en", None, None, "", "", "silence", 1.0, 0.0, words=())
     assert speakers.label(final) is None
     labelled = speakers.analysed(0, utterance(0, (near(voice(1), 1), 0.1, 0.9)))
     assert labelled is not None and labelled.speaker == "Ann"
-    speakers.segment_closed(1, np.zeros(RATE, np.int16), RATE)
+    speakers.segment_closed(SegmentEnd(1, RATE, 2 * RATE, "silence"), np.zeros(RATE, np.int16))
     speakers.forget(1)
     assert speakers.held == []
+
+
+def test_speaker_analysis_is_speculated_in_the_pause_like_the_final() -> None:
+    """A pause sends the open segment's audio to the speaker models at once; if the segment
+    closes there, that answer is its (no second job); if speech resumed, the stale answer
+    is ignored and the closed audio is analysed."""
+    from streamer.core.open_segment import OpenSegment
+
+    def fresh() -> SessionSpeakers:
+        return SessionSpeakers("s", StreamOptions(diarize=True), DiarizationOptions())
+
+    def final(segment_id: int = 0) -> Final:
+        return Final(segment_id, 0.0, 2000.0, "hi", "en", None, None, "", "", "silence", 1.0, 0.0,
+                     words=())  # fmt: skip
+
+    pcm = np.zeros(3 * RATE, np.int16)
+    # 1. the speculation's answer comes first, then the segment closes on the same audio
+    speakers = fresh()
+    speakers.speculate(OpenSegment(0, 0), pcm[: 2 * RATE])
+    assert len(speakers.jobs_to_submit()) == 1
+    assert speakers.analysed(0, utterance(0, (voice(1), 0.1, 1.9))) is None  # stored
+    speakers.segment_closed(SegmentEnd(0, 0, 2 * RATE, "silence"), pcm[: 2 * RATE])
+    assert speakers.jobs_to_submit() == []
+    labelled = speakers.label(final())
+    assert labelled is not None and labelled.speaker == "A"
+    # 2. two pauses: the first pause's answer is stale, the second's is used
+    speakers = fresh()
+    speakers.speculate(OpenSegment(0, 0), pcm[:RATE])
+    speakers.speculate(OpenSegment(0, 0), pcm[: 2 * RATE])
+    assert len(speakers.jobs_to_submit()) == 2
+    stale = utterance(0, (voice(1), 0.1, 0.9))
+    assert stale.samples != 2 * RATE
+    speakers.analysed(0, SpeakerAnalysis(0, RATE, stale.speakers))
+    speakers.segment_closed(SegmentEnd(0, 0, 2 * RATE, "silence"), pcm[: 2 * RATE])
+    assert speakers.jobs_to_submit() == []
+    assert speakers.label(final()) is None  # still waiting for the second pause's answer
+    done = speakers.analysed(
+        0, SpeakerAnalysis(0, 2 * RATE, utterance(0, (voice(2), 0.1, 1.9)).speakers)
+    )
+    assert done is not None and done.speaker == "A"
+    # 3. speech resumed after the pause: the closed audio is analysed anew
+    speakers = fresh()
+    speakers.speculate(OpenSegment(0, 0), pcm[:RATE])
+    speakers.jobs_to_submit()
+    speakers.segment_closed(SegmentEnd(0, 0, 3 * RATE, "silence"), pcm)
+    (job,) = speakers.jobs_to_submit()
+    assert len(job.pcm) == 3 * RATE
+    assert speakers.analysed(0, SpeakerAnalysis(0, RATE, ())) is None  # the stale one
+    assert speakers.label(final()) is None
+    assert (
+        speakers.analysed(
+            0, SpeakerAnalysis(0, 3 * RATE, utterance(0, (voice(3), 0, 2.5)).speakers)
+        )
+        is not None
+    )

@@ -160,6 +160,30 @@ def test_srt_and_vtt_name_the_speakers() -> None:
     assert "[A] hello there" in srt and "[B] yes" in srt
 
 
+def test_streamer_client_diarize_writes_speakers() -> None:
+    """``streamer client --diarize`` asks for speakers; its SRT/VTT writers name them."""
+    import argparse
+
+    from streamer.client.captions import make_writer
+    from streamer.client.cli import _stream_options, add_client_arguments
+    from streamer.core.protocol import Final, SpeakerWord
+
+    parser = argparse.ArgumentParser()
+    add_client_arguments(parser)
+    assert _stream_options(parser.parse_args(["x.wav", "--diarize"])).diarize
+    assert not _stream_options(parser.parse_args(["x.wav"])).diarize
+    words = (SpeakerWord("hi", 0.0, 300.0, 0.9, "A"), SpeakerWord("yo", 500.0, 800.0, 0.9, "B"))
+    final = Final(
+        0, 0.0, 900.0, "hi yo", "en", None, None, "", "", "silence", 1.0, 0.0,
+        words=words, speaker="A", turns=(),
+    )  # fmt: skip
+    out = io.StringIO()
+    writer = make_writer(out, "vtt")
+    writer.write(final, 1.0)
+    writer.close()
+    assert "<v A>hi" in out.getvalue() and "<v B>yo" in out.getvalue()
+
+
 async def test_deepgram_live_diarize(server, talk) -> None:
     from deepgram.listen.v1.types import ListenV1Results
 

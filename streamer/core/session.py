@@ -398,13 +398,13 @@ class Session:
             return  # already submitted (or decoded) for this pause
         self._spec.reset((self._open.start_sample, end))
         self._submit_partial(end, speculative=True)
+        if self.speakers is not None:  # and what its speakers will be
+            self.speakers.speculate(self._open, self._buffer.slice(self._open.start_sample, end))
 
     def _end_segment(self, event: SegmentEnd) -> None:
         """Finish a closed segment: from its speculative decode when that covered it."""
-        if self.speakers is not None:
-            self.speakers.segment_closed(
-                event.segment_id, self._final_pcm(event), event.start_sample
-            )
+        if self.speakers is not None:  # its audio to the speaker models (unless speculated)
+            self.speakers.segment_closed(event, self._final_pcm(event))
         if (
             event.reason in ("silence", "max_duration")
             and self._spec.range == (event.start_sample, event.end_sample)

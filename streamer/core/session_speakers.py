@@ -30,7 +30,9 @@ from streamer.core.diarization import (
     speaker_turns,
     word_speaker,
 )
+from streamer.core.open_segment import OpenSegment
 from streamer.core.protocol import Final, SpeakerTurn, SpeakerWord, StreamOptions
+from streamer.core.segmenter import SegmentEnd
 from streamer.core.words import join_words
 
 _PENDING = None  # a closed segment whose speakers are not known yet
@@ -103,6 +105,8 @@ class SessionSpeakers:
         self._answers: dict[int, SpeakerAnalysis | None | bool] = {}  # False: given up
         self._held: dict[int, Final] = {}  # finals waiting for their speakers
         self._starts: dict[int, int] = {}  # segment -> its first sample
+        self._lengths: dict[int, int] = {}  # closed segment -> its samples
+        self._speculated: dict[int, tuple[int, int]] = {}  # open segment -> (start, samples)
 
     def jobs_to_submit(self) -> list[SpeakerJob]:
         out, self._jobs = self._jobs, []
@@ -118,11 +122,30 @@ class SessionSpeakers:
         bound on that wait starts now)."""
         return list(self._held)
 
-    def segment_closed(self, segment_id: int, pcm: np.ndarray, start_sample: int) -> None:
-        self._starts[segment_id] = start_sample
+    def speculate(self, segment: OpenSegment, pcm: np.ndarray) -> None:
+        """A pause that may end the open segment: analyse what it holds now, so that the
+        answer is ready when the segment closes there (as its final's decode is)."""
+        self._speculated[segment.segment_id] = (segment.start_sample, len(pcm))
+        self._answers[segment.segment_id] = _PENDING
+        self._jobs.append(
+            SpeakerJob(
+                self.session_id, segment.segment_id, pcm, segment.start_sample, self.background
+            )
+        )
+
+    def segment_closed(self, event: SegmentEnd, pcm: np.ndarray) -> None:
+        """A closed segment: its audio to the speaker models, unless the speculation in
+        its pause already sent exactly this audio."""
+        segment_id = event.segment_id
+        self._starts[segment_id] = event.start_sample
+        self._lengths[segment_id] = len(pcm)
+        answer = self._answers.get(segment_id)
+        if self._speculated.pop(segment_id, None) == (event.start_sample, len(pcm)):
+            if answer is _PENDING or isinstance(answer, SpeakerAnalysis):
+                return  # the speculation's answer is this segment's
         self._answers[segment_id] = _PENDING
         self._jobs.append(
-            SpeakerJob(self.session_id, segment_id, pcm, start_sample, self.background)
+            SpeakerJob(self.session_id, segment_id, pcm, event.start_sample, self.background)
         )
 
     def label(self, final: Final) -> Final | None:
@@ -141,6 +164,11 @@ class SessionSpeakers:
         """The speaker models' answer (None: none); a held final, now to be sent."""
         if self._answers.get(segment_id, False) is not _PENDING:
             return None  # already answered or given up: a late answer changes nothing
+        expected = self._lengths.get(segment_id)
+        if expected is None and segment_id in self._speculated:
+            expected = self._speculated[segment_id][1]  # the latest pause's audio
+        if analysis is not None and expected is not None and analysis.samples != expected:
+            return None  # a speculation of audio the segment did not end with
         final = self._held.pop(segment_id, None)
         if final is None:
             self._answers[segment_id] = analysis if analysis is not None else False
@@ -150,10 +178,11 @@ class SessionSpeakers:
 
     def forget(self, segment_id: int) -> None:
         """A segment whose final will never come (the session ended without it)."""
-        self._answers.pop(segment_id, None)
-        self._held.pop(segment_id, None)
+        for table in (self._answers, self._held, self._starts, self._lengths, self._speculated):
+            table.pop(segment_id, None)
 
     def _labelled(self, final: Final, analysis: SpeakerAnalysis | None) -> Final:
+        self._lengths.pop(final.segment_id, None)
         start = self._starts.pop(final.segment_id, 0)
         if analysis is None or final.error is not None:
             return final
