@@ -111,7 +111,8 @@ async def _latency(args: argparse.Namespace, out: Path, diarizer_dir: Path) -> d
             if mode == "on":
                 unlabelled += sum(1 for f in result.finals if f.text and f.speaker is None)
             turn += 1
-    summary: dict[str, Any] = {"unlabelled_finals_on": unlabelled}
+        metrics = _metrics(server.url)
+    summary: dict[str, Any] = {"unlabelled_finals_on": unlabelled, "server_metrics": metrics}
     for mode, values in finals.items():
         if values:
             ordered = sorted(values)
@@ -121,6 +122,28 @@ async def _latency(args: argparse.Namespace, out: Path, diarizer_dir: Path) -> d
                 "p95_s": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3),
             }
     return summary
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """The server's speaker-model time and audio, from /metrics (speculation included)."""
+    import urllib.request
+
+    base = url.replace("ws://", "http://").split("/v1/")[0]
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    wanted = {
+        "streamer_diarization_analysis_seconds_sum": "speaker_analysis_s",
+        "streamer_diarization_analysis_seconds_count": "speaker_analyses",
+        "streamer_audio_seconds_total": "audio_s",
+    }
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in wanted:
+            out[wanted[name]] = out.get(wanted[name], 0.0) + float(line.split()[-1])
+    if out.get("audio_s"):
+        out["speaker_s_per_audio_s"] = round(out.get("speaker_analysis_s", 0.0) / out["audio_s"], 4)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

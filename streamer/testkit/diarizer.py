@@ -240,7 +240,9 @@ def diarize_stream(models: object, pcm: np.ndarray, options: object) -> Diarized
 
     session = Session(
         "diarize",
-        SessionOptions(diarization=options),  # type: ignore[arg-type]
+        # no speculation: each utterance analysed once, on the audio it closed with (the
+        # labels are the same; a live pause's speculation can cost one more analysis)
+        SessionOptions(diarization=options, speculative_finals=False),  # type: ignore[arg-type]
         StreamOptions(diarize=True, partials=False),
         webrtc_classifier(2),
     )
