@@ -43,6 +43,7 @@ RENAMED: dict[str, Any] = {
     "diarize_model": None,  # SessionOptions.diarization is None without speaker models
     "diarize_max_wait_ms": DiarizationOptions().max_wait_ms,
     "diarize_threshold": DiarizationOptions().match_threshold,
+    "speakers": None,  # SessionOptions.known_speakers is () without --speakers
 }
 # flags that set no option field
 # (--hotwords is a file: SessionOptions.hotwords holds its phrases, () without it)

@@ -172,3 +172,38 @@ print(len(embedded), sorted(m for m in ("torch", "funasr", "onnx") if sys.module
     assert done.returncode == 0, done.stderr[-2000:]
     count, loaded = done.stdout.split(maxsplit=1)
     assert int(count) >= 1 and loaded.strip() == "[]"
+
+
+def test_serve_speakers_dir_names_known_voices(models, cache_dir: Path, tmp_path: Path) -> None:
+    """``serve --speakers DIR``: one sample per person, named after its file; every
+    diarized session starts with them, and their voices get their names."""
+    import soundfile as sf
+
+    from streamer.cli import build_parser
+    from streamer.cli.diarizer import known_speakers_from
+    from streamer.core.protocol import StreamOptions
+    from streamer.core.session import SessionOptions
+    from streamer.testkit.diarizer import VOICES, ensure_diarizer, load_voice
+
+    folder = tmp_path / "speakers"
+    folder.mkdir()
+    for name, voice in (("Ann_Reader", "reader"), ("Bob", "digits")):
+        audio = np.concatenate([load_voice(p) for p in VOICES[voice][2:4]])
+        sf.write(folder / f"{name}.wav", audio, 16000)
+    args = build_parser().parse_args(
+        ["serve", "--diarize-model", str(ensure_diarizer(cache_dir)), "--speakers", str(folder)]
+    )
+    known = known_speakers_from(args)
+    assert [k.name for k in known] == ["Ann Reader", "Bob"]
+    options = SessionOptions(diarization=DiarizationOptions(), known_speakers=known)
+    speakers = options.speakers_for("s", StreamOptions(diarize=True), False)
+    assert speakers is not None
+    for i, voice in enumerate(("digits", "reader")):
+        clip = (load_voice(VOICES[voice][0]) * 32767).astype(np.int16)
+        mapping = speakers.tracker.assign(models.analyse(i, clip))
+        assert {speakers.names[s] for s in mapping.values()} == {("Bob", "Ann Reader")[i]}
+    sf.write(folder / "silence.wav", np.zeros(16000 * 3, np.float32), 16000)
+    from streamer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="too little speech"):
+        known_speakers_from(args)

@@ -74,6 +74,15 @@ def add_diarize_arguments(p: argparse.ArgumentParser) -> None:
     )
     _flag(
         d,
+        "--speakers",
+        None,
+        Path,
+        metavar="DIR",
+        help="known speakers: one audio file of 2-10 s per person, named after them "
+        "(ann.wav -> 'ann'); their voices get their names in every diarized stream",
+    )
+    _flag(
+        d,
         "--diarize-threshold",
         defaults.match_threshold,
         float,
@@ -116,3 +125,35 @@ def _default_cache_dir() -> Path:
     from streamer.model.options import RecognizerOptions
 
     return RecognizerOptions().cache_dir
+
+
+def known_speakers_from(args: argparse.Namespace) -> tuple[Any, ...]:
+    """--speakers DIR: each audio file's main voice, named after the file (ConfigError
+    for a file without enough speech, or without --diarize-model)."""
+    if args.speakers is None:
+        return ()
+    if not args.diarize_model:
+        raise ConfigError("--speakers needs --diarize-model")
+    if not args.speakers.is_dir():
+        raise ConfigError(f"--speakers {args.speakers}: not a directory")
+    from streamer.audio_io import load_audio
+    from streamer.core.session_speakers import known_speaker
+    from streamer.model.speakers.layout import resolve_diarizer
+    from streamer.model.speakers.models import SpeakerModels
+
+    files = sorted(p for p in args.speakers.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise ConfigError(f"--speakers {args.speakers}: no audio files")
+    cache = args.cache_dir or _default_cache_dir()
+    models = SpeakerModels(resolve_diarizer(args.diarize_model, cache), diarization_options(args))
+    known = []
+    for index, path in enumerate(files):
+        name = " ".join(path.stem.replace("_", " ").split())[:64]
+        analysis = models.analyse(-1 - index, load_audio(path))
+        speaker = known_speaker(name, analysis)
+        if speaker is None:
+            raise ConfigError(
+                f"--speakers: {path.name} holds too little speech (2-10 s of one voice)"
+            )
+        known.append(speaker)
+    return tuple(known)

@@ -10,7 +10,7 @@ from streamer.core import hotwords
 from streamer.core.diarization import DiarizationOptions
 from streamer.core.protocol import StreamOptions
 from streamer.core.segmenter import SegmenterOptions
-from streamer.core.session_speakers import SessionSpeakers
+from streamer.core.session_speakers import KnownSpeaker, SessionSpeakers
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class SessionOptions:
     hotwords: hotwords.Hotwords = ()  # the server's (--hotwords), merged with each session's
     # speaker models' settings when the server has them (--diarize-model); None: it has not
     diarization: DiarizationOptions | None = None
+    # known voices every diarized session starts with (--speakers DIR): their names
+    known_speakers: tuple[KnownSpeaker, ...] = ()
 
     def speakers_for(
         self, session_id: str, stream: StreamOptions, background: bool
@@ -33,7 +35,10 @@ class SessionOptions:
         """A diarized stream's speaker side; None without ``diarize`` or speaker models."""
         if not stream.diarize or self.diarization is None:
             return None
-        return SessionSpeakers(session_id, stream, self.diarization, background=background)
+        speakers = SessionSpeakers(session_id, stream, self.diarization, background=background)
+        for known in self.known_speakers:
+            speakers.enrol(known)
+        return speakers
 
 
 class State(Enum):
