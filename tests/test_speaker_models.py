@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from streamer.core.diarization import DiarizationOptions, SpeakerAnalysis, SpeakerTracker
@@ -157,6 +158,7 @@ import sys
 for name in ("torch", "funasr", "onnx"):
     sys.modules[name] = None  # import raises ImportError, as where it is not installed
 import numpy as np
+import orjson
 from streamer.model.speakers.layout import resolve_diarizer
 from streamer.model.speakers.models import SpeakerModels
 from streamer.testkit.diarizer import load_voice
@@ -207,3 +209,28 @@ def test_serve_speakers_dir_names_known_voices(models, cache_dir: Path, tmp_path
 
     with pytest.raises(ConfigError, match="too little speech"):
         known_speakers_from(args)
+
+
+def test_transcribe_diarize_model_writes_a_line_per_speaker(
+    cache_dir: Path, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``streamer transcribe --diarize-model``: the offline path labels its finals like a
+    live stream's ('A: text' per speaker's turn; speaker fields with --json)."""
+    import soundfile as sf
+
+    from streamer.cli import main
+    from streamer.testkit.diarizer import conversation, ensure_diarizer
+
+    pcm, reference = conversation(["reader", "digits"], 4, seed=1)
+    wav = tmp_path / "talk.wav"
+    sf.write(wav, pcm, 16000)
+    base = ["transcribe", str(wav), "--model", str(tiny_model_dir)]
+    diarize = ["--diarize-model", str(ensure_diarizer(cache_dir))]
+    assert main([*base, *diarize]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert {line.split(":", 1)[0] for line in lines} == {"A", "B"}
+    assert main([*base, *diarize, "--json"]) == 0
+    records = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert all(r["speaker"] in ("A", "B") and r["turns"] for r in records if r["text"])
+    assert main([*base, "--json"]) == 0
+    assert not any("speaker" in orjson.loads(line) for line in capsys.readouterr().out.splitlines())

@@ -74,6 +74,12 @@ def known_speaker(name: str, analysis: SpeakerAnalysis | None) -> KnownSpeaker |
     return KnownSpeaker(name, main.embedding, main.solo_samples)
 
 
+class SpeakerAnalyser(Protocol):
+    """The speaker models seen from a caller that waits for them (offline transcription)."""
+
+    def analyse(self, segment_id: int, pcm: np.ndarray) -> SpeakerAnalysis: ...
+
+
 class SpeakerQueue(Protocol):
     """Where the transport sends speaker jobs (``model/speakers/worker.SpeakerWorker``)."""
 
