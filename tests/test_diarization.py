@@ -181,6 +181,31 @@ def test_offline_clustering_finds_the_voices_with_and_without_the_count() -> Non
     assert cluster_speakers(embeddings[:1]) == [0] and cluster_speakers(np.zeros((0, 8))) == []
 
 
+def test_a_window_clearly_of_another_voice_changes_the_turn() -> None:
+    """Two voices the segmentation gave one local speaker: the window of the other known
+    voice becomes its turn; the mapping and the centroids stay."""
+    from streamer.core.diarization import Piece
+
+    a, b = voice(1), voice(2)
+    tracker = SpeakerTracker(DiarizationOptions(change_margin=0.15))
+    tracker.assign(utterance(0, (a, 0, 2)))
+    tracker.assign(utterance(1, (b, 0, 2)))
+    pieces = tuple(
+        Piece(int(s * RATE), int((s + 1.5) * RATE), near(b if 1.5 <= s < 3 else a, int(s * 4)))
+        for s in (0.0, 0.75, 1.5, 2.25, 3.0, 3.75)
+    )
+    region = (0, int(5.25 * RATE))
+    local = LocalSpeaker(0, (region,), region[1], near(a, 99, spread=0.3), pieces)
+    analysis = SpeakerAnalysis(2, region[1] + RATE // 10, (local,))
+    mapping = tracker.assign(analysis)
+    assert mapping == {0: 0}
+    changes = tracker.changes(analysis, mapping)
+    assert changes and {c.speaker for c in changes} == {1}
+    turns = speaker_turns(analysis, mapping, DiarizationOptions(), changes)
+    assert [t.speaker for t in turns] == [0, 1, 0]
+    assert 1.5 * RATE <= turns[1].start < turns[1].end <= 4.0 * RATE
+
+
 # -- turns and words -------------------------------------------------------------------
 
 

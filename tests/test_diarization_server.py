@@ -146,11 +146,12 @@ async def test_late_speakers_never_hold_a_final_past_the_bound() -> None:
 @pytest.mark.parametrize(
     "voices, seed, max_der, max_confusion",
     [
-        # the reader and the numbers' speaker: well within the issue's targets
+        # the issue's targets: DER <= 10 %, confusion <= 5 % (collar 0.25 s)
         (("reader", "digits"), 1, 0.10, 0.05),
-        # the reader and the cards' speaker: the segmentation misses some changes inside
-        # an utterance (no context before it): confusion about 9 % (bench/results-incoming)
-        (("reader", "cards"), 0, 0.15, 0.12),
+        # the segmentation misses changes inside utterances here; the windowed embeddings
+        # catch most of them (confusion 8.8 % without them, 4.5 % with)
+        (("reader", "cards"), 0, 0.10, 0.05),
+        (("reader", "cards", "digits"), 3, 0.10, 0.05),
     ],
 )
 def test_online_der_on_recorded_voices(

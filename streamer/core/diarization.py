@@ -31,6 +31,12 @@ LOCAL_SPEAKERS = 3  # per window
 # segmentation-3.0's 7 classes: nobody, each of 3 speakers alone, each pair
 POWERSET: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2))
 EMBEDDING_DIM = 192
+# a long local speaker is also embedded in windows, which catch a change of voice the
+# segmentation missed (two voices in one local speaker): 1.5 s every 0.75 s (end to end
+# windows cost half as much and found fewer changes: bench/results-incoming/30.md)
+PIECE_WINDOW_SAMPLES = 3 * SAMPLE_RATE // 2
+PIECE_STEP_SAMPLES = 3 * SAMPLE_RATE // 4
+MIN_CENTROID_SAMPLES = SAMPLE_RATE  # a speaker a piece may switch to has 1 s behind it
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,9 @@ class DiarizationOptions:
     max_speakers: int = 8  # past it, the nearest known speaker is taken
     min_speakers: int = 1  # uploads: the fewest speakers re-clustering may find
     min_turn_ms: float = 250.0  # shorter runs of one speaker join their neighbours
+    # a window of a local speaker goes to another known speaker when it is at least this
+    # much closer to it (cosine) than to its own, and past match_threshold
+    change_margin: float = 0.15
     # how long a live final waits for its speakers once its text is ready (past it, it is
     # sent without them); a file upload's waits up to background_max_wait_ms
     max_wait_ms: float = 300.0
@@ -61,6 +70,17 @@ class LocalSpeaker:
     regions: tuple[tuple[int, int], ...]  # samples where it speaks (overlap included)
     solo_samples: int  # samples where it speaks alone (what its embedding heard)
     embedding: np.ndarray | None = None  # unit-length, None with too little solo speech
+    pieces: tuple[Piece, ...] = ()  # windows of its long regions, each embedded
+
+
+@dataclass(frozen=True, eq=False)
+class Piece:
+    """A window of a local speaker's speech and its embedding (samples from the
+    utterance's start)."""
+
+    start: int
+    end: int
+    embedding: np.ndarray  # unit length
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,6 +226,34 @@ class SpeakerTracker:
                 mapping[local.index] = fallback
         return mapping
 
+    def changes(self, analysis: SpeakerAnalysis, mapping: dict[int, int]) -> list[Turn]:
+        """Stretches where a local speaker's window is clearly another known voice (the
+        segmentation gave two voices one local speaker): the window's middle half goes
+        to that speaker. Centroids are not moved by them."""
+        opts = self.options
+        known = [
+            (i, _unit(s.centroid))
+            for i, s in enumerate(self._speakers)
+            if s.centroid is not None and s.weight_samples >= MIN_CENTROID_SAMPLES
+        ]
+        out = []
+        for local in analysis.speakers:
+            own = mapping.get(local.index)
+            for piece in local.pieces:
+                scores = {i: float(np.dot(c, piece.embedding)) for i, c in known}
+                if not scores:
+                    break
+                best = max(scores, key=lambda i: scores[i])
+                if (
+                    best != own
+                    and scores[best] >= opts.match_threshold
+                    and scores[best] - (scores.get(own, -1.0) if own is not None else -1.0)
+                    >= opts.change_margin
+                ):
+                    quarter = (piece.end - piece.start) // 4
+                    out.append(Turn(piece.start + quarter, piece.end - quarter, best))
+        return out
+
     def _nearest(self, vector: np.ndarray) -> tuple[int | None, float]:
         best, score = None, -2.0
         for i, speaker in enumerate(self._speakers):
@@ -246,10 +294,14 @@ class SpeakerTracker:
 
 
 def speaker_turns(
-    analysis: SpeakerAnalysis, mapping: dict[int, int], options: DiarizationOptions
+    analysis: SpeakerAnalysis,
+    mapping: dict[int, int],
+    options: DiarizationOptions,
+    changes: Sequence[Turn] = (),
 ) -> list[Turn]:
     """The utterance's turns: one speaker per frame (in overlap, the one already
-    speaking), runs shorter than ``min_turn_ms`` given to a neighbour, pauses inside one
+    speaking; where :meth:`SpeakerTracker.changes` found another voice, that one), runs
+    shorter than ``min_turn_ms`` given to a neighbour, pauses inside one
     speaker's speech closed, and a pause between two speakers split in the middle; the
     silence before the first and after the last speech is no one's."""
     step = SEGMENTATION_STEP_SAMPLES
@@ -268,6 +320,9 @@ def speaker_turns(
         if active[f]:
             owner[f] = previous if previous in active[f] else min(active[f])
             previous = int(owner[f])
+    for change in changes:
+        span = owner[change.start // step : -(-change.end // step)]
+        span[span >= 0] = change.speaker
     raw = [(a, b, int(owner[a])) for a, b in _label_runs(owner) if owner[a] >= 0]
     min_frames = max(1, round(options.min_turn_ms * SAMPLE_RATE / 1000 / step))
     merged = _absorb_short(raw, min_frames)

@@ -193,7 +193,8 @@ class SessionSpeakers:
         if analysis is None or final.error is not None:
             return final
         mapping = self.tracker.assign(analysis)
-        turns = speaker_turns(analysis, mapping, self.options)
+        changes = self.tracker.changes(analysis, mapping)
+        turns = speaker_turns(analysis, mapping, self.options, changes)
         speaker = main_speaker(turns)
         if speaker is None:
             speaker = self.tracker.last_speaker

@@ -18,10 +18,13 @@ import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import (
+    PIECE_STEP_SAMPLES,
+    PIECE_WINDOW_SAMPLES,
     SEGMENTATION_FRAME_SAMPLES,
     SEGMENTATION_WINDOW_SAMPLES,
     DiarizationOptions,
     LocalSpeaker,
+    Piece,
     SpeakerAnalysis,
     local_regions,
     powerset_activity,
@@ -95,6 +98,7 @@ class SpeakerModels:
                         regions=tuple(regions),
                         solo_samples=solo_samples,
                         embedding=embedding,
+                        pieces=self._pieces(audio, regions),
                     )
                 )
         return SpeakerAnalysis(
@@ -103,6 +107,17 @@ class SpeakerModels:
             speakers=tuple(speakers),
             analyse_ms=(time.perf_counter() - started) * 1000,
         )
+
+    def _pieces(self, audio: np.ndarray, regions: list[tuple[int, int]]) -> tuple[Piece, ...]:
+        """Windows of the regions long enough to hold two of them, each embedded."""
+        pieces = []
+        for start, end in regions:
+            if end - start < PIECE_WINDOW_SAMPLES + PIECE_STEP_SAMPLES:
+                continue
+            for a in range(start, end - PIECE_WINDOW_SAMPLES + 1, PIECE_STEP_SAMPLES):
+                b = a + PIECE_WINDOW_SAMPLES
+                pieces.append(Piece(a, b, self.embed(audio[a:b])))
+        return tuple(pieces)
 
     def embed(self, audio: np.ndarray) -> np.ndarray:
         """A CAM++ embedding (unit length) of float audio in [-1, 1]."""
