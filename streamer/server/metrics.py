@@ -156,9 +156,10 @@ class Metrics:
         )
         self.unlabelled_finals_total = Counter(
             "streamer_diarization_unlabelled_finals",
-            "Finals of diarized streams sent without speakers: the speaker models were "
-            "later than --diarize-max-wait-ms (late), their queue was full (refused), or "
-            "their analysis failed (failed)",
+            "Diarized segments the speaker models did not label: later than "
+            "--diarize-max-wait-ms (late: the final went out without speakers), refused by "
+            "their full queue (refused) or failed (failed); a refused or failed analysis "
+            "speculated in a pause is sent again when the segment closes",
             ["reason"],
             registry=r,
         )
