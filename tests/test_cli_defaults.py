@@ -44,6 +44,7 @@ RENAMED: dict[str, Any] = {
     "diarize_max_wait_ms": DiarizationOptions().max_wait_ms,
     "diarize_threshold": DiarizationOptions().match_threshold,
     "speakers": None,  # SessionOptions.known_speakers is () without --speakers
+    "no_diarize_windows": not DiarizationOptions().change_windows,
 }
 # flags that set no option field
 # (--hotwords is a file: SessionOptions.hotwords holds its phrases, () without it)

@@ -234,3 +234,16 @@ def test_transcribe_diarize_model_writes_a_line_per_speaker(
     assert all(r["speaker"] in ("A", "B") and r["turns"] for r in records if r["text"])
     assert main([*base, "--json"]) == 0
     assert not any("speaker" in orjson.loads(line) for line in capsys.readouterr().out.splitlines())
+
+
+def test_windows_embed_long_voices_unless_turned_off(models, cache_dir: Path) -> None:
+    from streamer.model.speakers.layout import resolve_diarizer
+    from streamer.model.speakers.models import SpeakerModels
+    from streamer.testkit.diarizer import VOICES, ensure_diarizer, load_voice
+
+    clip = (load_voice(VOICES["reader"][0]) * 32767).astype(np.int16)  # 7 s of one voice
+    with_windows = models.analyse(0, clip)
+    assert any(len(s.pieces) >= 4 for s in with_windows.speakers)
+    files = resolve_diarizer(str(ensure_diarizer(cache_dir)), cache_dir)
+    lean = SpeakerModels(files, DiarizationOptions(change_windows=False)).analyse(0, clip)
+    assert lean.speakers and all(s.pieces == () for s in lean.speakers)

@@ -110,6 +110,8 @@ class SpeakerModels:
 
     def _pieces(self, audio: np.ndarray, regions: list[tuple[int, int]]) -> tuple[Piece, ...]:
         """Windows of the regions long enough to hold two of them, each embedded."""
+        if not self.options.change_windows:
+            return ()
         pieces = []
         for start, end in regions:
             if end - start < PIECE_WINDOW_SAMPLES + PIECE_STEP_SAMPLES:
