@@ -4,8 +4,11 @@ labels (I/O-free).
 A session with the stream option ``diarize`` owns a :class:`SessionSpeakers`. When a
 segment closes, :meth:`segment_closed` queues a :class:`SpeakerJob` with the segment's
 audio (the transport sends it to the speaker models, in parallel with the final's
-decode). When the final's transcript is ready, :meth:`label` returns it labelled if the
-speakers' answer is there, or holds it; :meth:`analysed` gives the answer (or None: the
+decode); in a pause that may close it, :meth:`speculate` sends the audio at once, as
+the final's speculative decode does, and a closing on exactly that audio needs no
+second job (an answer for other audio is told by its length and ignored). When the
+final's transcript is ready, :meth:`label` returns it labelled if the speakers' answer
+is there, or holds it; :meth:`analysed` gives the answer (or None: the
 models failed, were full, or were later than the server's bound) and returns a held
 final, labelled as far as the answer allows. Labels are assigned when a final is
 labelled, in the order finals are completed, by one :class:`SpeakerTracker`: once a final

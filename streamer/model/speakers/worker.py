@@ -17,12 +17,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
-
-import numpy as np
 
 from streamer.core.diarization import SpeakerAnalysis
-from streamer.core.session_speakers import SpeakerJob
+from streamer.core.session_speakers import SpeakerAnalyser, SpeakerJob
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +27,6 @@ SpeakerCallback = Callable[[SpeakerJob, SpeakerAnalysis | None], None]
 DEFAULT_MAX_QUEUED = 64  # jobs waiting (live and background together)
 LOAD_TIMEOUT_S = 120.0
 IDLE_WAIT_S = 5.0  # an idle worker's wait is bounded too (a notify ends it at once)
-
-
-class SpeakerModelsLike(Protocol):
-    """What the worker needs of :class:`~streamer.model.speakers.models.SpeakerModels`."""
-
-    def analyse(self, segment_id: int, pcm: np.ndarray) -> SpeakerAnalysis: ...
 
 
 @dataclass
@@ -52,7 +43,7 @@ class SpeakerWorker:
 
     def __init__(
         self,
-        load: Callable[[], SpeakerModelsLike],
+        load: Callable[[], SpeakerAnalyser],
         *,
         max_queued: int = DEFAULT_MAX_QUEUED,
         on_analysed: Callable[[SpeakerJob, SpeakerAnalysis | None, float], None] | None = None,
@@ -145,9 +136,7 @@ class SpeakerWorker:
                 job, callback = (self._live or self._background).popleft()
             self._analyse(models, job, callback)
 
-    def _analyse(
-        self, models: SpeakerModelsLike, job: SpeakerJob, callback: SpeakerCallback
-    ) -> None:
+    def _analyse(self, models: SpeakerAnalyser, job: SpeakerJob, callback: SpeakerCallback) -> None:
         started = time.perf_counter()
         answer: SpeakerAnalysis | None
         try:
