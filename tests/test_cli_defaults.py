@@ -11,6 +11,7 @@ import pytest
 
 from streamer.cli import ENV_PREFIX, build_parser
 from streamer.core.capacity import CapacityOptions
+from streamer.core.diarization import DiarizationOptions
 from streamer.core.protocol import StreamOptions
 from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
@@ -39,6 +40,11 @@ RENAMED: dict[str, Any] = {
     "file_worker": False,  # the pool's (plan_slots(file_worker=...))
     "max_upload_mb": FileOptions().max_upload_bytes / (1 << 20),
     "max_file_duration_s": FileOptions().max_duration_s,
+    "diarize_model": None,  # SessionOptions.diarization is None without speaker models
+    "diarize_max_wait_ms": DiarizationOptions().max_wait_ms,
+    "diarize_threshold": DiarizationOptions().match_threshold,
+    "speakers": None,  # SessionOptions.known_speakers is () without --speakers
+    "no_diarize_windows": not DiarizationOptions().change_windows,
 }
 # flags that set no option field
 # (--hotwords is a file: SessionOptions.hotwords holds its phrases, () without it)

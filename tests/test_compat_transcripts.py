@@ -225,7 +225,7 @@ def test_every_format_has_a_body():
             assert content_type == "application/json"
             orjson.loads(body)
     with pytest.raises(ValueError):
-        transcription_body(FINALS, response_format="diarized_json", duration_s=1.0)
+        transcription_body(FINALS, response_format="diarized_srt", duration_s=1.0)
 
 
 def test_stream_deltas_add_up_to_the_done_text():

@@ -132,7 +132,7 @@ def test_offline_without_a_cache_and_an_unreachable_hub_say_what_to_do(
     from streamer.model import published
 
     hub_env.setattr(published, "missing", lambda *modules: list(modules))
-    message = published._offline_message(PUBLISHED_ONNX_MODEL, "offline")
+    message = published._offline_message(PUBLISHED_ONNX_MODEL, "tokens.txt", "offline")
     assert f"needs torch: {install_hint(TORCH)})" in message
 
 

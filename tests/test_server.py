@@ -353,7 +353,8 @@ async def test_stream_options_travel_as_query(fake_server):
     # every stream option the client sets reaches the session (the ready echoes them)
     chosen = StreamOptions(language="en", itn=False, sample_rate=8000, partials=False,
                            endpoint_ms=800, words=True, encoding="auto",
-                           hotwords=(Hotword("kubernetes", 3.0),))  # fmt: skip
+                           hotwords=(Hotword("kubernetes", 3.0),), diarize=True,
+                           min_speakers=2, max_speakers=3)  # fmt: skip
     assert all(getattr(chosen, f.name) != getattr(StreamOptions(), f.name)
                for f in dataclasses.fields(StreamOptions))  # fmt: skip
     options = ClientOptions(url=fake_server.url, stream=chosen)

@@ -17,6 +17,7 @@ const ui = {
   file: $("file"),
   language: $("language"),
   itn: $("itn"),
+  diarize: $("diarize"),
   token: $("token"),
   captions: $("captions"),
   level: $("level"),
@@ -67,10 +68,13 @@ function loadSettings() {
   if (!ui.language.value) ui.language.value = "auto";
   const itn = params.get("itn") ?? store.get("itn");
   if (itn !== null) ui.itn.checked = itn !== "false";
+  const diarize = params.get("diarize") ?? store.get("diarize");
+  if (diarize !== null) ui.diarize.checked = diarize === "true";
   setCaptionScale(Number(store.get("scale")) || 1);
   ui.token.addEventListener("change", () => store.set("token", ui.token.value));
   ui.language.addEventListener("change", () => store.set("language", ui.language.value));
   ui.itn.addEventListener("change", () => store.set("itn", String(ui.itn.checked)));
+  ui.diarize.addEventListener("change", () => store.set("diarize", String(ui.diarize.checked)));
 }
 
 function setCaptionScale(scale) {
@@ -188,7 +192,7 @@ function setRunning(running) {
   ui.file.disabled = running;
   ui.file.parentElement.classList.toggle("disabled", running);
   ui.stop.disabled = !running;
-  for (const input of [ui.language, ui.itn, ui.token]) input.disabled = running;
+  for (const input of [ui.language, ui.itn, ui.diarize, ui.token]) input.disabled = running;
   document.body.classList.toggle("running", running);
 }
 
@@ -200,7 +204,12 @@ function newRun() {
   const current = { stopping: false };
   current.stream = new CaptionStream({
     url: () =>
-      asrUrl({ language: ui.language.value, itn: ui.itn.checked, token: ui.token.value.trim() }),
+      asrUrl({
+        language: ui.language.value,
+        itn: ui.itn.checked,
+        diarize: ui.diarize.checked,
+        token: ui.token.value.trim(),
+      }),
     onMessage: handleMessage,
     onState: (state, detail) => {
       showConnection(state, detail);

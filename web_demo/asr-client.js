@@ -16,10 +16,11 @@ const FATAL_CLOSE_CODES = new Set([1003, 1008, 1009]);
  * `v1/asr` next to the page (so `/v1/asr` when served at `/`, and a reverse proxy may
  * mount the demo under a prefix).
  */
-export function asrUrl({ language, itn, token, base = window.location.href }) {
+export function asrUrl({ language, itn, token, diarize = false, base = window.location.href }) {
   const url = new URL("v1/asr", base);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   url.search = new URLSearchParams({ language, itn: String(itn), sample_rate: String(SAMPLE_RATE) });
+  if (diarize) url.searchParams.set("diarize", "true"); // speakers (docs/diarization.md)
   if (token) url.searchParams.set("token", token);
   url.hash = "";
   return url.href;

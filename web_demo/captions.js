@@ -31,6 +31,8 @@ function element(tag, className, text) {
   return node;
 }
 
+const SPEAKER_COLOURS = 6; // style.css has .speaker-0 ... .speaker-5
+
 /** Badge elements for a result's tags: `.badge.lang`, `.badge.emotion`, `.badge.event`. */
 export function badges(result) {
   const out = [];
@@ -146,7 +148,7 @@ export class CaptionView {
     for (const key of ["language", "emotion", "event"]) {
       if (record[key]) node.dataset[key] = record[key];
     }
-    node.append(this.meta(session, message), element("p", "text", text));
+    node.append(this.meta(session, message), this.speakerText(message, text));
     this.container.append(node);
     this.scroll();
   }
@@ -155,7 +157,46 @@ export class CaptionView {
     const meta = element("div", "meta");
     const time = element("span", "time", formatClock(session.offsetMs + message.start_ms));
     meta.append(time, ...badges(message));
+    if (message.speaker) meta.append(this.speakerBadge(message.speaker));
     return meta;
+  }
+
+  /** A diarized final's text, each speaker's run of words in that speaker's colour. */
+  speakerText(message, text) {
+    const node = element("p", "text");
+    const words = message.words ?? [];
+    if (!message.speaker || !words.length || words.some((w) => !w.speaker)) {
+      node.textContent = text;
+      return node;
+    }
+    let run = null;
+    for (const word of words) {
+      if (!run || run.dataset.speaker !== word.speaker) {
+        if (run) node.append(" ");
+        run = element("span", `speaker-run ${this.speakerClass(word.speaker)}`);
+        run.dataset.speaker = word.speaker;
+        run.title = `speaker ${word.speaker}`;
+        node.append(run);
+      } else {
+        run.append(" ");
+      }
+      run.append(word.word);
+    }
+    return node;
+  }
+
+  speakerBadge(label) {
+    const badge = element("span", `badge speaker ${this.speakerClass(label)}`, label);
+    badge.dataset.speaker = label;
+    badge.title = `speaker ${label}`;
+    return badge;
+  }
+
+  /** One of SPEAKER_COLOURS colours per speaker, in the order they are first heard. */
+  speakerClass(label) {
+    this.speakerColours ??= new Map();
+    if (!this.speakerColours.has(label)) this.speakerColours.set(label, this.speakerColours.size);
+    return `speaker-${this.speakerColours.get(label) % SPEAKER_COLOURS}`;
   }
 
   scroll() {

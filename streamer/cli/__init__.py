@@ -1,4 +1,5 @@
-"""The ``streamer`` command: serve, transcribe, client, build-model, export-onnx.
+"""The ``streamer`` command: serve, transcribe, client, build-model, export-onnx,
+export-diarizer.
 
 This package is the only code that reads argv and the environment and configures
 logging. Heavy imports (torch, funasr) happen inside the commands, so ``--help`` is
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 from streamer import __version__
 from streamer.cli.common import ENV_PREFIX, configure_logging
+from streamer.cli.diarizer import _add_export_diarizer
 from streamer.cli.serve import _add_serve
 from streamer.cli.tools import _add_build_model, _add_client, _add_export_onnx, _add_transcribe
 from streamer.errors import ConfigError, ModelError
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client(sub)
     _add_build_model(sub)
     _add_export_onnx(sub)
+    _add_export_diarizer(sub)
     return parser
 
 

@@ -20,6 +20,7 @@ from streamer.cli.common import (
     _positive_or_auto,
     _within,
 )
+from streamer.cli.diarizer import add_diarize_arguments, speaker_worker
 from streamer.cli.process_limits import raise_open_files_limit
 from streamer.cli.serve_options import server_options_from, worker_pool
 from streamer.core.protocol import MAX_ENDPOINT_MS, MIN_ENDPOINT_MS
@@ -451,6 +452,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="serve --wyoming-port although --token is set: Wyoming has no authentication, "
         "so bind it to a trusted network only",
     )
+    add_diarize_arguments(p)
     _add_logging_arguments(p)
     _flag(
         p,
@@ -473,6 +475,7 @@ async def _serve(args: argparse.Namespace) -> int:
     progress = LoadProgress()
     metrics = Metrics()
     worker = worker_pool(args, metrics, progress)
+    worker.speakers = speaker_worker(args, metrics)
     classifier_factory = _classifier_factory(args.vad)
     server = StreamingServer(
         server_options,

@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 from streamer.cli.common import _recognizer_options, read_hotwords
+from streamer.cli.diarizer import diarization_options, known_speakers_from
 from streamer.core.protocol import StreamOptions
 from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
@@ -69,6 +70,8 @@ def server_options_from(args: argparse.Namespace) -> Any:
             partial_interval_ms=args.partial_interval_ms,
             speculative_finals=args.speculative_finals,
             hotwords=read_hotwords(args.hotwords),
+            diarization=diarization_options(args),
+            known_speakers=known_speakers_from(args),
         ),
         funasr_port=args.funasr_port,
         wyoming_port=args.wyoming_port,

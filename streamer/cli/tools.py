@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -59,6 +60,13 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
         metavar="PHRASES|FILE",
         help="phrases to favour: 'Kubernetes,Anthropic:3' or a file of one a line",
     )
+    p.add_argument(
+        "--diarize-model",
+        default=None,
+        metavar="DIR|auto",
+        help="label speakers with these speaker models (as serve's; docs/diarization.md): "
+        "'A: text' per speaker's turn, or speaker fields with --json",
+    )
     _add_model_arguments(p)
     _add_logging_arguments(p)
     # None: warnings, plus the loading stages (a model takes seconds to a minute to load);
@@ -108,6 +116,7 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
     from streamer.audio_io import load_audio
     from streamer.client.cli import read_hotwords_argument
     from streamer.core.protocol import message_dict
+    from streamer.core.session_speakers import speaker_parts
     from streamer.core.session_state import SessionOptions
     from streamer.model.loading import LoadProgress, load_recognizer, preflight
     from streamer.offline import transcribe_pcm
@@ -122,6 +131,7 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
     logging.getLogger("streamer.model.loading").setLevel(stages)
     recognizer = load_recognizer(options, LoadProgress())
     session_options = replace(SessionOptions(model_name=recognizer.name), hotwords=words)
+    speakers = _speaker_models(args)
     out = sys.stdout
     status = 0
     for path in args.files:
@@ -131,8 +141,8 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
             logger.error("%s: %s", path, error)
             status = 2
             continue
-        texts = []
-        finals = []
+        texts: list[str] = []
+        finals: list[Final] = []
         for final in transcribe_pcm(
             recognizer,
             pcm,
@@ -141,22 +151,37 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
             session_options=session_options,
             vad_aggressiveness=args.vad_aggressiveness,
             classifier=None if classifier_factory is None else classifier_factory(),
+            speakers=speakers,
         ):
             finals.append(final)
             if args.json:
                 record = {"file": str(path), **message_dict(final)}
                 out.write(orjson.dumps(record).decode() + "\n")
+            elif final.text and speakers is not None:  # a line per speaker's turn
+                texts.extend(f"{p.speaker or '?'}: {p.text}" for p in speaker_parts(final))
             elif final.text:
                 texts.append(final.text)
         if not args.json:
             prefix = f"{path}: " if len(args.files) > 1 else ""
-            out.write(prefix + " ".join(texts) + "\n")
+            out.write(prefix + ("\n" if speakers is not None else " ").join(texts) + "\n")
         out.flush()
         if output_format is not None:
             duration_s = pcm.size / 16000
             _write_output(args.output, output_format, finals, duration_s, args.language)
             sys.stderr.write(f"wrote {args.output} ({output_format})\n")
     return status
+
+
+def _speaker_models(args: argparse.Namespace) -> Any:
+    """transcribe --diarize-model: the speaker models, loaded here (None without it)."""
+    if not args.diarize_model:
+        return None
+    from streamer.model.options import RecognizerOptions
+    from streamer.model.speakers.layout import resolve_diarizer
+    from streamer.model.speakers.models import SpeakerModels
+
+    cache = getattr(args, "cache_dir", None) or RecognizerOptions().cache_dir
+    return SpeakerModels(resolve_diarizer(args.diarize_model, cache))
 
 
 # -- build-model -----------------------------------------------------------------

@@ -25,6 +25,7 @@ from streamer.core.captions import (
     caption_cues,
     display_width,
     format_timestamp,
+    speaker_cues,
     srt_block,
     vtt_block,
     wrap_caption,
@@ -120,7 +121,7 @@ class _StreamWriter:
             if self._fmt == "txt":
                 self._stream.write(message.text.strip() + "\n")
             else:
-                for cue in caption_cues(message):
+                for cue in speaker_cues(message):  # caption_cues, per speaker if diarized
                     self._cues += 1
                     block = srt_block(self._cues, cue) if self._fmt == "srt" else vtt_block(cue)
                     self._stream.write(block)

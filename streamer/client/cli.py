@@ -151,6 +151,12 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", action="store_true", help="print each final as a JSON line on stdout"
     )
     parser.add_argument(
+        "--diarize",
+        action="store_true",
+        help="ask who speaks (a server with --diarize-model): speakers in the live view "
+        "and in SRT/VTT output",
+    )
+    parser.add_argument(
         "--quiet",
         "-q",
         action="store_true",
@@ -266,6 +272,8 @@ class LiveView:
         if not final.text.strip():
             return ""
         label = tag_label(final.language, final.emotion, final.event, self._emoji)
+        if final.speaker:
+            stamp = f"{stamp} {final.speaker}:"
         return f"{stamp} {label} {final.text.strip()}" if label else f"{stamp} {final.text}"
 
     def line(self, text: str) -> None:
@@ -333,6 +341,8 @@ def _stream_options(args: argparse.Namespace) -> StreamOptions:
     }
     if args.endpoint_ms is not None:
         params["endpoint_ms"] = args.endpoint_ms
+    if getattr(args, "diarize", False):
+        params["diarize"] = True
     options = parse_stream_options(params)
     if args.hotwords:
         words = read_hotwords_argument(args.hotwords)

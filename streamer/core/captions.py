@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamer.core.protocol import Final
+from streamer.core.session_speakers import speaker_parts
 
 __all__ = [
     "MAX_LINE_CHARS",
@@ -90,6 +91,7 @@ class Cue:
     start_ms: float  # audio time the caption appears
     end_ms: float  # audio time it disappears
     lines: tuple[str, ...]  # at most MAX_LINES lines of text
+    speaker: str | None = None  # who says it (a diarized final's speaker)
 
 
 def caption_cues(
@@ -167,7 +169,10 @@ def _word_timed_cues(final: Final, groups: list[tuple[str, ...]]) -> list[Cue] |
 def srt_block(index: int, cue: Cue) -> str:
     start = format_timestamp(cue.start_ms, "srt")
     end = format_timestamp(cue.end_ms, "srt")
-    return f"{index}\n{start} --> {end}\n" + "\n".join(cue.lines) + "\n\n"
+    lines = list(cue.lines)
+    if cue.speaker and lines:
+        lines[0] = f"[{cue.speaker}] {lines[0]}"  # SubRip has no voice tag: the usual bracket
+    return f"{index}\n{start} --> {end}\n" + "\n".join(lines) + "\n\n"
 
 
 def vtt_block(cue: Cue) -> str:
@@ -175,16 +180,32 @@ def vtt_block(cue: Cue) -> str:
     end = format_timestamp(cue.end_ms, "vtt")
     # "-->" inside a cue's text would end it early in some players.
     text = "\n".join(line.replace("-->", "->") for line in cue.lines)
+    if cue.speaker:
+        # WebVTT's voice span; ">" and newlines cannot be inside its annotation
+        voice = " ".join(cue.speaker.replace(">", "").replace("&", "&amp;").split())
+        text = f"<v {voice}>{text}"
     return f"{start} --> {end}\n{text}\n\n"
 
 
+def speaker_cues(final: Final) -> list[Cue]:
+    """:func:`caption_cues`, per speaker for a diarized final (each cue names its own)."""
+    return [
+        replace(cue, speaker=part.speaker)
+        for part in speaker_parts(final)
+        if part.text.strip()
+        for cue in caption_cues(part)
+    ]
+
+
 def srt_document(finals: Iterable[Final]) -> str:
-    """A whole SubRip file for ``finals`` (cues numbered from 1; empty finals skipped)."""
-    cues = [cue for final in finals if final.text.strip() for cue in caption_cues(final)]
+    """A whole SubRip file for ``finals`` (cues numbered from 1; empty finals skipped; a
+    diarized final's cues start with ``[speaker]``)."""
+    cues = [cue for final in finals if final.text.strip() for cue in speaker_cues(final)]
     return "".join(srt_block(index, cue) for index, cue in enumerate(cues, start=1))
 
 
 def vtt_document(finals: Iterable[Final]) -> str:
-    """A whole WebVTT file for ``finals`` (the header, then a cue per caption)."""
-    cues = [cue for final in finals if final.text.strip() for cue in caption_cues(final)]
+    """A whole WebVTT file for ``finals`` (the header, then a cue per caption; a diarized
+    final's cues are voice spans, ``<v A>``)."""
+    cues = [cue for final in finals if final.text.strip() for cue in speaker_cues(final)]
     return VTT_HEADER + "".join(vtt_block(cue) for cue in cues)

@@ -119,6 +119,16 @@ class AudioBuffer:
         # one copy (the bytearray slice), which the returned array owns
         return np.frombuffer(self._data[lo:hi], dtype="<i2").astype(np.int16, copy=False)
 
+    def slice_with_tail(
+        self, start_sample: int, end_sample: int, tail: np.ndarray | None
+    ) -> np.ndarray:
+        """:meth:`slice`, where samples past the buffer's end come from ``tail`` (those
+        of an incomplete last frame, which the buffer never holds)."""
+        if end_sample <= self.end_sample or tail is None:
+            return self.slice(start_sample, end_sample)
+        head = self.slice(start_sample, self.end_sample)
+        return np.concatenate([head, tail[: end_sample - self.end_sample]])
+
     def discard_before(self, sample: int) -> None:
         drop = min(sample, self.end_sample) - self._base_sample
         if drop > 0:

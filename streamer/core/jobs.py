@@ -8,9 +8,12 @@ from typing import Literal
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.core.hotwords import Hotwords
+from streamer.core.protocol import Final
 from streamer.core.segmenter import EndReason
 from streamer.core.transcript import Transcript
+from streamer.core.words import transcript_words
 
 JobKind = Literal["final", "partial"]
 
@@ -79,3 +82,30 @@ class DecodeResult:
 def final_of_speculation(job: DecodeJob, reason: EndReason) -> DecodeJob:
     """The final's job for a segment that a speculative decode (``job``) already covered."""
     return replace(job, kind="final", reason=reason, first=False, speculative=False)
+
+
+def final_message(result: DecodeResult, error: dict[str, str] | None) -> Final:
+    """The final of a final's (or a speculation's) result; ``error`` when it failed."""
+    job, t = result.job, result.transcript
+    start_ms, end_ms = samples_ms(job.start_sample), samples_ms(job.end_sample)
+    return Final(
+        segment_id=job.segment_id,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        text=t.text if t else "",
+        language=t.language if t else None,
+        emotion=t.emotion if t else None,
+        event=t.event if t else None,
+        raw=t.raw if t else "",
+        rich=t.rich if t else "",
+        reason=job.reason or "stop",
+        decode_ms=round(result.decode_ms, 1),
+        queue_ms=round(result.queue_ms, 1),
+        error=error,
+        words=transcript_words(t, start_ms, end_ms) if t else (),
+    )
+
+
+def samples_ms(samples: int) -> float:
+    """A sample count of the session's timeline in ms, as messages carry it."""
+    return round(samples * 1000 / SAMPLE_RATE, 1)

@@ -30,6 +30,8 @@ SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 LANGUAGES = ("auto", "zh", "en", "yue", "ja", "ko")
 MIN_ENDPOINT_MS = 100
 MAX_ENDPOINT_MS = 5000
+MAX_SPEAKERS = 8  # a stream's speakers with diarize, unless the client says fewer
+_DIARIZE_OPTIONS = ("diarize", "min_speakers", "max_speakers")
 
 # ---------------------------------------------------------------------------
 # Stream options
@@ -48,9 +50,18 @@ class StreamOptions:
     encoding: str = PCM  # binary frames: pcm_s16le, auto, or a container (ENCODINGS)
     # phrases the decoder favours (core/hotwords.py: "phrase" or {"phrase", "boost"})
     hotwords: Hotwords = ()
+    diarize: bool = False  # who speaks: ``speaker`` on finals and words, ``turns``
+    min_speakers: int = 1  # with diarize: the fewest speakers expected
+    max_speakers: int = MAX_SPEAKERS  # with diarize: past it, the nearest known voice
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The options as the ready message shows them; the speaker counts only with
+        ``diarize`` (a stream without it reads as it did before diarization existed)."""
+        fields = dataclasses.asdict(self)
+        if not self.diarize:
+            for name in _DIARIZE_OPTIONS:
+                del fields[name]
+        return fields
 
     def log_fields(self) -> dict[str, Any]:
         """:meth:`to_dict` for the log: hotwords as their count (phrases are user data,
@@ -117,7 +128,7 @@ def parse_stream_options(
             changes[name] = value
         elif name == "hotwords":
             changes[name] = parse_hotwords(value, strings=strings)
-        elif name in ("itn", "partials", "words"):
+        elif name in ("itn", "partials", "words", "diarize"):
             changes[name] = _parse_bool(name, value, strings)
         elif name == "sample_rate":
             rate = _parse_int(name, value, strings)
@@ -141,7 +152,17 @@ def parse_stream_options(
                     f" got {ms}"
                 )
             changes[name] = ms
-    return dataclasses.replace(options, **changes)
+        elif name in ("min_speakers", "max_speakers"):
+            count = _parse_int(name, value, strings)
+            if not 1 <= count <= MAX_SPEAKERS:
+                raise InvalidOption(
+                    f"option {name!r} must be within 1..{MAX_SPEAKERS}, got {count}"
+                )
+            changes[name] = count
+    result = dataclasses.replace(options, **changes)
+    if result.min_speakers > result.max_speakers:
+        raise InvalidOption("option 'min_speakers' must not exceed 'max_speakers'")
+    return result
 
 
 # ---------------------------------------------------------------------------
@@ -239,6 +260,22 @@ class Word:
 
 
 @dataclass(frozen=True)
+class SpeakerWord(Word):
+    """A word of a diarized stream's final: who said it."""
+
+    speaker: str = ""  # the speaker active over the word ("A", "B", ... or a known name)
+
+
+@dataclass(frozen=True)
+class SpeakerTurn:
+    """A stretch of one speaker inside a diarized final."""
+
+    start_ms: float  # client audio time
+    end_ms: float
+    speaker: str
+
+
+@dataclass(frozen=True)
 class Partial:
     type: ClassVar[str] = "partial"
     segment_id: int
@@ -271,6 +308,10 @@ class Final:
     queue_ms: float  # time the final waited for the model
     error: dict[str, str] | None = None  # {code, message} when decoding failed
     words: tuple[Word, ...] | None = None  # the text's words in order; None from old servers
+    # with the stream option diarize (left out otherwise): the final's main speaker and,
+    # in order, its turns; None when the speaker models gave no answer in time
+    speaker: str | None = None
+    turns: tuple[SpeakerTurn, ...] | None = None
 
 
 MAX_ERROR_MESSAGE_CHARS = 200  # longer messages are cut: errors never echo unbounded input
@@ -337,13 +378,15 @@ def message_dict(message: ServerMessage) -> dict[str, Any]:
 def encode(message: ServerMessage) -> bytes:
     """The JSON bytes of a server message (send them as a text frame).
 
-    ``words`` is left out when it is None (partials without the ``words`` option).
+    ``words`` is left out when it is None (partials without the ``words`` option), and so
+    are a final's ``speaker`` and ``turns`` (streams without ``diarize``).
     """
     obj: dict[str, Any] = {"type": message.type}
     for name in _FIELD_NAMES[type(message)]:
         obj[name] = getattr(message, name)
-    if obj.get("words", ()) is None:
-        del obj["words"]
+    for name in _OMITTED_WHEN_NONE:
+        if obj.get(name, ()) is None:
+            del obj[name]
     return orjson.dumps(obj)  # orjson writes the Word dataclasses itself
 
 
@@ -364,6 +407,8 @@ def decode_server_message(data: str | bytes) -> ServerMessage:
     kwargs = {k: v for k, v in obj.items() if k in names}
     if kwargs.get("words") is not None:
         kwargs["words"] = _decode_words(kwargs["words"], str(kind))
+    if kwargs.get("turns") is not None:
+        kwargs["turns"] = _decode_turns(kwargs["turns"])
     try:
         return cls(**kwargs)
     except TypeError as exc:
@@ -371,19 +416,31 @@ def decode_server_message(data: str | bytes) -> ServerMessage:
 
 
 _WORD_FIELDS = tuple(f.name for f in dataclasses.fields(Word))
+_OMITTED_WHEN_NONE = ("words", "speaker", "turns")
 
 
 def _decode_words(value: Any, kind: str) -> tuple[Word, ...]:
     if not isinstance(value, list):
         raise MalformedMessage(f"bad {kind} message: 'words' must be a list")
-    words = []
+    words: list[Word] = []
     for item in value:
         if not isinstance(item, dict) or not all(name in item for name in _WORD_FIELDS):
             raise MalformedMessage(
                 f"bad {kind} message: each word needs {', '.join(_WORD_FIELDS)}: {item!r:.200}"
             )
-        words.append(Word(**{name: item[name] for name in _WORD_FIELDS}))
+        fields = {name: item[name] for name in _WORD_FIELDS}
+        if isinstance(item.get("speaker"), str):
+            words.append(SpeakerWord(**fields, speaker=item["speaker"]))
+        else:
+            words.append(Word(**fields))
     return tuple(words)
+
+
+def _decode_turns(value: Any) -> tuple[SpeakerTurn, ...]:
+    try:
+        return tuple(SpeakerTurn(t["start_ms"], t["end_ms"], str(t["speaker"])) for t in value)
+    except (TypeError, KeyError) as exc:
+        raise MalformedMessage(f"bad final message: 'turns' ({exc})") from None
 
 
 def stable_prefix(previous: str, current: str) -> str:
@@ -421,6 +478,8 @@ __all__ = [
     "Ready",
     "SpeechStart",
     "Word",
+    "SpeakerWord",
+    "SpeakerTurn",
     "Partial",
     "Final",
     "Error",

@@ -19,7 +19,14 @@ from streamer.core import hotwords, protocol
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.error_burst import ErrorBurst
 from streamer.core.framing import AudioBuffer, PcmFramer, S16Decoder
-from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult, final_of_speculation
+from streamer.core.jobs import (
+    DecodeFailure,
+    DecodeJob,
+    DecodeResult,
+    final_message,
+    final_of_speculation,
+)
+from streamer.core.jobs import samples_ms as _ms
 from streamer.core.open_segment import OpenSegment, Speculation
 from streamer.core.protocol import (
     ConfigMessage,
@@ -39,6 +46,7 @@ from streamer.core.protocol import (
 )
 from streamer.core.resample import StreamResampler
 from streamer.core.segmenter import SegmentEnd, Segmenter, SegmentEvent, SegmentStart
+from streamer.core.session_speakers import SpeakerAnalysis
 from streamer.core.session_state import SessionOptions, SessionStats, State
 from streamer.core.transcript import Transcript
 from streamer.core.vad import FrameClassifier, frame_energies
@@ -164,6 +172,12 @@ class Session:
         else:
             self._end_burst()
 
+    def speakers_finished(self, segment_id: int, analysis: SpeakerAnalysis | None) -> None:
+        """The speaker models' answer for a closed segment; None: no answer in time."""
+        final = self.speakers.analysed(segment_id, analysis) if self.speakers else None
+        if final is not None:
+            self._send_final(final)
+
     def decode_finished(self, result: DecodeResult) -> None:
         """The worker's answer to one of this session's jobs."""
         job = result.job
@@ -277,6 +291,8 @@ class Session:
         self._spec = Speculation()
         # segments that ended while their speculative decode runs: their finals follow it
         self._awaiting_spec: dict[int, SegmentEnd] = {}
+        # diarize: the speaker models' jobs and the finals held for them (None without)
+        self.speakers = self.options.speakers_for(self.session_id, stream, self.background)
 
     def _send_ready(self) -> None:
         self._emit(
@@ -288,6 +304,8 @@ class Session:
                 options=self.stream.to_dict(),
             )
         )
+        if self.stream.diarize and self.speakers is None:
+            self._non_fatal_code("diarize_unavailable", "this server has no speaker models")
 
     # -- audio -----------------------------------------------------------------
 
@@ -380,9 +398,13 @@ class Session:
             return  # already submitted (or decoded) for this pause
         self._spec.reset((self._open.start_sample, end))
         self._submit_partial(end, speculative=True)
+        if self.speakers is not None:  # and what its speakers will be
+            self.speakers.speculate(self._open, self._buffer.slice(self._open.start_sample, end))
 
     def _end_segment(self, event: SegmentEnd) -> None:
         """Finish a closed segment: from its speculative decode when that covered it."""
+        if self.speakers is not None:  # its audio to the speaker models (unless speculated)
+            self.speakers.segment_closed(event, self._final_pcm(event))
         if (
             event.reason in ("silence", "max_duration")
             and self._spec.range == (event.start_sample, event.end_sample)
@@ -420,13 +442,10 @@ class Session:
         )
 
     def _final_pcm(self, event: SegmentEnd) -> np.ndarray:
-        """The segment's audio; past the buffer, the samples of an immediate finalize's
-        incomplete frame."""
-        buffered_end = self._buffer.end_sample
-        if event.end_sample <= buffered_end or self._finalize_tail is None:
-            return self._buffer.slice(event.start_sample, event.end_sample)
-        head = self._buffer.slice(event.start_sample, buffered_end)
-        return np.concatenate([head, self._finalize_tail[: event.end_sample - buffered_end]])
+        """The segment's audio (an immediate finalize's incomplete frame included)."""
+        return self._buffer.slice_with_tail(
+            event.start_sample, event.end_sample, self._finalize_tail
+        )
 
     def _stop(self) -> None:
         if self._resampler is not None:
@@ -534,7 +553,6 @@ class Session:
 
     def _final_finished(self, result: DecodeResult) -> None:
         job = result.job
-        self._pending_finals.discard(job.segment_id)
         t = result.transcript
         error = None
         if t is None:
@@ -547,24 +565,15 @@ class Session:
                 self.stats.errors += 1
             else:
                 self._non_fatal_code(code, message)
-        self._emit(
-            Final(
-                segment_id=job.segment_id,
-                start_ms=_ms(job.start_sample),
-                end_ms=_ms(job.end_sample),
-                text=t.text if t else "",
-                language=t.language if t else None,
-                emotion=t.emotion if t else None,
-                event=t.event if t else None,
-                raw=t.raw if t else "",
-                rich=t.rich if t else "",
-                reason=job.reason or "stop",
-                decode_ms=round(result.decode_ms, 1),
-                queue_ms=round(result.queue_ms, 1),
-                error=error,
-                words=_words(t, job) if t else (),
-            )
-        )
+        final = final_message(result, error)
+        # diarize: None while held until its speakers are known
+        labelled = self.speakers.label(final) if self.speakers is not None else final
+        if labelled is not None:
+            self._send_final(labelled)
+
+    def _send_final(self, final: Final) -> None:
+        self._pending_finals.discard(final.segment_id)
+        self._emit(final)
         self.stats.segments += 1
         self._maybe_end()
 
@@ -613,10 +622,6 @@ class Session:
         self.state = State.ENDED
         self.close_code = close_code_for(error)
         self.close_reason = error.code
-
-
-def _ms(samples: int) -> float:
-    return round(samples * 1000 / SAMPLE_RATE, 1)
 
 
 def _words(transcript: Transcript, job: DecodeJob) -> tuple[Word, ...]:

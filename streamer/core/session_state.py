@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from streamer.core import hotwords
+from streamer.core.diarization import DiarizationOptions
+from streamer.core.protocol import StreamOptions
 from streamer.core.segmenter import SegmenterOptions
+from streamer.core.session_speakers import KnownSpeaker, SessionSpeakers
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,21 @@ class SessionOptions:
     speculative_finals: bool = True  # decode a pause's final before its endpoint is reached
     max_text_message_bytes: int = 65536  # larger control messages are rejected
     hotwords: hotwords.Hotwords = ()  # the server's (--hotwords), merged with each session's
+    # speaker models' settings when the server has them (--diarize-model); None: it has not
+    diarization: DiarizationOptions | None = None
+    # known voices every diarized session starts with (--speakers DIR): their names
+    known_speakers: tuple[KnownSpeaker, ...] = ()
+
+    def speakers_for(
+        self, session_id: str, stream: StreamOptions, background: bool
+    ) -> SessionSpeakers | None:
+        """A diarized stream's speaker side; None without ``diarize`` or speaker models."""
+        if not stream.diarize or self.diarization is None:
+            return None
+        speakers = SessionSpeakers(session_id, stream, self.diarization, background=background)
+        for known in self.known_speakers:
+            speakers.enrol(known)
+        return speakers
 
 
 class State(Enum):

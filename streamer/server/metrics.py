@@ -166,6 +166,21 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.unlabelled_finals_total = Counter(
+            "streamer_diarization_unlabelled_finals",
+            "Diarized segments the speaker models did not label: later than "
+            "--diarize-max-wait-ms (late: the final went out without speakers), refused by "
+            "their full queue (refused) or failed (failed); a refused or failed analysis "
+            "speculated in a pause is sent again when the segment closes",
+            ["reason"],
+            registry=r,
+        )
+        self.speaker_analysis_seconds = Histogram(
+            "streamer_diarization_analysis_seconds",
+            "Speaker models' time per segment (segmentation and embeddings)",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
         self.input_paced_seconds_total = Counter(
             "streamer_input_paced_seconds",
             "Time readers waited because a client sent frames or bytes faster than the "

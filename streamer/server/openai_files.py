@@ -23,7 +23,8 @@ import multipart
 from streamer.core import hotwords
 from streamer.core.compat import common, openai_negotiation, transcripts
 from streamer.core.protocol import Final, StreamOptions
-from streamer.errors import FileRefused, UndecodableAudio
+from streamer.core.session import Session
+from streamer.errors import FileRefused, InvalidOption, UndecodableAudio
 from streamer.server.admission import RETRY_AFTER_S
 from streamer.server.file_routes import (
     ApiError,
@@ -34,6 +35,7 @@ from streamer.server.file_routes import (
     too_large,
 )
 from streamer.server.http_exchange import HttpExchange, HttpRequest
+from streamer.server.known_speakers import enrol, known_speakers
 from streamer.server.uploads import FileJob, media_chunks, transcribe_file
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,11 @@ MAX_FIELD_BYTES = 64 * 1024  # a form field other than the file
 MAX_PARTS = 64  # parts of a form; more is a 400
 MAX_PART_HEADERS = 16  # headers of one part; more is a 400
 MAX_PART_HEADER_BYTES = 8192  # one part's headers together
+# a known speaker's reference: a data URL of a 2-10 s sample (a 4 s 16 kHz WAV is 170 KB;
+# 10 s of 48 kHz stereo WAV, base64, is 2.6 MB)
+MAX_REFERENCE_FIELD_BYTES = 4 * 1024 * 1024
+REFERENCE_FIELDS = ("known_speaker_references[]", "known_speaker_references")
+NAME_FIELDS = ("known_speaker_names[]", "known_speaker_names")
 SSE_KEEPALIVE_S = 15.0  # a comment line while no event is due
 TRANSLATION_REFUSAL = (
     "SenseVoice transcribes speech in its own language and does not translate; "
@@ -81,6 +88,9 @@ class Request:
     language: str  # the core's ("auto" when absent or unknown)
     hotwords: hotwords.Hotwords
     segments: bool = False  # include[]=segments (ours): stream deltas carry their segment
+    diarize: bool = False  # diarized_json: speakers on the segments
+    known_names: tuple[str, ...] = ()  # known_speaker_names[], paired with the references
+    known_references: tuple[str, ...] = ()  # known_speaker_references[] (data URLs)
 
 
 def _invalid(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
@@ -134,10 +144,15 @@ async def read_form(upload: Upload, request: HttpRequest, limit_bytes: int) -> F
                         form.file.write(event)
                     else:
                         buffer += event
-                        if len(buffer) > MAX_FIELD_BYTES:
+                        limit = (
+                            MAX_REFERENCE_FIELD_BYTES
+                            if part.name in REFERENCE_FIELDS
+                            else MAX_FIELD_BYTES
+                        )
+                        if len(buffer) > limit:
                             raise _invalid(
                                 f"the form field {printable(part.name)} is longer than "
-                                f"{MAX_FIELD_BYTES} bytes",
+                                f"{limit} bytes",
                                 printable(part.name, quoted=False),
                             )
             if not data:
@@ -219,6 +234,9 @@ def parse_request(form: Form, defaults: StreamOptions) -> Request:
         language=common.core_language(language) if language else defaults.language,
         hotwords=terms,
         segments="segments" in includes,
+        diarize=response_format == transcripts.DIARIZED,
+        known_names=tuple(v for name in NAME_FIELDS for v in form.fields.get(name, [])),
+        known_references=tuple(v for name in REFERENCE_FIELDS for v in form.fields.get(name, [])),
     )
 
 
@@ -248,7 +266,9 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
             language=asked.language,
             hotwords=asked.hotwords,
             words="word" in asked.granularities or routes.admission.options.default_stream.words,
+            diarize=asked.diarize,
         )
+        setup = await _known_speakers(routes, asked)
         cors = routes.cors_headers(request)
         job = upload.start()  # the body is here: now a transcription slot
         logger.info(
@@ -264,10 +284,20 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
         except UndecodableAudio as error:
             raise _invalid(error.message, "file", "invalid_file") from None
         if asked.stream:
-            await _stream(routes, exchange, job, chunks, stream, cors, segments=asked.segments)
+            await _stream(
+                routes,
+                exchange,
+                job,
+                chunks,
+                stream,
+                cors,
+                setup,
+                asked.diarize,
+                segments=asked.segments,
+            )
             return
         try:
-            transcript = await transcribe_file(routes.admission, job, chunks, stream)
+            transcript = await transcribe_file(routes.admission, job, chunks, stream, setup=setup)
         except UndecodableAudio as error:
             raise _invalid(error.message, "file", "invalid_file") from None
         except FileRefused as error:
@@ -286,6 +316,28 @@ async def serve(routes: FileRoutes, exchange: HttpExchange) -> None:
             form.close()
 
 
+async def _known_speakers(routes: FileRoutes, asked: Request) -> Callable[[Session], None] | None:
+    """diarized_json: refused without speaker models; the known speakers' embeddings,
+    enrolled into the upload's session by the returned setup."""
+    if not asked.diarize:
+        if asked.known_names or asked.known_references:
+            raise _invalid(
+                "known speakers need response_format=diarized_json", "known_speaker_names"
+            )
+        return None
+    queue = getattr(routes.admission.worker, "speakers", None)
+    if queue is None or routes.admission.options.session.diarization is None:
+        raise _invalid(
+            "response_format=diarized_json needs a server started with --diarize-model",
+            "response_format",
+        )
+    try:
+        known = await known_speakers(asked.known_names, asked.known_references, queue)
+    except InvalidOption as error:
+        raise _invalid(error.message, "known_speaker_references") from None
+    return lambda session: enrol(session, known)
+
+
 def _unavailable(error: FileRefused) -> ApiError:
     return ApiError(
         http.HTTPStatus.SERVICE_UNAVAILABLE, error.code, error.message, retry_after_s=RETRY_AFTER_S
@@ -299,20 +351,23 @@ async def _stream(
     chunks: Callable[[], Iterator[bytes]],
     stream: StreamOptions,
     cors: dict[str, str],
+    setup: Callable[[Session], None] | None = None,
+    diarized: bool = False,
     *,
     segments: bool = False,
 ) -> None:
-    """``stream=true``: server-sent events, a delta per final as soon as it is decoded,
-    and a comment line while none comes for :data:`SSE_KEEPALIVE_S` (so that proxies do
-    not time the stream out while live work goes first)."""
-    events = transcripts.TranscriptStream(segments=segments)
+    """``stream=true``: server-sent events, a delta per final as soon as it is decoded
+    (diarized_json: its ``transcript.text.segment`` events), and a comment line while
+    none comes for :data:`SSE_KEEPALIVE_S` (so that proxies do not time the stream out
+    while live work goes first)."""
+    events = transcripts.TranscriptStream(segments=segments, diarized=diarized)
     await exchange.start(
         http.HTTPStatus.OK, "text/event-stream", {"X-Accel-Buffering": "no", **cors}
     )
 
     async def on_final(final: Final) -> None:
-        if (delta := events.delta(final)) is not None:
-            await exchange.write(transcripts.sse_frame(delta))
+        for event in events.events(final):
+            await exchange.write(transcripts.sse_frame(event))
 
     async def keepalive() -> None:
         while True:
@@ -321,7 +376,7 @@ async def _stream(
 
     pinger = asyncio.create_task(keepalive(), name="sse keepalive")
     try:
-        await transcribe_file(routes.admission, job, chunks, stream, on_final=on_final)
+        await transcribe_file(routes.admission, job, chunks, stream, on_final=on_final, setup=setup)
     except UndecodableAudio as error:  # met after the start: the last event says it
         last = _error_shape(_invalid(error.message, "file", "invalid_file"))
     except FileRefused as error:

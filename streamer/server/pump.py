@@ -30,9 +30,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from streamer.core.diarization import SpeakerAnalysis
 from streamer.core.jobs import DecodeResult
 from streamer.core.pacing import InputBudget, InputPacer
 from streamer.core.protocol import Error, Final, Notice, Partial, ServerMessage, SpeechStart
+from streamer.core.session_speakers import SessionSpeakers, SpeakerJob, SpeakerQueue
 from streamer.core.wire import OutFrame, WireAdapter
 from streamer.errors import CLOSE_POLICY_VIOLATION
 from streamer.model.pool import WorkerPool
@@ -87,6 +89,9 @@ class SessionPump:
         self._speech_started: dict[int, float] = {}  # segment_id -> perf_counter()
         self._skipped_seen = 0
         self._audio_ms_seen = 0.0
+        # diarize: the speaker models' worker (the pool's), and per held final its bound
+        self.speaker_worker: SpeakerQueue | None = getattr(worker, "speakers", None)
+        self._speaker_deadlines: dict[int, asyncio.TimerHandle] = {}
 
     @property
     def backlog_bytes(self) -> int:
@@ -101,6 +106,8 @@ class SessionPump:
 
     def pump(self) -> None:
         """Move the adapter's frames to the outbox and the session's jobs to the worker."""
+        if self.session.speakers is not None:
+            self._pump_speakers(self.session.speakers)
         for frame in self.adapter.drain():
             if self.terminated.is_set():
                 break
@@ -244,6 +251,51 @@ class SessionPump:
         self.pump()
         self.drain_backlog()
 
+    # -- speakers (diarize) ------------------------------------------------------------
+
+    def _pump_speakers(self, speakers: SessionSpeakers) -> None:
+        """Closed segments' audio to the speaker worker; a bound on each held final."""
+        for job in speakers.jobs_to_submit():
+            worker = self.speaker_worker
+            if worker is None or not worker.submit(job, self._speakers_from_worker):
+                self.metrics.unlabelled_finals_total.labels("refused").inc()
+                self.session.speakers_finished(job.segment_id, None)
+        diarization = self.session.options.diarization
+        for segment_id in speakers.held:
+            if segment_id not in self._speaker_deadlines and diarization is not None:
+                wait_ms = diarization.max_wait_ms
+                if self.session.background:
+                    wait_ms = max(wait_ms, diarization.background_max_wait_ms)
+                self._speaker_deadlines[segment_id] = self._loop.call_later(
+                    wait_ms / 1000, self._speakers_late, segment_id
+                )
+
+    def _speakers_from_worker(self, job: SpeakerJob, analysis: SpeakerAnalysis | None) -> None:
+        # called in the speaker worker's thread; the loop may be gone at shutdown
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._on_speakers, job.segment_id, analysis)
+
+    def _on_speakers(self, segment_id: int, analysis: SpeakerAnalysis | None) -> None:
+        deadline = self._speaker_deadlines.pop(segment_id, None)
+        if deadline is not None:
+            deadline.cancel()
+        if self.gone:
+            return
+        if analysis is None:
+            self.metrics.unlabelled_finals_total.labels("failed").inc()
+        self.session.speakers_finished(segment_id, analysis)
+        self.pump()
+        self.drain_backlog()
+
+    def _speakers_late(self, segment_id: int) -> None:
+        self._speaker_deadlines.pop(segment_id, None)
+        if self.gone:
+            return
+        self.metrics.unlabelled_finals_total.labels("late").inc()
+        self.session.speakers_finished(segment_id, None)
+        self.pump()
+        self.drain_backlog()
+
     # -- server-side events ------------------------------------------------------------
 
     def expire(self, code: str, message: str, close_code: int = CLOSE_POLICY_VIOLATION) -> None:
@@ -280,6 +332,9 @@ class SessionPump:
         stream's decoder thread would otherwise wait out its idle timeout)."""
         self.gone = True
         self.worker.drop_session(self.session.session_id)
+        for deadline in self._speaker_deadlines.values():
+            deadline.cancel()
+        self._speaker_deadlines.clear()
         self.adapter.release()
 
     def _account(self, message: ServerMessage) -> None:

@@ -26,6 +26,7 @@ from typing import IO, TypeVar
 from streamer.core.compat.audio import AudioDecoder
 from streamer.core.containers import PCM
 from streamer.core.protocol import Error, Final, Notice, StreamOptions
+from streamer.core.session import Session
 from streamer.core.wire import OutFrame, WireAdapter
 from streamer.errors import AudioTooLong, FileRefused, UndecodableAudio
 from streamer.media.files import FileInfo, iter_pcm, probe_file
@@ -169,6 +170,7 @@ async def transcribe_file(
     stream: StreamOptions,
     *,
     on_final: OnFinal | None = None,
+    setup: Callable[[Session], None] | None = None,
 ) -> FileTranscript:
     """Transcribe the PCM ``chunks()`` yields (s16le mono at ``stream.sample_rate``, in a
     thread of its own) as one background session.
@@ -176,10 +178,13 @@ async def transcribe_file(
     ``on_final`` is awaited with each final as soon as it is decoded (in order). Raises
     :class:`UndecodableAudio` (what ``chunks`` raises: not audio, corrupt, too long) and
     :class:`FileRefused` (the server stopped it); cancelling the caller stops the
-    decoder and forgets the session's queued jobs.
+    decoder and forgets the session's queued jobs. ``setup`` is called with the new
+    session before any audio (known speakers are enrolled there).
     """
     options = replace(stream, partials=False, encoding=PCM)  # a file needs no partials
     session = admission.new_session(options, secrets.token_hex(6), background=True)
+    if setup is not None:
+        setup(session)
     adapter = WireAdapter(session)
     limits = replace(
         admission.options.limits,

@@ -96,8 +96,9 @@ def parse_listen_query(
     hotwords (:class:`~streamer.errors.InvalidHotwords`). Both are repeatable, so the
     server passes every value of them (``query`` holds one value per name).
 
-    Unknown parameters (``model``, ``diarize``, ``filler_words``...) are ignored;
-    ``endpointing`` is clamped to what the segmenter accepts.
+    ``diarize=true`` asks for speakers (``words[].speaker``; nothing changes on a server
+    without speaker models). Unknown parameters (``model``, ``filler_words``...) are
+    ignored; ``endpointing`` is clamped to what the segmenter accepts.
     """
     given = query.get("encoding")
     encoding = "linear16" if given is None else given.strip().lower()
@@ -141,6 +142,8 @@ def parse_listen_query(
     endpointing = common.lenient_int(query.get("endpointing"))
     if endpointing is not None:
         changes["endpoint_ms"] = common.clamp_endpoint_ms(endpointing)
+    if common.lenient_bool(query.get("diarize"), False):
+        changes["diarize"] = True
     utterance_end_ms = common.lenient_int(query.get("utterance_end_ms"))
     return ListenOptions(
         stream=replace(defaults, **changes),
@@ -198,6 +201,7 @@ class DeepgramAdapter(WireAdapter):
     ) -> None:
         super().__init__(session)
         self.options = options
+        self.speakers = SpeakerIndex()  # diarize: labels as Deepgram's speaker numbers
         self.request_id = request_id
         self.created = created
         model = session.options.model_name
@@ -340,6 +344,10 @@ class DeepgramAdapter(WireAdapter):
         elif isinstance(message, Error):
             if message.fatal:
                 self._fatal = message
+            elif message.code == DIARIZE_UNAVAILABLE:
+                # Deepgram clients send diarize=true by habit: without speaker models the
+                # words simply carry no speaker, as they did before
+                self._frames.append(count_only(message))
             else:
                 self._send_error(message.code, message.message, message=message)
         elif isinstance(message, Notice):
@@ -363,7 +371,12 @@ class DeepgramAdapter(WireAdapter):
     def _results(self, message: Partial | Final, *, is_final: bool) -> dict[str, Any]:
         start_s = _seconds(message.start_ms)
         language = message.language if self.options.detect_language else None
-        words = result_words(message, punctuated=self.options.punctuated_words, language=language)
+        words = result_words(
+            message,
+            punctuated=self.options.punctuated_words,
+            language=language,
+            speakers=self.speakers,
+        )
         alternative: dict[str, Any] = {
             "transcript": message.text,
             "confidence": common.message_confidence(message),
@@ -463,13 +476,20 @@ def model_info(model: str) -> dict[str, str]:
 
 
 def result_words(
-    message: Partial | Final, *, punctuated: bool, language: str | None = None
+    message: Partial | Final,
+    *,
+    punctuated: bool,
+    language: str | None = None,
+    speakers: SpeakerIndex | None = None,
 ) -> list[dict[str, Any]]:
     """A result's ``words``: bare and lower-case as Deepgram writes them, with
-    ``punctuated_word`` when ``punctuated`` (punctuate or smart_format), and the
-    detected ``language`` on each when given (language=multi)."""
+    ``punctuated_word`` when ``punctuated`` (punctuate or smart_format), the detected
+    ``language`` on each when given (language=multi), and with ``speakers`` a diarized
+    final's ``speaker`` (Deepgram's number) and ``speaker_confidence`` (the share of the
+    word's time its speaker's turn covers)."""
+    labelled = speakers is not None and isinstance(message, Final) and message.turns is not None
     words = []
-    for w in common.message_words(message):
+    for i, w in enumerate(common.message_words(message)):
         word: dict[str, Any] = {
             "word": w.bare,
             "start": _seconds(w.start_ms),
@@ -480,8 +500,47 @@ def result_words(
             word["punctuated_word"] = w.text
         if language:
             word["language"] = language
+        if labelled and speakers is not None and isinstance(message, Final):
+            label = word_label(message, i)
+            if label is not None:
+                word["speaker"] = speakers.index(label)
+                word["speaker_confidence"] = turn_share(message, w.start_ms, w.end_ms, label)
         words.append(word)
     return words
+
+
+DIARIZE_UNAVAILABLE = "diarize_unavailable"  # the session's notice without speaker models
+
+
+class SpeakerIndex:
+    """Speaker labels ("A", "B", a known name) as Deepgram's numbers, 0 first, in the
+    order they are first heard (one per live session or upload)."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+
+    def index(self, label: str) -> int:
+        return self._numbers.setdefault(label, len(self._numbers))
+
+
+def word_label(final: Final, i: int) -> str | None:
+    """The speaker label of a diarized final's ``i``-th word (its main one if unset)."""
+    words = final.words or ()
+    label = getattr(words[i], "speaker", None) if i < len(words) else None
+    return label or final.speaker
+
+
+def turn_share(final: Final, start_ms: float, end_ms: float, label: str) -> float:
+    """The share of [start_ms, end_ms) that ``label``'s turns of ``final`` cover."""
+    span = end_ms - start_ms
+    if span <= 0:
+        return 1.0
+    covered = sum(
+        max(0.0, min(end_ms, t.end_ms) - max(start_ms, t.start_ms))
+        for t in final.turns or ()
+        if t.speaker == label
+    )
+    return round(min(1.0, covered / span), 3)
 
 
 def _seconds(ms: float) -> float:

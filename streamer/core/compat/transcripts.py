@@ -35,6 +35,8 @@ from streamer.core.captions import srt_document, vtt_document
 from streamer.core.compat import common, deepgram
 from streamer.core.compat.deepgram import ListenOptions
 from streamer.core.protocol import MAX_ERROR_MESSAGE_CHARS, Final, Notice, StreamOptions
+from streamer.core.session_speakers import speaker_parts
+from streamer.core.words import join_words
 
 __all__ = [
     "RESPONSE_FORMATS",
@@ -56,7 +58,9 @@ __all__ = [
     "listen_error_body",
 ]
 
-RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")  # OpenAI's, not diarized
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")  # OpenAI's
+DIARIZED = "diarized_json"  # the format that asks for speakers (TranscriptionDiarized)
+UNKNOWN_SPEAKER = "unknown"  # a diarized segment whose speakers came too late or failed
 GRANULARITIES = ("segment", "word")  # timestamp_granularities[] values
 # what OpenAI's verbose_json calls each language (whisper's names)
 WHISPER_LANGUAGE_NAMES = {
@@ -74,6 +78,7 @@ CONTENT_TYPES = {
     "text": "text/plain; charset=utf-8",
     "srt": "text/plain; charset=utf-8",  # OpenAI's; there is no registered SubRip type
     "vtt": "text/vtt; charset=utf-8",
+    DIARIZED: JSON_TYPE,
 }
 MIN_CONFIDENCE = 1e-6  # a word's confidence floor before its log (avg_logprob)
 _UTTERANCE_NAMESPACE = uuid.UUID("0d7f5c2e-5c1b-4f57-9f39-6a3e3e1f7b20")  # utterance ids
@@ -108,9 +113,41 @@ def transcription_body(
         body = srt_document(finals).encode()
     elif response_format == "vtt":
         body = vtt_document(finals).encode()
+    elif response_format == DIARIZED:
+        body = orjson.dumps(transcription_diarized_json(finals, duration_s=duration_s))
     else:
         raise ValueError(f"unknown response_format {response_format!r}")
     return body, CONTENT_TYPES[response_format]
+
+
+def transcription_diarized_json(finals: Sequence[Final], *, duration_s: float) -> dict[str, Any]:
+    """OpenAI's ``TranscriptionDiarized``: the text and one segment per speaker's run."""
+    segments: list[dict[str, Any]] = []
+    for final in finals:
+        segments.extend(diarized_segments(final, first_index=len(segments)))
+    return {
+        "task": "transcribe",
+        "duration": round(max(0.0, duration_s), 3),
+        "text": transcription_text(finals),
+        "segments": segments,
+        "usage": _usage(duration_s),
+    }
+
+
+def diarized_segments(final: Final, *, first_index: int) -> list[dict[str, Any]]:
+    """A final as ``transcript.text.segment`` objects, cut where its speaker changes
+    (numbered from ``first_index``; a final sent without speakers is ``unknown``'s)."""
+    return [
+        {
+            "type": "transcript.text.segment",
+            "id": f"seg_{first_index + i}",
+            "start": _seconds(part.start_ms),
+            "end": _seconds(part.end_ms),
+            "text": part.text,
+            "speaker": part.speaker or UNKNOWN_SPEAKER,
+        }
+        for i, part in enumerate(p for p in speaker_parts(final) if p.text.strip())
+    ]
 
 
 def transcription_text(finals: Sequence[Final]) -> str:
@@ -247,12 +284,24 @@ class TranscriptStream:
     it is decoded (in segment order), then :meth:`done`. The deltas, concatenated, are
     the done event's text (the space between two finals goes in the later delta)."""
 
-    def __init__(self, *, segments: bool = False) -> None:
+    def __init__(self, *, segments: bool = False, diarized: bool = False) -> None:
         self._texts: list[str] = []
         self.text = ""  # what the deltas have said so far
         # include[]=segments (ours): each delta also carries its utterance as
         # verbose_json's segment (times, SenseVoice's tags), for captions as they come
         self._segments = segments
+        self.diarized = diarized  # diarized_json: segment events instead of deltas
+        self._segment_count = 0  # diarized segments sent
+
+    def events(self, final: Final) -> list[dict[str, Any]]:
+        """The events for one final: its delta, or (diarized) its segments, which carry
+        the same text cut per speaker."""
+        delta = self.delta(final)
+        if not self.diarized or delta is None:
+            return [delta] if delta is not None else []
+        segments = diarized_segments(final, first_index=self._segment_count)
+        self._segment_count += len(segments)
+        return segments
 
     def delta(self, final: Final) -> dict[str, Any] | None:
         """A ``transcript.text.delta`` event, or None for a final with no text."""
@@ -353,28 +402,30 @@ def listen_response(
     """Deepgram's prerecorded response: ``metadata`` (``created`` is ISO 8601 UTC from
     the server's clock, ``sha256`` the upload's, ``channels`` the file's) and
     ``results.channels[0].alternatives[0]`` with the whole transcript and every word;
-    ``results.utterances`` (a spoken final each) with ``utterances=true``."""
+    ``results.utterances`` (a spoken final each) with ``utterances=true``. With
+    ``diarize=true`` the words carry ``speaker`` and ``speaker_confidence``, and a final
+    whose speaker changes is as many utterances, one per speaker's run of words, each
+    with its ``speaker``, as Deepgram splits them."""
     spoken = [final for final in inside_audio(finals, duration_s) if final.text.strip()]
     punctuated = options.listen.punctuated_words
     multi = options.listen.detect_language  # language=multi: languages on every result
+    speakers = deepgram.SpeakerIndex() if options.listen.stream.diarize else None
     all_words: list[dict[str, Any]] = []
-    utterances = []
-    for index, final in enumerate(spoken):
+    utterances: list[dict[str, Any]] = []
+    for final in spoken:
         language = final.language if multi else None
-        words = deepgram.result_words(final, punctuated=punctuated, language=language)
+        words = deepgram.result_words(
+            final, punctuated=punctuated, language=language, speakers=speakers
+        )
         all_words.extend(words)
-        utterance: dict[str, Any] = {
-            "start": _seconds(final.start_ms),
-            "end": _seconds(final.end_ms),
-            "confidence": common.message_confidence(final),
-            "channel": 0,
-            "transcript": final.text,
-            "words": words,
-            "id": str(uuid.uuid5(_UTTERANCE_NAMESPACE, f"{request_id}/{index}")),
-        }
-        if language:
-            utterance["languages"] = [language]
-        utterances.append(utterance)
+        for part in _speaker_runs(final, words):
+            utterance: dict[str, Any] = {**part, "channel": 0}
+            utterance["id"] = str(
+                uuid.uuid5(_UTTERANCE_NAMESPACE, f"{request_id}/{len(utterances)}")
+            )
+            if language:
+                utterance["languages"] = [language]
+            utterances.append(utterance)
     alternative: dict[str, Any] = {
         "transcript": transcription_text(spoken),
         "confidence": _mean_confidence(all_words),
@@ -403,6 +454,43 @@ def listen_response(
     if notices:  # keywords the model could not use (the session's notices)
         metadata["warnings"] = deepgram.warnings(notices)
     return {"metadata": metadata, "results": results}
+
+
+def _speaker_runs(final: Final, words: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A final as utterances: itself, or (diarized) one per run of one speaker's words."""
+    if final.turns is None or not words or "speaker" not in words[0]:
+        return [
+            {
+                "start": _seconds(final.start_ms),
+                "end": _seconds(final.end_ms),
+                "confidence": common.message_confidence(final),
+                "transcript": final.text,
+                "words": words,
+            }
+        ]
+    bounds = [0] + [
+        i for i in range(1, len(words)) if words[i].get("speaker") != words[i - 1].get("speaker")
+    ]
+    if len(bounds) == 1:
+        return [
+            {**_speaker_runs(replace(final, turns=None), words)[0], "speaker": words[0]["speaker"]}
+        ]
+    core_words = final.words or ()
+    parts = []
+    for a, b in zip(bounds, [*bounds[1:], len(words)], strict=True):
+        run = words[a:b]
+        text = join_words(core_words[a:b]) if len(core_words) == len(words) else ""
+        parts.append(
+            {
+                "start": run[0]["start"],
+                "end": run[-1]["end"],
+                "confidence": _mean_confidence(run),
+                "transcript": text or " ".join(w["word"] for w in run),
+                "words": run,
+                "speaker": run[0]["speaker"],
+            }
+        )
+    return parts
 
 
 def _mean_confidence(words: Sequence[Mapping[str, Any]]) -> float:

@@ -1,0 +1,157 @@
+"""The two speaker graphs on ONNX Runtime: :class:`SpeakerModels`.
+
+One :class:`SpeakerModels` holds one ONNX Runtime session per graph, each pinned to one
+intra-op thread without spinning (two threads under contention ran over 10x slower), and
+is used by one thread at a time (the diarizer's worker). :meth:`SpeakerModels.analyse`
+is the whole per-utterance path: segmentation in 10 s windows, the powerset decoded by
+``core/diarization.py``, and one CAM++ embedding per local speaker with enough solo
+speech, computed from 80-bin Kaldi filterbanks (kaldi-native-fbank, mean-normalised over
+the speaker's frames, as 3D-Speaker and sherpa-onnx do).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from streamer.core.audio import SAMPLE_RATE
+from streamer.core.diarization import (
+    PIECE_STEP_SAMPLES,
+    PIECE_WINDOW_SAMPLES,
+    SEGMENTATION_FRAME_SAMPLES,
+    SEGMENTATION_WINDOW_SAMPLES,
+    DiarizationOptions,
+    LocalSpeaker,
+    Piece,
+    SpeakerAnalysis,
+    local_regions,
+    powerset_activity,
+)
+from streamer.errors import ModelError
+from streamer.model.speakers.layout import DiarizerFiles
+
+logger = logging.getLogger(__name__)
+
+FBANK_BINS = 80
+MIN_EMBED_SAMPLES = 400  # one 25 ms fbank frame
+MIN_WINDOW_SAMPLES = SAMPLE_RATE // 2  # a shorter last window joins the one before
+
+
+class SpeakerModels:
+    """Segmentation and embedding graphs, loaded once; not thread-safe (one caller)."""
+
+    def __init__(self, files: DiarizerFiles, options: DiarizationOptions | None = None) -> None:
+        import onnxruntime as ort
+
+        self.options = options or DiarizationOptions()
+        session_options = ort.SessionOptions()
+        session_options.intra_op_num_threads = 1
+        session_options.inter_op_num_threads = 1
+        session_options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session_options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        try:
+            self._seg = ort.InferenceSession(
+                str(files.segmentation), session_options, providers=["CPUExecutionProvider"]
+            )
+            self._emb = ort.InferenceSession(
+                str(files.embedding), session_options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as error:  # ONNX Runtime raises its own untyped errors
+            raise ModelError(f"cannot load the diarizer's graphs: {error}") from error
+        self._seg_input = self._seg.get_inputs()[0].name
+        self._emb_input = self._emb.get_inputs()[0].name
+        self._check_shapes()
+
+    def _check_shapes(self) -> None:
+        out = self._seg.run(None, {self._seg_input: np.zeros((1, 1, SAMPLE_RATE), np.float32)})
+        if out[0].ndim != 3 or out[0].shape[2] != 7:
+            raise ModelError(f"segmentation graph gives {out[0].shape}, not (N, frames, 7)")
+        emb = self.embed(np.zeros(SAMPLE_RATE, np.float32) + 1e-3)
+        if emb.ndim != 1:
+            raise ModelError(f"embedding graph gives {emb.shape}, not (N, dim)")
+
+    def analyse(self, segment_id: int, pcm: np.ndarray) -> SpeakerAnalysis:
+        """One utterance (16 kHz int16) -> its local speakers with their embeddings."""
+        started = time.perf_counter()
+        audio = pcm.astype(np.float32) / 32768.0
+        samples = len(audio)
+        speakers: list[LocalSpeaker] = []
+        min_solo = self.options.min_speaker_ms * SAMPLE_RATE / 1000
+        for window, offset in enumerate(_windows(samples)):
+            chunk = audio[offset : offset + SEGMENTATION_WINDOW_SAMPLES]
+            if len(chunk) < SEGMENTATION_FRAME_SAMPLES:
+                chunk = np.pad(chunk, (0, SEGMENTATION_FRAME_SAMPLES - len(chunk)))
+            log_probs = self._seg.run(None, {self._seg_input: chunk[None, None, :]})[0][0]
+            activity = powerset_activity(log_probs)
+            end = min(samples, offset + SEGMENTATION_WINDOW_SAMPLES)
+            for slot, regions, solo in local_regions(activity, offset, end):
+                solo_samples = sum(b - a for a, b in solo)
+                embedding = None
+                if solo_samples >= max(min_solo, MIN_EMBED_SAMPLES):
+                    embedding = self.embed(np.concatenate([audio[a:b] for a, b in solo]))
+                speakers.append(
+                    LocalSpeaker(
+                        index=window * 3 + slot,
+                        regions=tuple(regions),
+                        solo_samples=solo_samples,
+                        embedding=embedding,
+                        pieces=self._pieces(audio, regions),
+                    )
+                )
+        return SpeakerAnalysis(
+            segment_id=segment_id,
+            samples=samples,
+            speakers=tuple(speakers),
+            analyse_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    def _pieces(self, audio: np.ndarray, regions: list[tuple[int, int]]) -> tuple[Piece, ...]:
+        """Windows of the regions long enough to hold two of them, each embedded."""
+        if not self.options.change_windows:
+            return ()
+        pieces = []
+        for start, end in regions:
+            if end - start < PIECE_WINDOW_SAMPLES + PIECE_STEP_SAMPLES:
+                continue
+            for a in range(start, end - PIECE_WINDOW_SAMPLES + 1, PIECE_STEP_SAMPLES):
+                b = a + PIECE_WINDOW_SAMPLES
+                pieces.append(Piece(a, b, self.embed(audio[a:b])))
+        return tuple(pieces)
+
+    def embed(self, audio: np.ndarray) -> np.ndarray:
+        """A CAM++ embedding (unit length) of float audio in [-1, 1]."""
+        features = fbank(audio)
+        out = self._emb.run(None, {self._emb_input: features[None]})[0][0]
+        norm = float(np.linalg.norm(out))
+        return (out / norm if norm > 0 else out).astype(np.float32)
+
+
+def fbank(audio: np.ndarray) -> np.ndarray:
+    """80-bin Kaldi filterbank (25/10 ms, povey window, no dither), mean-normalised."""
+    import kaldi_native_fbank as knf
+
+    opts = knf.FbankOptions()
+    opts.frame_opts.dither = 0.0
+    opts.frame_opts.samp_freq = SAMPLE_RATE
+    opts.frame_opts.snip_edges = True
+    opts.mel_opts.num_bins = FBANK_BINS
+    computer = knf.OnlineFbank(opts)
+    # Kaldi's int16 scale: the mean normalisation removes the scale, the log floor does not
+    computer.accept_waveform(float(SAMPLE_RATE), np.asarray(audio, np.float32) * 32768.0)
+    computer.input_finished()
+    frames = computer.num_frames_ready
+    if frames == 0:
+        return np.zeros((1, FBANK_BINS), np.float32)
+    features = np.stack([computer.get_frame(i) for i in range(frames)]).astype(np.float32)
+    return features - features.mean(axis=0, keepdims=True)
+
+
+def _windows(samples: int) -> list[int]:
+    """10 s windows' offsets; a short tail joins the previous window's span."""
+    offsets = list(range(0, max(1, samples), SEGMENTATION_WINDOW_SAMPLES))
+    if len(offsets) > 1 and samples - offsets[-1] < MIN_WINDOW_SAMPLES:
+        offsets[-1] = max(0, samples - SEGMENTATION_WINDOW_SAMPLES)
+    return offsets
