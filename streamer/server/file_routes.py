@@ -98,14 +98,17 @@ class FileRoutes:
         self.refused = dict(refused or {})  # path -> (status, message): known, not served
         self.exchanges: set[HttpExchange] = set()
 
-    def exchange(self, peer: str) -> HttpExchange:
-        """A new exchange for one connection (``MainPortConnection``'s factory)."""
+    def exchange(self, peer: str, accepted_at: float) -> HttpExchange:
+        """A new exchange for one connection accepted at loop time ``accepted_at``
+        (``MainPortConnection``'s factory): its head is due ``read_timeout_s`` after."""
         limits = HttpLimits(
             max_body_bytes=self.options.max_upload_bytes + MULTIPART_OVERHEAD_BYTES,
             read_timeout_s=self.options.read_timeout_s,
             write_timeout_s=self.admission.options.limits.write_timeout_s,
         )
-        return HttpExchange(self.handle, limits, peer=peer)
+        return HttpExchange(
+            self.handle, limits, peer=peer, head_deadline=accepted_at + limits.read_timeout_s
+        )
 
     async def handle(self, exchange: HttpExchange) -> None:
         request = exchange.request

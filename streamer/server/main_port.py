@@ -26,7 +26,9 @@ logger = logging.getLogger(__name__)
 WEBSOCKETS_METHODS = (b"GET", b"HEAD")  # what websockets answers itself
 MAX_METHOD_BYTES = 16  # longer than any method: not HTTP, websockets refuses it
 
-ExchangeFactory = Callable[[str], HttpExchange]  # peer -> a fresh exchange
+# (peer, the loop time the connection was accepted) -> a fresh exchange; the head's
+# deadline counts from the accept, not from the hand-over
+ExchangeFactory = Callable[[str, float], HttpExchange]
 
 
 class MainPortConnection(ServerConnection):
@@ -40,6 +42,7 @@ class MainPortConnection(ServerConnection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         before = set(self.server.handler_tasks)
+        self._accepted_at = asyncio.get_running_loop().time()
         super().connection_made(transport)
         # websockets' task that waits for the handshake: cancelled if HTTP takes over
         self._handshake_tasks = self.server.handler_tasks - before
@@ -64,7 +67,7 @@ class MainPortConnection(ServerConnection):
         transport = self.transport
         peername = transport.get_extra_info("peername")
         peer = str(peername[0]) if peername else "?"
-        exchange = type(self).exchange_factory(peer)
+        exchange = type(self).exchange_factory(peer, self._accepted_at)
         for task in self._handshake_tasks:
             task.cancel()  # it may not have started: its own cleanup would not run
             self.server.handler_tasks.discard(task)

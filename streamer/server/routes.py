@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import http
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
@@ -19,7 +19,9 @@ from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from streamer.core.compat.transcripts import openai_error_body
 from streamer.model.pool import WorkerPool
+from streamer.server import models_page
 from streamer.server.admission import RETRY_AFTER_S, Admission
 from streamer.server.http import (
     V1_ENDPOINT,
@@ -111,11 +113,14 @@ class Routes:
         endpoints: dict[str, Endpoint],
         static: StaticFiles,
         loading: LoadProgress | None = None,
+        upload_paths: Collection[str] = (),
     ) -> None:
         self.admission = admission
         self.endpoints = endpoints
         self.static = static
         self.loading = loading  # the model's loading stage, shown by /readyz until ready
+        # the file APIs' paths that are no WebSocket endpoint: GET there is a 405
+        self.upload_paths = frozenset(upload_paths) - endpoints.keys()
 
     @property
     def worker(self) -> WorkerPool:
@@ -137,11 +142,15 @@ class Routes:
             return self.readyz()
         if path == "/metrics":
             return self.metrics_page(request, query)
+        if path == models_page.PATH or path.startswith(models_page.PATH + "/"):
+            return self.models(request, query, path)
         endpoint = self.endpoints.get(path)
         if endpoint is not None:
             if request.method != "GET":
                 return method_not_allowed(("GET",), "WebSocket handshakes use GET")
             return self.admission.check_request(request, endpoint, query)
+        if path in self.upload_paths:
+            return method_not_allowed(("POST", "OPTIONS"), f"{path} takes POST")
         found = self.static.response(path)
         if found is None:
             return json_response(
@@ -162,6 +171,26 @@ class Routes:
             )
         self.metrics.observe_workers(self.worker.loads())  # current, not a probe old
         return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
+
+    def models(self, request: Request, query: dict[str, str], path: str) -> Response:
+        """``/v1/models`` (and ``/v1/models/{id}``) in OpenAI's shape, with OpenAI's key."""
+        token = self.admission.options.token
+        if token is not None and not token_matches(
+            V1_ENDPOINT.presented_token(request, query), token
+        ):
+            return json_response(
+                http.HTTPStatus.UNAUTHORIZED,
+                openai_error_body("a valid key is required", code="invalid_api_key"),
+            )
+        name = self.worker.model_name
+        if path == models_page.PATH:
+            return json_response(http.HTTPStatus.OK, models_page.model_list(name))
+        if models_page.requested_model(path) != name:
+            return json_response(
+                http.HTTPStatus.NOT_FOUND,
+                openai_error_body(f"this server serves one model: {name}", code="model_not_found"),
+            )
+        return json_response(http.HTTPStatus.OK, models_page.model_entry(name))
 
     def readyz(self) -> Response:
         admission = self.admission
