@@ -23,6 +23,7 @@ import pytest
 from streamer.server.chunked import ChunkSizeError, ChunkSizes
 from streamer.server.http_exchange import HttpExchange, HttpLimits, header_value
 from streamer.server.options import FileOptions
+from tests.audio_files import write_audio
 from tests.fakes import FakeRecognizer, silence, tone
 from tests.timing import eventually_sync, timeout_s
 
@@ -271,7 +272,7 @@ def test_get_on_an_upload_path_is_405_with_allow(make_fake_server, method, path)
         connection.close()
 
 
-def test_models_with_the_openai_sdk(make_fake_server) -> None:
+def test_models_with_the_openai_sdk(make_fake_server, tmp_path) -> None:
     import openai
 
     server = make_fake_server(token=KEY)
@@ -285,6 +286,12 @@ def test_models_with_the_openai_sdk(make_fake_server) -> None:
     assert capabilities["transcription"] and not capabilities["translation"]
     assert "en" in capabilities["languages"]
     assert client.models.retrieve("fake").id == "fake"
+    # what a front end does next, on the same client (its pool must not reuse a closed
+    # connection: the plain answers say Connection: close)
+    wav = write_audio(bursts(1), 16000, "wav", tmp_path / "a.wav")
+    with wav.open("rb") as f:
+        text = client.audio.transcriptions.create(file=f, model="fake", response_format="text")
+    assert "audio" in text
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("whisper-1")
     with pytest.raises(openai.AuthenticationError):

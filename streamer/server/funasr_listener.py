@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from urllib.parse import parse_qsl
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
@@ -29,9 +29,9 @@ from streamer.media import open_decoder
 from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
-from streamer.server.options import WS_MAX_QUEUE_FRAMES
+from streamer.server.listen import listen
 from streamer.server.reads import SlicedReadConnection
-from streamer.server.routes import check_request_line, guarded, method_not_allowed, process_response
+from streamer.server.routes import check_request_line, method_not_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -95,21 +95,14 @@ class FunAsrListener:
 
     async def start(self, ssl_context: ssl.SSLContext | None = None) -> None:
         o = self.admission.options
-        self._server = await serve(
+        self._server = await listen(
             self._handle,
-            o.host,
+            o,
             self._requested_port,
-            ssl=ssl_context,
-            process_request=guarded(self._route),
-            process_response=process_response,
+            ssl_context=ssl_context,
+            route=self._route,
             select_subprotocol=_select_subprotocol,
-            compression=None,
-            max_size=o.max_message_bytes,
-            max_queue=WS_MAX_QUEUE_FRAMES,
             create_connection=SlicedReadConnection,
-            ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
-            close_timeout=o.limits.close_timeout_s,
-            server_header="sensevoice-streamer",
         )
         scheme = "wss" if ssl_context else "ws"
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)

@@ -38,6 +38,7 @@ import orjson
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 
+from streamer.errors import BodyError, HttpError
 from streamer.server.chunked import ChunkSizeError, ChunkSizes
 
 logger = logging.getLogger(__name__)
@@ -47,30 +48,6 @@ LINGER_S = 2.0  # after an early answer, the unread body is drained for this lon
 LINGER_BYTES = 1 << 20  # ... or until this much was dropped
 MAX_HEAD_BYTES = 64 * 1024  # the request line and headers
 HTTP_VERSIONS = (b"1.0", b"1.1")  # what h11 speaks; HTTP/9.9 parses but is refused (505)
-
-
-class HttpError(Exception):
-    """A request answered with ``status`` and ``body`` (JSON) instead of being served."""
-
-    def __init__(
-        self,
-        status: http.HTTPStatus,
-        body: Mapping[str, object],
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(f"{status.value} {status.phrase}")
-        self.status = status
-        self.body = dict(body)
-        self.headers = dict(headers or {})
-
-
-class BodyError(Exception):
-    """The request's body cannot be read: the client stopped sending, or sent too much."""
-
-    def __init__(self, status: http.HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -453,12 +430,8 @@ class HttpExchange(asyncio.Protocol):
             if not self.closed.is_set():
                 self.abort()  # cancelled by a shutdown: the answer cannot be finished
             raise
-        except HttpError as error:
+        except HttpError as error:  # BodyError, BadRequest, a handler's refusal
             await self._answer_error(error.status, error.body, error.headers)
-        except BodyError as error:
-            await self._answer_error(
-                error.status, {"error": "bad_request", "message": error.message}, {}
-            )
         except (ConnectionError, OSError):
             self.abort()
         except Exception:

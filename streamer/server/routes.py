@@ -22,7 +22,7 @@ from websockets.typing import Subprotocol
 from streamer.core.compat.transcripts import openai_error_body
 from streamer.model.pool import WorkerPool
 from streamer.server import models_page
-from streamer.server.admission import RETRY_AFTER_S, Admission
+from streamer.server.admission import ORIGIN_NOT_ALLOWED, RETRY_AFTER_S, Admission, authorize
 from streamer.server.http import (
     V1_ENDPOINT,
     BadRequest,
@@ -32,7 +32,6 @@ from streamer.server.http import (
     json_response,
     safe_response,
     single_header,
-    token_matches,
     unavailable_response,
     without_body,
 )
@@ -77,8 +76,13 @@ def guarded(route: Route) -> Callable[[ServerConnection, Request], Response | No
 def process_response(
     connection: ServerConnection, request: Request, response: Response
 ) -> Response | None:
-    """websockets' own refusals (426, ...) are replaced by ours; HEAD gets no body."""
+    """websockets' own refusals (426, ...) are replaced by ours; HEAD gets no body; a plain
+    HTTP answer says ``Connection: close``, which websockets does after it (without it,
+    an HTTP client's pool sends its next request, an upload after ``GET /v1/models``, on
+    a connection that is closing)."""
     response = safe_response(response)
+    if response.status_code != 101 and "Connection" not in response.headers:
+        response.headers["Connection"] = "close"
     return without_body(response) if request.method == "HEAD" else response
 
 
@@ -160,11 +164,9 @@ class Routes:
 
     def metrics_page(self, request: Request, query: dict[str, str]) -> Response:
         options = self.admission.options
-        token = options.token
         if (
-            token is not None
-            and not options.public_metrics
-            and not token_matches(V1_ENDPOINT.presented_token(request, query), token)
+            not options.public_metrics
+            and authorize(options, V1_ENDPOINT.presented_token(request, query), None) is not None
         ):
             return self.admission.refuse(
                 http.HTTPStatus.UNAUTHORIZED, "unauthorized", V1_ENDPOINT.auth_hint, V1_ENDPOINT
@@ -174,10 +176,14 @@ class Routes:
 
     def models(self, request: Request, query: dict[str, str], path: str) -> Response:
         """``/v1/models`` (and ``/v1/models/{id}``) in OpenAI's shape, with OpenAI's key."""
-        token = self.admission.options.token
-        if token is not None and not token_matches(
-            V1_ENDPOINT.presented_token(request, query), token
-        ):
+        presented = V1_ENDPOINT.presented_token(request, query)  # OpenAI's Bearer key
+        refused = authorize(self.admission.options, presented, single_header(request, "Origin"))
+        if refused == ORIGIN_NOT_ALLOWED:
+            return json_response(
+                http.HTTPStatus.FORBIDDEN,
+                openai_error_body("this origin is not allowed", code=ORIGIN_NOT_ALLOWED),
+            )
+        if refused is not None:
             return json_response(
                 http.HTTPStatus.UNAUTHORIZED,
                 openai_error_body("a valid key is required", code="invalid_api_key"),

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection
 
 from streamer.core import protocol
 from streamer.core.protocol import StreamOptions
@@ -39,12 +39,13 @@ from streamer.server.deepgram_files import DEEPGRAM_FILES
 from streamer.server.file_routes import FileRoutes
 from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import V1_ENDPOINT, Endpoint, StaticFiles
+from streamer.server.listen import listen
 from streamer.server.main_port import connection_class
 from streamer.server.metrics import Metrics
 from streamer.server.openai_files import OPENAI_FILES, TRANSLATION_REFUSAL, TRANSLATIONS_PATH
-from streamer.server.options import WS_MAX_QUEUE_FRAMES, ConnectionLimits, ServerOptions
+from streamer.server.options import ConnectionLimits, ServerOptions
 from streamer.server.reads import sliced_reads
-from streamer.server.routes import Routes, guarded, process_response
+from streamer.server.routes import Routes
 from streamer.server.wyoming import WyomingListener
 
 if TYPE_CHECKING:
@@ -196,20 +197,13 @@ class StreamingServer:
                 ) from error
         self.ssl_context = ssl_context
         try:
-            self._server = await serve(
+            self._server = await listen(
                 self._handle,
-                o.host,
+                o,
                 o.port,
-                ssl=ssl_context,
-                process_request=guarded(self.routes.route),
-                process_response=process_response,
+                ssl_context=ssl_context,
+                route=self.routes.route,
                 select_subprotocol=self.routes.select_subprotocol,
-                compression=None,  # PCM does not compress; deflate would only cost CPU
-                max_size=o.max_message_bytes,
-                max_queue=WS_MAX_QUEUE_FRAMES,
-                ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
-                close_timeout=o.limits.close_timeout_s,
-                server_header="sensevoice-streamer",
                 create_connection=sliced_reads(connection_class(self.files.exchange)),
             )
         except OSError as error:
