@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import http
 import http.client
+import os
 import socket
 import time
 
@@ -90,6 +91,31 @@ def test_an_error_message_that_echoes_the_request_is_answered_and_closed(
     assert status == 400
     assert b"\r" not in headers[b"dg-error"] and b"\n" not in headers[b"dg-error"]
     assert "err_msg" in orjson.loads(answer.split(b"\r\n\r\n", 1)[1])
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_unanswerable_headers_leave_no_connection_open(make_fake_server) -> None:
+    server = make_fake_server()  # in this process: its sockets are counted with ours
+    request = (
+        b"POST /v1/listen?encoding=linear16&sample_rate=%E2%82%AC HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Length: 0\r\n\r\n"
+    )
+    baseline = open_fds()
+    clients = [
+        socket.create_connection(("127.0.0.1", server.port), timeout_s(10)) for _ in range(50)
+    ]
+    try:
+        for sock in clients:
+            sock.sendall(request)  # and never read: the server answers and closes
+        # our 50 sockets stay open; each server side must have closed
+        eventually_sync(lambda: open_fds() <= baseline + 50 + 2, what="the server's sockets closed")
+    finally:
+        for sock in clients:
+            sock.close()
 
 
 class FakeTransport(asyncio.Transport):
