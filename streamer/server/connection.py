@@ -43,11 +43,11 @@ import secrets
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qsl, urlsplit
 
-from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request
 
 from streamer.core import protocol
 from streamer.core.pacing import InputBudget
@@ -74,12 +74,34 @@ logger = logging.getLogger(__name__)
 MAX_OUTSTANDING_PINGS = 64  # unanswered pings tracked per connection (the oldest decides)
 
 
+class WebSocketLike(Protocol):
+    """What a connection reads, writes and closes through: websockets' asyncio
+    ``ServerConnection``, or :class:`~streamer.server.websocket.WebSocket` over its
+    sans-I/O protocol."""
+
+    request: Request | None
+    transport: asyncio.Transport
+
+    @property
+    def remote_address(self) -> Any: ...
+
+    async def recv(self) -> str | bytes: ...
+
+    async def send(self, data: str | bytes, /, *, text: bool | None = ...) -> None: ...
+
+    async def ping(self) -> Awaitable[float]: ...
+
+    async def close(self, code: int = ..., reason: str = ...) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
 class Connection:
     """One WebSocket <-> one :class:`SessionPump`. :meth:`run` returns when it is over."""
 
     def __init__(
         self,
-        ws: ServerConnection,
+        ws: WebSocketLike,
         adapter: WireAdapter,
         worker: WorkerPool | ModelWorker,
         metrics: Metrics,
@@ -298,7 +320,7 @@ class Connection:
             pass
 
 
-def _set_tcp_user_timeout(ws: ServerConnection, limits: ConnectionLimits) -> None:
+def _set_tcp_user_timeout(ws: WebSocketLike, limits: ConnectionLimits) -> None:
     """Let the kernel drop a peer that stops acknowledging data (Linux only)."""
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     sock = ws.transport.get_extra_info("socket")
@@ -309,7 +331,7 @@ def _set_tcp_user_timeout(ws: ServerConnection, limits: ConnectionLimits) -> Non
         sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
 
 
-async def serve_websocket(admission: Admission, ws: ServerConnection, endpoint: Endpoint) -> None:
+async def serve_websocket(admission: Admission, ws: WebSocketLike, endpoint: Endpoint) -> None:
     """Serve one admitted WebSocket of ``endpoint``'s protocol until it is over."""
     assert ws.request is not None  # the handshake is over
     options, metrics = admission.options, admission.metrics

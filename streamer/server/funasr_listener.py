@@ -1,6 +1,9 @@
 """The FunASR runtime protocol's own port (``--funasr-port``; FunASR's convention is 10095).
 
-A second websockets server whose every session is a :class:`FunAsrAdapter` on path ``/``,
+A second listening port whose every connection is a
+:class:`~streamer.server.websocket.WebSocket` (websockets' sans-I/O protocol, driven by
+the server: no websockets asyncio server) and every session a :class:`FunAsrAdapter` on
+path ``/``,
 served like the main port's sessions (:func:`~streamer.server.connection.serve_websocket`),
 so it shares admission, ``--max-sessions``, the worker, the connection machinery (our
 keepalive, which never counts our own back-pressure against the client, and websockets'
@@ -11,6 +14,7 @@ nothing of the request) and the graceful shutdown. The protocol itself is in
 
 from __future__ import annotations
 
+import asyncio
 import http
 import logging
 import ssl
@@ -18,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from urllib.parse import parse_qsl
 
-from websockets.asyncio.server import Server, ServerConnection
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
@@ -29,13 +32,15 @@ from streamer.media import open_decoder
 from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
-from streamer.server.listen import listen
-from streamer.server.reads import SlicedReadConnection
-from streamer.server.routes import check_request_line, method_not_allowed
+from streamer.server.listen import SERVER_HEADER
+from streamer.server.options import WS_MAX_QUEUE_FRAMES
+from streamer.server.routes import answering, check_request_line, final_response, method_not_allowed
+from streamer.server.websocket import WebSocket
 
 logger = logging.getLogger(__name__)
 
 PATH = "/"  # where FunASR's clients and its html5 demo connect
+OPEN_TIMEOUT_S = 10.0  # a connection's handshake request within this (websockets' default)
 SUBPROTOCOL = "binary"  # what FunASR's Python clients ask for
 
 
@@ -55,6 +60,11 @@ def _adapter(session: Session, *, offline_final: bool = True) -> FunAsrAdapter:
     return FunAsrAdapter(session, open_decoder=open_decoder, offline_final=offline_final)
 
 
+def _select_subprotocol(offered: Sequence[Subprotocol]) -> Subprotocol | None:
+    chosen = _binary_if_offered(offered)
+    return Subprotocol(chosen) if chosen is not None else None
+
+
 def _binary_if_offered(offered: Sequence[str]) -> str | None:
     """Echo ``binary`` when offered; accept clients that offer none (the html5 demo)."""
     return SUBPROTOCOL if SUBPROTOCOL in offered else None
@@ -70,13 +80,6 @@ FUNASR_ENDPOINT = Endpoint(
 )
 
 
-def _select_subprotocol(
-    connection: ServerConnection, offered: Sequence[Subprotocol]
-) -> Subprotocol | None:
-    chosen = _binary_if_offered(offered)
-    return Subprotocol(chosen) if chosen is not None else None
-
-
 class FunAsrListener:
     """Listens on the FunASR port while the main server runs."""
 
@@ -85,7 +88,9 @@ class FunAsrListener:
     def __init__(self, admission: Admission, port: int) -> None:
         self.admission = admission
         self._requested_port = port
-        self._server: Server | None = None
+        self._server: asyncio.Server | None = None
+        self._connections: set[WebSocket] = set()  # open ones: close() closes them
+        self._tasks: set[asyncio.Task[None]] = set()  # their handlers
 
     @property
     def port(self) -> int:
@@ -95,14 +100,28 @@ class FunAsrListener:
 
     async def start(self, ssl_context: ssl.SSLContext | None = None) -> None:
         o = self.admission.options
-        self._server = await listen(
-            self._handle,
-            o,
-            self._requested_port,
-            ssl_context=ssl_context,
-            route=self._route,
-            select_subprotocol=_select_subprotocol,
-            create_connection=SlicedReadConnection,
+        route = answering(self._route)
+
+        def connection() -> WebSocket:
+            ws = WebSocket(
+                self._handle,
+                route=route,
+                process_response=final_response,
+                select_subprotocol=_select_subprotocol,
+                max_size_bytes=o.max_message_bytes,
+                max_queue=WS_MAX_QUEUE_FRAMES,
+                close_timeout_s=o.limits.close_timeout_s,
+                open_timeout_s=OPEN_TIMEOUT_S,
+                server_header=SERVER_HEADER,
+                tasks=self._tasks,
+            )
+            self._connections.add(ws)
+            ws.on_lost = self._connections.discard
+            return ws
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            connection, o.host, self._requested_port, ssl=ssl_context
         )
         scheme = "wss" if ssl_context else "ws"
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
@@ -118,16 +137,21 @@ class FunAsrListener:
             )
         return self.admission.check_request(request, FUNASR_ENDPOINT, dict(parse_qsl(url.query)))
 
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def _handle(self, ws: WebSocket) -> None:
         await serve_websocket(self.admission, ws, FUNASR_ENDPOINT)
 
     def stop_accepting(self) -> None:
         """Refuse new connections; open sessions go on (the server shuts them down)."""
         if self._server is not None:
-            self._server.close(close_connections=False)
+            self._server.close()
 
     async def close(self) -> None:
-        """Close what is still open (after the grace period) and wait."""
-        if self._server is not None:
-            self._server.close(close_connections=True)
-            await self._server.wait_closed()
+        """Close what is still open (after the grace period, 1001 going away) and wait for
+        the handlers (the caller bounds the wait)."""
+        self.stop_accepting()
+        for ws in list(self._connections):
+            ws.close_soon(1001)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+        for ws in list(self._connections):
+            ws.transport.abort()

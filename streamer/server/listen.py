@@ -1,8 +1,10 @@
-"""Binding a WebSocket port: the one place that says how websockets serves every port
-(the main one and FunASR's), so that the two cannot drift apart.
+"""Binding the main port with websockets' asyncio server: the one place that says how
+websockets serves it (the FunASR port is served by :mod:`streamer.server.websocket` over
+websockets' sans-I/O protocol, with the same settings from the same options; the main
+port follows with the HTTP front of issue 34).
 
-Each port brings what is its own (its routes, its subprotocol choice, its connection
-class); what they share comes from :class:`~streamer.server.options.ServerOptions`: no
+The port brings what is its own (its routes, its subprotocol choice, its connection
+class); the rest comes from :class:`~streamer.server.options.ServerOptions`: no
 compression (PCM does not compress; deflate would only cost CPU), the largest frame, a
 queue of :data:`~streamer.server.options.WS_MAX_QUEUE_FRAMES` frames, no websockets
 keepalive (each :class:`~streamer.server.connection.Connection` runs one that knows

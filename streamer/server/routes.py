@@ -50,13 +50,23 @@ Route = Callable[[Request], Response | None]
 
 
 def guarded(route: Route) -> Callable[[ServerConnection, Request], Response | None]:
-    """``route`` as websockets' ``process_request``: None goes on with the handshake.
+    """``route`` as websockets' ``process_request`` (:func:`answering`)."""
+    answer = answering(route)
+
+    def process_request(connection: ServerConnection, request: Request) -> Response | None:
+        return answer(request)
+
+    return process_request
+
+
+def answering(route: Route) -> Route:
+    """``route``, whose failures are answers: None goes on with the handshake.
 
     Malformed requests get 400 and nothing of the request is echoed back; anything
     unexpected is logged with its traceback and answered 500 without details.
     """
 
-    def process_request(connection: ServerConnection, request: Request) -> Response | None:
+    def answer(request: Request) -> Response | None:
         try:
             return route(request)
         except BadRequest as error:
@@ -70,12 +80,17 @@ def guarded(route: Route) -> Callable[[ServerConnection, Request], Response | No
                 {"error": "internal_error", "message": "see the server log"},
             )
 
-    return process_request
+    return answer
 
 
 def process_response(
     connection: ServerConnection, request: Request, response: Response
 ) -> Response | None:
+    """websockets' ``process_response``: :func:`final_response`."""
+    return final_response(request, response)
+
+
+def final_response(request: Request, response: Response) -> Response:
     """websockets' own refusals (426, ...) are replaced by ours; HEAD gets no body; a plain
     HTTP answer says ``Connection: close``, which websockets does after it (without it,
     an HTTP client's pool sends its next request, an upload after ``GET /v1/models``, on
