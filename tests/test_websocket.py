@@ -131,7 +131,7 @@ def open_connection(
         handler or default_handler,
         route=route,
         process_response=lambda request, response: response,
-        select_subprotocol=lambda offered: "binary" if "binary" in offered else None,
+        select_subprotocol=lambda request, offered: "binary" if "binary" in offered else None,
         max_size_bytes=max_size_bytes,
         max_queue=max_queue,
         close_timeout_s=close_timeout_s,

@@ -14,7 +14,6 @@ nothing of the request) and the graceful shutdown. The protocol itself is in
 
 from __future__ import annotations
 
-import asyncio
 import http
 import logging
 import ssl
@@ -32,15 +31,13 @@ from streamer.media import open_decoder
 from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
-from streamer.server.listen import SERVER_HEADER
-from streamer.server.options import WS_MAX_QUEUE_FRAMES
-from streamer.server.routes import answering, check_request_line, final_response, method_not_allowed
+from streamer.server.port import Port
+from streamer.server.routes import check_request_line, method_not_allowed
 from streamer.server.websocket import WebSocket
 
 logger = logging.getLogger(__name__)
 
 PATH = "/"  # where FunASR's clients and its html5 demo connect
-OPEN_TIMEOUT_S = 10.0  # a connection's handshake request within this (websockets' default)
 SUBPROTOCOL = "binary"  # what FunASR's Python clients ask for
 
 
@@ -60,7 +57,7 @@ def _adapter(session: Session, *, offline_final: bool = True) -> FunAsrAdapter:
     return FunAsrAdapter(session, open_decoder=open_decoder, offline_final=offline_final)
 
 
-def _select_subprotocol(offered: Sequence[Subprotocol]) -> Subprotocol | None:
+def _select_subprotocol(request: Request, offered: Sequence[Subprotocol]) -> Subprotocol | None:
     chosen = _binary_if_offered(offered)
     return Subprotocol(chosen) if chosen is not None else None
 
@@ -88,41 +85,15 @@ class FunAsrListener:
     def __init__(self, admission: Admission, port: int) -> None:
         self.admission = admission
         self._requested_port = port
-        self._server: asyncio.Server | None = None
-        self._connections: set[WebSocket] = set()  # open ones: close() closes them
-        self._tasks: set[asyncio.Task[None]] = set()  # their handlers
+        self._port = Port(admission.options, self._handle, self._route, _select_subprotocol)
 
     @property
     def port(self) -> int:
-        assert self._server is not None, "start() first"
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        return self._port.port
 
     async def start(self, ssl_context: ssl.SSLContext | None = None) -> None:
         o = self.admission.options
-        route = answering(self._route)
-
-        def connection() -> WebSocket:
-            ws = WebSocket(
-                self._handle,
-                route=route,
-                process_response=final_response,
-                select_subprotocol=_select_subprotocol,
-                max_size_bytes=o.max_message_bytes,
-                max_queue=WS_MAX_QUEUE_FRAMES,
-                close_timeout_s=o.limits.close_timeout_s,
-                open_timeout_s=OPEN_TIMEOUT_S,
-                server_header=SERVER_HEADER,
-                tasks=self._tasks,
-            )
-            self._connections.add(ws)
-            ws.on_lost = self._connections.discard
-            return ws
-
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            connection, o.host, self._requested_port, ssl=ssl_context
-        )
+        await self._port.start(self._requested_port, ssl_context)
         scheme = "wss" if ssl_context else "ws"
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
 
@@ -142,16 +113,12 @@ class FunAsrListener:
 
     def stop_accepting(self) -> None:
         """Refuse new connections; open sessions go on (the server shuts them down)."""
-        if self._server is not None:
-            self._server.close()
+        self._port.stop_accepting()
 
     async def close(self) -> None:
         """Close what is still open (after the grace period, 1001 going away) and wait for
-        the handlers (the caller bounds the wait)."""
-        self.stop_accepting()
-        for ws in list(self._connections):
-            ws.close_soon(1001)
-        if self._tasks:
-            await asyncio.wait(set(self._tasks))
-        for ws in list(self._connections):
-            ws.transport.abort()
+        the handlers (the caller bounds the wait; what is left is then aborted)."""
+        try:
+            await self._port.close()
+        finally:
+            self._port.abort_all()

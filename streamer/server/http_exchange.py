@@ -1,8 +1,8 @@
 """One HTTP/1.1 request with a body, on the main port: :class:`HttpExchange` (h11).
 
-websockets' HTTP handling reads a request's head only, so requests that carry a body
-(file uploads) are handed here by :class:`~streamer.server.main_port.MainPortConnection`
-before websockets sees them. h11 parses the request; the body is read on demand by the
+The WebSocket's parser reads a request's head only, so requests that carry a body
+(file uploads) are handed here by :class:`~streamer.server.front.MainPortFront` before
+the WebSocket sees them. h11 parses the request; the body is read on demand by the
 handler (:meth:`HttpExchange.read`), with flow control: while more than
 ``HttpLimits.buffer_bytes`` wait unread, the socket is not read (TCP pushes back on the
 uploader). Every wait has a bound: the head and each body chunk must come within

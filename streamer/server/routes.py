@@ -1,8 +1,9 @@
 """The main port's plain HTTP: ``/healthz``, ``/readyz``, ``/metrics``, the web demo, and
 the upgrade requests handed to :class:`~streamer.server.admission.Admission`.
 
-:func:`guarded` turns a route into websockets' ``process_request``: a malformed request
-is a 400 and an unexpected error a 500, and neither echoes anything of the request;
+:func:`answering` makes a route's failures answers: a malformed request is a 400 and an
+unexpected error a 500, and neither echoes anything of the request; :func:`final_response`
+is the last word on every answer of a WebSocket port;
 :func:`check_request_line` is the validation every port shares (method, target, headers
 that must not repeat).
 """
@@ -15,7 +16,6 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
@@ -49,16 +49,6 @@ SINGLE_HEADERS = ("Authorization", "Origin", "Host")  # a repeated one is a 400
 Route = Callable[[Request], Response | None]
 
 
-def guarded(route: Route) -> Callable[[ServerConnection, Request], Response | None]:
-    """``route`` as websockets' ``process_request`` (:func:`answering`)."""
-    answer = answering(route)
-
-    def process_request(connection: ServerConnection, request: Request) -> Response | None:
-        return answer(request)
-
-    return process_request
-
-
 def answering(route: Route) -> Route:
     """``route``, whose failures are answers: None goes on with the handshake.
 
@@ -81,13 +71,6 @@ def answering(route: Route) -> Route:
             )
 
     return answer
-
-
-def process_response(
-    connection: ServerConnection, request: Request, response: Response
-) -> Response | None:
-    """websockets' ``process_response``: :func:`final_response`."""
-    return final_response(request, response)
 
 
 def final_response(request: Request, response: Response) -> Response:
@@ -276,10 +259,9 @@ class Routes:
         ]
 
     def select_subprotocol(
-        self, connection: ServerConnection, offered: Sequence[Subprotocol]
+        self, request: Request, offered: Sequence[Subprotocol]
     ) -> Subprotocol | None:
-        request = connection.request
-        endpoint = self.endpoints.get(urlsplit(request.path).path) if request else None
+        endpoint = self.endpoints.get(urlsplit(request.path).path)
         if endpoint is None or endpoint.select_subprotocol is None:
             return None  # proceed without one, whatever the client offered
         chosen = endpoint.select_subprotocol(offered)

@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection
-
 from streamer.core import protocol
 from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session
@@ -37,15 +35,15 @@ from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import serve_websocket
 from streamer.server.deepgram_files import DEEPGRAM_FILES
 from streamer.server.file_routes import FileRoutes
+from streamer.server.front import MainPortFront
 from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import V1_ENDPOINT, Endpoint, StaticFiles
-from streamer.server.listen import listen
-from streamer.server.main_port import connection_class
 from streamer.server.metrics import Metrics
 from streamer.server.openai_files import OPENAI_FILES, TRANSLATION_REFUSAL, TRANSLATIONS_PATH
 from streamer.server.options import ConnectionLimits, ServerOptions
-from streamer.server.reads import sliced_reads
+from streamer.server.port import Port
 from streamer.server.routes import Routes
+from streamer.server.websocket import WebSocket
 from streamer.server.wyoming import WyomingListener
 
 if TYPE_CHECKING:
@@ -105,7 +103,7 @@ class StreamingServer:
         self._stop = asyncio.Event()  # run(): stop serving (SIGTERM, SIGINT)
         self._stop_now = asyncio.Event()  # run(): stop without draining (SIGINT, 2nd signal)
         self.listening = asyncio.Event()  # start() has bound every port (run() starts it)
-        self._server: Server | None = None
+        self._server: Port | None = None  # the main port, once start() has bound it
         self._lag_task: asyncio.Task[None] | None = None
         web_root = options.web_root or Path(str(importlib.resources.files("streamer.web_demo")))
         self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT, **COMPAT_ENDPOINTS}
@@ -152,8 +150,7 @@ class StreamingServer:
     @property
     def port(self) -> int:
         assert self._server is not None, "start() first"
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        return self._server.port
 
     @property
     def ready(self) -> bool:
@@ -197,15 +194,15 @@ class StreamingServer:
                 ) from error
         self.ssl_context = ssl_context
         try:
-            self._server = await listen(
-                self._handle,
+            main = Port(
                 o,
-                o.port,
-                ssl_context=ssl_context,
-                route=self.routes.route,
-                select_subprotocol=self.routes.select_subprotocol,
-                create_connection=sliced_reads(connection_class(self.files.exchange)),
+                self._handle,
+                self.routes.route,
+                self.routes.select_subprotocol,
+                front=lambda port: MainPortFront(port, self.files.exchange),
             )
+            await main.start(o.port, ssl_context)
+            self._server = main
         except OSError as error:
             raise _listen_error(o.host, o.port, "--port", error) from error
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
@@ -331,12 +328,10 @@ class StreamingServer:
         for exchange in list(self.files.exchanges):
             exchange.abort()
         if self._server is not None:
-            for ws in list(self._server.connections):
-                ws.transport.abort()
-            self._server.close(close_connections=False)
+            self._server.abort_all()
             try:
                 async with asyncio.timeout(self.options.limits.close_timeout_s):
-                    await self._server.wait_closed()
+                    await self._server.close()
             except TimeoutError:
                 logger.warning("connections still open after the grace period; exiting anyway")
         for name, listener in self.listeners.items():
@@ -466,6 +461,6 @@ class StreamingServer:
             self.metrics.input_budget_paced_seconds_total.inc(paced_s - budget_paced_s)
             budget_paced_s = paced_s
 
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def _handle(self, ws: WebSocket) -> None:
         path = urlsplit(ws.request.path).path if ws.request is not None else ""
         await serve_websocket(self.admission, ws, self._endpoints.get(path, V1_ENDPOINT))

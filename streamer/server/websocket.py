@@ -47,7 +47,8 @@ READ_SLICE_BYTES = 8192
 
 Route = Callable[[Request], Response | None]
 ProcessResponse = Callable[[Request, Response], Response]
-SubprotocolChoice = Callable[[Sequence[Subprotocol]], Subprotocol | None]
+# the handshake request and the subprotocols its client offers -> the one to echo, if any
+SubprotocolChoice = Callable[[Request, Sequence[Subprotocol]], Subprotocol | None]
 Handler = Callable[["WebSocket"], Awaitable[None]]
 
 
@@ -73,13 +74,17 @@ class WebSocket(asyncio.Protocol):
         self._route = route
         self._process_response = process_response
         self._select = select_subprotocol
-        self._max_queue = max_queue
+        # messages waiting for the session before reading pauses (named as websockets'
+        # connections name their queue's high-water mark)
+        self.max_queue_high = max_queue
         self.close_timeout_s = close_timeout_s
         self._open_timeout_s = open_timeout_s
         self._server_header = server_header
         self._tasks = tasks  # the port's handler tasks: shutdown waits for them
         self.protocol = ServerProtocol(
-            select_subprotocol=lambda _, offered: self._select(offered), max_size=max_size_bytes
+            # a function (ServerProtocol binds it to itself), not a bound method
+            select_subprotocol=lambda protocol, offered: self._select_subprotocol(offered),
+            max_size=max_size_bytes,
         )
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
@@ -100,6 +105,10 @@ class WebSocket(asyncio.Protocol):
         self._open_timer: asyncio.TimerHandle | None = None
         self._close_timer: asyncio.TimerHandle | None = None
         self.on_lost: Callable[[WebSocket], None] = lambda ws: None  # the port forgets it
+
+    def _select_subprotocol(self, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+        assert self.request is not None  # accept() is called with the request
+        return self._select(self.request, offered)
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -148,7 +157,7 @@ class WebSocket(asyncio.Protocol):
     def _feed(self) -> None:
         """Parse one slice if the queue has room; schedule the next one."""
         self._feed_scheduled = False
-        if self._held and len(self._messages) < self._max_queue:
+        if self._held and len(self._messages) < self.max_queue_high:
             head = self._held[0]
             if len(head) > READ_SLICE_BYTES:
                 self._held[0] = head[READ_SLICE_BYTES:]
@@ -157,7 +166,7 @@ class WebSocket(asyncio.Protocol):
                 self._held.popleft()
             self.protocol.receive_data(bytes(head))
             self._process()
-        if self._held and len(self._messages) < self._max_queue and not self._feed_scheduled:
+        if self._held and len(self._messages) < self.max_queue_high and not self._feed_scheduled:
             self._feed_scheduled = True
             self._loop.call_soon(self._feed)
         self._update_reading()
@@ -169,7 +178,7 @@ class WebSocket(asyncio.Protocol):
 
     def _update_reading(self) -> None:
         """Read the socket only while nothing is held and the queue has room."""
-        paused = bool(self._held) or len(self._messages) >= self._max_queue
+        paused = bool(self._held) or len(self._messages) >= self.max_queue_high
         if paused == self._reading_paused or self.transport.is_closing():
             return
         self._reading_paused = paused
