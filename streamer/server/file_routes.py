@@ -29,6 +29,7 @@ from streamer.server.http_exchange import (
     HttpRequest,
 )
 from streamer.server.options import FileOptions
+from streamer.server.route_table import RouteTable
 from streamer.server.routes import check_request_line
 from streamer.server.uploads import FileJob, FileJobs
 
@@ -90,12 +91,16 @@ class FileRoutes:
         options: FileOptions,
         apis: tuple[FileApi, ...],
         refused: Mapping[str, tuple[http.HTTPStatus, str]] | None = None,
+        table: RouteTable | None = None,
     ) -> None:
+        """``table``: the port's routes, which the 405 answers' ``Allow`` comes from (by
+        default these APIs' paths alone)."""
         self.admission = admission
         self.options = options
         self.jobs = FileJobs(options.max_jobs)
         self.apis = {api.path: api for api in apis}
         self.refused = dict(refused or {})  # path -> (status, message): known, not served
+        self.table = table or RouteTable((), (*self.apis, *self.refused))
         self.exchanges: set[HttpExchange] = set()
 
     def exchange(self, peer: str, accepted_at: float) -> HttpExchange:
@@ -131,7 +136,7 @@ class FileRoutes:
                 raise HttpError(
                     http.HTTPStatus.METHOD_NOT_ALLOWED,
                     {"error": "method_not_allowed", "message": f"{api.path} takes POST"},
-                    {"Allow": "POST, OPTIONS"},
+                    {"Allow": ", ".join(self.table.allowed(api.path))},
                 )
             else:
                 metrics = self.admission.metrics
@@ -146,18 +151,17 @@ class FileRoutes:
             self.exchanges.discard(exchange)
 
     def _not_served(self, request: HttpRequest) -> None:
+        allowed = self.table.allowed(request.path)
+        if self.table.is_known(request.path) and request.method not in allowed:
+            raise HttpError(
+                http.HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": "method_not_allowed", "message": f"this path takes {allowed[0]}"},
+                {"Allow": ", ".join(allowed)},
+            )
         refused = self.refused.get(request.path)
         if refused is not None:
             status, message = refused
             raise HttpError(status, transcripts.openai_error_body(message, code="unsupported"))
-        if request.path in ("/healthz", "/readyz", "/metrics", "/") or request.path.startswith(
-            "/v1/"
-        ):
-            raise HttpError(
-                http.HTTPStatus.METHOD_NOT_ALLOWED,
-                {"error": "method_not_allowed", "message": "this path takes GET"},
-                {"Allow": "GET, HEAD"},
-            )
         raise HttpError(
             http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
         )

@@ -37,6 +37,7 @@ from streamer.server.http import (
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
+from streamer.server.route_table import RouteTable
 
 if TYPE_CHECKING:
     from streamer.model.loading import LoadProgress
@@ -117,12 +118,13 @@ class Routes:
         loading: LoadProgress | None = None,
         upload_paths: Collection[str] = (),
     ) -> None:
+        """``upload_paths``: the file APIs' (POST) paths, for the port's :class:`RouteTable`."""
         self.admission = admission
         self.endpoints = endpoints
         self.static = static
         self.loading = loading  # the model's loading stage, shown by /readyz until ready
-        # the file APIs' paths that are no WebSocket endpoint: GET there is a 405
-        self.upload_paths = frozenset(upload_paths) - endpoints.keys()
+        # every (method, path) of the port: the 405 answers of both dispatchers
+        self.table = RouteTable(endpoints, upload_paths)
 
     @property
     def worker(self) -> WorkerPool:
@@ -133,10 +135,11 @@ class Routes:
         return self.admission.metrics
 
     def route(self, request: Request) -> Response | None:
-        if request.method not in SERVED_METHODS:
-            return method_not_allowed(SERVED_METHODS, "only GET and HEAD are served")
         url = check_request_line(request)
         path = url.path
+        allowed = self.table.allowed(path)
+        if request.method not in SERVED_METHODS:
+            return method_not_allowed(allowed, "only GET and HEAD are served")
         query = dict(parse_qsl(url.query))
         if path == "/healthz":
             return json_response(http.HTTPStatus.OK, {"status": "ok", "workers": self.workers()})
@@ -149,10 +152,10 @@ class Routes:
         endpoint = self.endpoints.get(path)
         if endpoint is not None:
             if request.method != "GET":
-                return method_not_allowed(("GET",), "WebSocket handshakes use GET")
+                return method_not_allowed(allowed, "WebSocket handshakes use GET")
             return self.admission.check_request(request, endpoint, query)
-        if path in self.upload_paths:
-            return method_not_allowed(("POST", "OPTIONS"), f"{path} takes POST")
+        if request.method not in allowed:  # an upload's path
+            return method_not_allowed(allowed, f"{path} takes POST")
         found = self.static.response(path)
         if found is None:
             return json_response(

@@ -109,19 +109,17 @@ class StreamingServer:
         self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT, **COMPAT_ENDPOINTS}
         for endpoint in self._endpoints.values():
             self.metrics.sessions_active.labels(endpoint.name)  # exported at 0 from the start
+        upload_paths = (OPENAI_FILES.path, DEEPGRAM_FILES.path, TRANSLATIONS_PATH)
+        self.routes = Routes(
+            self.admission, self._endpoints, StaticFiles(web_root), loading, upload_paths
+        )
         # requests with a body on the main port: the file APIs (docs/files.md)
         self.files = FileRoutes(
             self.admission,
             options.files,
             (OPENAI_FILES, DEEPGRAM_FILES),
             refused={TRANSLATIONS_PATH: (http.HTTPStatus.BAD_REQUEST, TRANSLATION_REFUSAL)},
-        )
-        self.routes = Routes(
-            self.admission,
-            self._endpoints,
-            StaticFiles(web_root),
-            loading,
-            upload_paths=(*self.files.apis, *self.files.refused),
+            table=self.routes.table,
         )
         loop = asyncio.get_running_loop()
 
