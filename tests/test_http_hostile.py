@@ -25,7 +25,7 @@ from streamer.server.chunked import ChunkSizeError, ChunkSizes
 from streamer.server.http_exchange import HttpExchange, HttpLimits, header_value
 from streamer.server.options import FileOptions
 from tests.audio_files import write_audio
-from tests.fakes import FakeRecognizer, silence, tone
+from tests.fakes import FakeRecognizer, FakeTransport, silence, tone
 from tests.timing import eventually_sync, timeout_s
 
 KEY = "sk-hostile"
@@ -118,46 +118,13 @@ def test_unanswerable_headers_leave_no_connection_open(make_fake_server) -> None
             sock.close()
 
 
-class FakeTransport(asyncio.Transport):
-    """What the exchange writes, and whether it closed or aborted the connection."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-        self.aborted = False
-
-    def write(self, data) -> None:  # type: ignore[override]
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = self.aborted = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-
 async def test_a_handler_whose_answer_cannot_be_written_closes_the_connection() -> None:
     async def handler(exchange: HttpExchange) -> None:
         raise RuntimeError("a bug in a handler")
 
     exchange = HttpExchange(handler, HttpLimits())
     transport = FakeTransport()
+    transport.protocol = exchange
     exchange.connection_made(transport)
 
     async def failing_respond(*args, **kwargs) -> None:
@@ -176,6 +143,7 @@ async def test_a_handler_that_returns_without_answering_closes_the_connection() 
 
     exchange = HttpExchange(handler, HttpLimits())
     transport = FakeTransport()
+    transport.protocol = exchange
     exchange.connection_made(transport)
     exchange.data_received(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
     assert exchange._task is not None

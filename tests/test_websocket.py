@@ -17,54 +17,8 @@ from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
 from streamer.server.websocket import READ_SLICE_BYTES, WebSocket
+from tests.fakes import FakeTransport
 from tests.timing import timeout_s
-
-
-class FakeTransport(asyncio.Transport):
-    """What the connection writes; whether reading is paused; close and abort."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-        self.aborted = False
-        self.reading = True
-        self.eof_written = False
-        self.protocol: WebSocket | None = None
-
-    def write(self, data) -> None:  # type: ignore[override]
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        if not self.closing:
-            self.closing = True
-            asyncio.get_running_loop().call_soon(self._lost)
-
-    def abort(self) -> None:
-        self.aborted = True
-        self.close()
-
-    def _lost(self) -> None:
-        assert self.protocol is not None
-        self.protocol.connection_lost(None)
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.eof_written = True
-
-    def get_extra_info(self, name, default=None):
-        return ("127.0.0.1", 5555) if name == "peername" else default
 
 
 class Peer:
