@@ -290,3 +290,29 @@ def test_models_with_the_openai_sdk(make_fake_server, tmp_path) -> None:
         client.models.retrieve("whisper-1")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(api_key="wrong", base_url=base_url, max_retries=0).models.list()
+
+
+def test_uploads_check_the_origin_as_every_route_does(make_fake_server) -> None:
+    # admission.authorize: one check of token and origin for sessions, pages and files
+    server = make_fake_server(token=KEY, allowed_origins=("https://ok.example",))
+
+    def post(origin: str, key: str = KEY) -> tuple[int, dict]:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout_s(10))
+        try:
+            connection.request(
+                "POST",
+                "/v1/audio/transcriptions",
+                body=b"",
+                headers={"Authorization": f"Bearer {key}", "Origin": origin},
+            )
+            response = connection.getresponse()
+            return response.status, orjson.loads(response.read())
+        finally:
+            connection.close()
+
+    status, body = post("https://evil.example")
+    assert status == 403 and body["error"]["code"] == "origin_not_allowed"
+    status, body = post("https://ok.example", key="wrong")
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, _ = post("https://ok.example")
+    assert status == 400  # let in: an empty body is the next refusal

@@ -19,8 +19,14 @@ from typing import IO
 
 from streamer.core.compat import transcripts
 from streamer.errors import FileRefused
-from streamer.server.admission import RETRY_AFTER_S, Admission
-from streamer.server.http import BadRequest, single_header, token_matches
+from streamer.server.admission import (
+    ORIGIN_NOT_ALLOWED,
+    RETRY_AFTER_S,
+    UNAUTHORIZED,
+    Admission,
+    authorize,
+)
+from streamer.server.http import BadRequest, single_header
 from streamer.server.http_exchange import (
     BodyError,
     HttpError,
@@ -194,17 +200,18 @@ class FileRoutes:
     def admit(self, api: FileApi, request: HttpRequest) -> FileJob:
         """A slot for the request's file, once its key, origin and the server allow it
         (raises :class:`ApiError`)."""
-        options = self.admission.options
-        if options.token is not None and not token_matches(
-            api.presented_token(request), options.token
-        ):
+        refused = authorize(
+            self.admission.options,
+            api.presented_token(request),
+            single_header(request.ws_request, "Origin"),
+        )
+        if refused == UNAUTHORIZED:
             raise ApiError(
                 http.HTTPStatus.UNAUTHORIZED, "invalid_api_key", "a valid key is required"
             )
-        origin = single_header(request.ws_request, "Origin")
-        if options.allowed_origins and origin is not None and origin not in options.allowed_origins:
+        if refused == ORIGIN_NOT_ALLOWED:
             raise ApiError(
-                http.HTTPStatus.FORBIDDEN, "origin_not_allowed", "this origin is not allowed"
+                http.HTTPStatus.FORBIDDEN, ORIGIN_NOT_ALLOWED, "this origin is not allowed"
             )
         refusal = self.admission.refusal()
         # a file is background work: a full or saturated server still takes it (its
