@@ -13,6 +13,8 @@
     │   │                             served (has ``status``, a JSON ``body``, ``headers``)
     │   ├── BadRequest                  a request the server cannot make sense of (400)
     │   └── BodyError                   a request body that cannot be read (400, 408, 413)
+    ├── ApiError                    a file API's refusal, in that API's own error shape
+    │                                 (has ``status``, ``code``; answered as an HttpError)
     ├── ClientError                 raised by :mod:`streamer.client`
     │   ├── ConnectionRefusedByServer   handshake refused (auth, capacity, origin)
     │   ├── ServerUnreachable           nothing answered at the URL
@@ -48,6 +50,7 @@ __all__ = [
     "HttpError",
     "BadRequest",
     "BodyError",
+    "ApiError",
     "ClientError",
     "ConnectionRefusedByServer",
     "ServerClosed",
@@ -146,6 +149,29 @@ class BodyError(HttpError):
     def __init__(self, status: http.HTTPStatus, message: str) -> None:
         super().__init__(status, {"error": "bad_request", "message": message})
         self.message = message
+
+
+class ApiError(StreamerError):
+    """A file API refused the request: ``status`` and ``code`` (OpenAI's or Deepgram's),
+    ``message``, the form field it is about (``param``), and when to retry
+    (``retry_after_s``). The API's ``error_shape`` builds the body; the file routes
+    answer it as an :class:`HttpError`."""
+
+    def __init__(
+        self,
+        status: http.HTTPStatus,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
 
 
 class ClientError(StreamerError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from streamer.core.compat import transcripts
-from streamer.errors import FileRefused
+from streamer.errors import ApiError, FileRefused
 from streamer.server.admission import (
     ORIGIN_NOT_ALLOWED,
     RETRY_AFTER_S,
@@ -44,26 +44,6 @@ logger = logging.getLogger(__name__)
 SPOOL_MEMORY_BYTES = 8 << 20  # an upload is kept in memory up to this, then on disk
 BODY_METHODS = ("POST",)
 MULTIPART_OVERHEAD_BYTES = 1 << 20  # an upload's form fields beside its file
-
-
-class ApiError(Exception):
-    """A refused request, in the API's own error shape (its ``shape`` builds the body)."""
-
-    def __init__(
-        self,
-        status: http.HTTPStatus,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
-        self.retry_after_s = retry_after_s
 
 
 ErrorShape = Callable[[ApiError], Mapping[str, object]]
