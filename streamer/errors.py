@@ -9,6 +9,12 @@
     │   ├── ModelProcessGone            the model process it was sent to died or was killed
     │   └── DecodeInterrupted           a partial's decode stopped so that a final goes first
     ├── FileRefused                 a file upload cannot be transcribed now (has ``code``)
+    ├── HttpError                   a request answered with an HTTP status instead of being
+    │   │                             served (has ``status``, a JSON ``body``, ``headers``)
+    │   ├── BadRequest                  a request the server cannot make sense of (400)
+    │   └── BodyError                   a request body that cannot be read (400, 408, 413)
+    ├── ApiError                    a file API's refusal, in that API's own error shape
+    │                                 (has ``status``, ``code``; answered as an HttpError)
     ├── ClientError                 raised by :mod:`streamer.client`
     │   ├── ConnectionRefusedByServer   handshake refused (auth, capacity, origin)
     │   ├── ServerUnreachable           nothing answered at the URL
@@ -30,6 +36,9 @@ Each :class:`ProtocolError` names its wire ``code`` and whether it ends the sess
 
 from __future__ import annotations
 
+import http
+from collections.abc import Mapping
+
 __all__ = [
     "StreamerError",
     "ConfigError",
@@ -38,6 +47,10 @@ __all__ = [
     "ModelProcessGone",
     "DecodeInterrupted",
     "FileRefused",
+    "HttpError",
+    "BadRequest",
+    "BodyError",
+    "ApiError",
     "ClientError",
     "ConnectionRefusedByServer",
     "ServerClosed",
@@ -100,6 +113,65 @@ class FileRefused(StreamerError):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class HttpError(StreamerError):
+    """A request answered with ``status`` and ``body`` (JSON) instead of being served;
+    ``headers`` go with the answer. Raised by the HTTP side of a port and answered
+    where the request is handled: the text is ours, never the request's."""
+
+    def __init__(
+        self,
+        status: http.HTTPStatus,
+        body: Mapping[str, object],
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(f"{status.value} {status.phrase}")
+        self.status = status
+        self.body = dict(body)
+        self.headers = dict(headers or {})
+
+
+class BadRequest(HttpError):
+    """A request the server cannot make sense of (a repeated single header, a target
+    that is no URL): answered 400 with ``message``, which is ours, never text from the
+    request."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": message})
+        self.message = message
+
+
+class BodyError(HttpError):
+    """The request's body cannot be read: it ended early or is malformed (400), the
+    client stopped sending (408), or it is too large (413)."""
+
+    def __init__(self, status: http.HTTPStatus, message: str) -> None:
+        super().__init__(status, {"error": "bad_request", "message": message})
+        self.message = message
+
+
+class ApiError(StreamerError):
+    """A file API refused the request: ``status`` and ``code`` (OpenAI's or Deepgram's),
+    ``message``, the form field it is about (``param``), and when to retry
+    (``retry_after_s``). The API's ``error_shape`` builds the body; the file routes
+    answer it as an :class:`HttpError`."""
+
+    def __init__(
+        self,
+        status: http.HTTPStatus,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
 
 
 class ClientError(StreamerError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -127,3 +128,52 @@ class InstantWorker:
                 raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>{text}"
                 t = Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=0, decode_ms=1)
                 self.session.decode_finished(DecodeResult(job=job, transcript=t, decode_ms=1))
+
+
+class FakeTransport(asyncio.Transport):
+    """A stream transport with no socket: what its protocol writes, whether reading is
+    paused, and its close and abort (``protocol.connection_lost`` follows, as asyncio
+    calls it, once ``protocol`` is set)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closing = False
+        self.aborted = False
+        self.reading = True
+        self.eof_written = False
+        self.protocol: asyncio.Protocol | None = None
+
+    def write(self, data) -> None:  # type: ignore[override]
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            asyncio.get_running_loop().call_soon(self._lost)
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.close()
+
+    def _lost(self) -> None:
+        if self.protocol is not None:
+            self.protocol.connection_lost(None)
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_written = True
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 5555) if name == "peername" else default

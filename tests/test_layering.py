@@ -348,3 +348,15 @@ def test_every_subpackage_is_installed() -> None:
     }
     assert found, "no packages found"
     assert found - listed == set(), f"not in pyproject.toml's packages: {sorted(found - listed)}"
+
+
+# Issue 34: the server drives websockets' documented sans-I/O protocol itself: nothing
+# under streamer/server imports websockets' asyncio server (the client side may).
+@pytest.mark.parametrize("path", _modules("server"), ids=_rel)
+def test_the_server_imports_no_websockets_asyncio_server(path: Path) -> None:
+    imports = _imports(path)
+    assert not {n for n in imports if n.startswith("websockets.asyncio")}, _rel(path)
+
+
+def test_the_websocket_is_websockets_sans_io_protocol() -> None:
+    assert "websockets.server.ServerProtocol" in _imports(PACKAGE / "server" / "websocket.py")

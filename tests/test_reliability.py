@@ -483,20 +483,24 @@ async def test_a_flood_of_tiny_frames_is_parsed_a_slice_at_a_time(fake, monkeypa
     """websockets parsed each socket read whole (up to 256 KiB: 32768 frames of 2 bytes,
     270 ms of the loop) and queued every frame; now one callback parses at most a slice,
     only while the queue has room, and every byte still arrives, in order."""
-    from websockets.asyncio.connection import Connection
+    from websockets.server import ServerProtocol
 
-    from streamer.server.reads import READ_SLICE_BYTES
+    from streamer.server.websocket import READ_SLICE_BYTES, WebSocket
 
-    parsed: list[int] = []
-    queued: list[int] = []
-    original = Connection.data_received
+    parsed: list[int] = []  # what each call gave the server's protocol to parse
+    queued: list[int] = []  # the messages waiting for the session after each
+    receive_data, process = ServerProtocol.receive_data, WebSocket._process
 
     def recording(self, data: bytes) -> None:
         parsed.append(len(data))
-        original(self, data)
-        queued.append(len(self.recv_messages.frames))
+        receive_data(self, data)
 
-    monkeypatch.setattr(Connection, "data_received", recording)
+    def counting(self, *, lost: bool = False) -> None:
+        process(self, lost=lost)
+        queued.append(len(self._messages))
+
+    monkeypatch.setattr(ServerProtocol, "receive_data", recording)
+    monkeypatch.setattr(WebSocket, "_process", counting)
     server = fake(max_input_messages_per_s=1e6)  # unpaced: the parsing is what is tested
     frames = 20000
     async with connect(server.url, max_queue=None) as ws:
@@ -509,6 +513,6 @@ async def test_a_flood_of_tiny_frames_is_parsed_a_slice_at_a_time(fake, monkeypa
         messages, code = await messages_until_close(ws)
     assert code == 1000
     assert messages[-1]["type"] == "end" and messages[-1]["audio_ms"] == frames / 16
-    assert max(parsed) <= READ_SLICE_BYTES
-    # the queue holds one slice's frames at most (8 bytes each) beyond websockets' limit
+    assert parsed and max(parsed) <= READ_SLICE_BYTES
+    # the queue holds one slice's frames at most (8 bytes each) beyond its limit
     assert max(queued) <= WS_MAX_QUEUE_FRAMES + READ_SLICE_BYTES // 8

@@ -36,6 +36,22 @@ logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # what 503 answers tell clients to wait
 
 
+UNAUTHORIZED = "unauthorized"  # authorize(): no token, or not the server's
+ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # authorize(): an Origin not in --allowed-origins
+
+
+def authorize(options: ServerOptions, presented: str | None, origin: str | None) -> str | None:
+    """Why the server's token and origin rules refuse a request (:data:`UNAUTHORIZED`,
+    :data:`ORIGIN_NOT_ALLOWED`), or None. The one check of every route group: each
+    passes the token as its protocol presents it (a Bearer header, ``?token=``,
+    Deepgram's ``Token``) and answers a refusal in its own shape."""
+    if options.token is not None and not token_matches(presented, options.token):
+        return UNAUTHORIZED
+    if options.allowed_origins and origin is not None and origin not in options.allowed_origins:
+        return ORIGIN_NOT_ALLOWED
+    return None
+
+
 class Tracked(Protocol):
     """An open session's connection, as admission and the lifecycle see it."""
 
@@ -137,16 +153,17 @@ class Admission:
         """The refusal of one upgrade request (token, origin, handshake, capacity); None
         lets the handshake go on."""
         o = self.options
-        if o.token is not None:
-            if not token_matches(endpoint.presented_token(request, query), o.token):
-                return self.refuse(
-                    http.HTTPStatus.UNAUTHORIZED, "unauthorized", endpoint.auth_hint, endpoint
-                )
-        origin = single_header(request, "Origin")
-        if o.allowed_origins and origin is not None and origin not in o.allowed_origins:
+        refused = authorize(
+            o, endpoint.presented_token(request, query), single_header(request, "Origin")
+        )
+        if refused == UNAUTHORIZED:
+            return self.refuse(
+                http.HTTPStatus.UNAUTHORIZED, UNAUTHORIZED, endpoint.auth_hint, endpoint
+            )
+        if refused == ORIGIN_NOT_ALLOWED:
             return self.refuse(
                 http.HTTPStatus.FORBIDDEN,
-                "origin_not_allowed",
+                ORIGIN_NOT_ALLOWED,
                 "this origin is not allowed",
                 endpoint,
             )

@@ -10,8 +10,9 @@ Back-pressure and liveness
 --------------------------
 While a session has ``max_pending_finals`` finals waiting for the model, what the
 client sends waits in a backlog; once the backlog holds ``max_backlog_bytes`` the
-reader stops reading, websockets stops reading the socket once its own queue of
-:data:`WS_MAX_QUEUE_FRAMES` frames is full, and TCP pushes back on the client. Memory
+reader stops reading, the :class:`~streamer.server.websocket.WebSocket` stops reading
+the socket once :data:`WS_MAX_QUEUE_FRAMES` messages wait in its queue, and TCP pushes
+back on the client. Memory
 per session is therefore bounded by :func:`session_memory_bound_bytes`. A pong or close
 frame the client sent after that audio cannot be read before the audio ahead of it, so
 liveness never depends on reading it:
@@ -43,10 +44,8 @@ import secrets
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import cast
 from urllib.parse import parse_qsl, urlsplit
 
-from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from streamer.core import protocol
@@ -68,6 +67,7 @@ from streamer.server.http import Endpoint
 from streamer.server.metrics import Metrics
 from streamer.server.options import ConnectionLimits
 from streamer.server.pump import SessionPump
+from streamer.server.websocket import WebSocket
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Connection:
 
     def __init__(
         self,
-        ws: ServerConnection,
+        ws: WebSocket,
         adapter: WireAdapter,
         worker: WorkerPool | ModelWorker,
         metrics: Metrics,
@@ -283,7 +283,7 @@ class Connection:
                         return
                 try:
                     async with asyncio.timeout(self.limits.write_timeout_s):
-                        pong = cast("asyncio.Future[float]", await self.ws.ping())
+                        pong = await self.ws.ping()
                 except TimeoutError:
                     self.pump.terminate(
                         CLOSE_POLICY_VIOLATION,
@@ -298,7 +298,7 @@ class Connection:
             pass
 
 
-def _set_tcp_user_timeout(ws: ServerConnection, limits: ConnectionLimits) -> None:
+def _set_tcp_user_timeout(ws: WebSocket, limits: ConnectionLimits) -> None:
     """Let the kernel drop a peer that stops acknowledging data (Linux only)."""
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     sock = ws.transport.get_extra_info("socket")
@@ -309,7 +309,7 @@ def _set_tcp_user_timeout(ws: ServerConnection, limits: ConnectionLimits) -> Non
         sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
 
 
-async def serve_websocket(admission: Admission, ws: ServerConnection, endpoint: Endpoint) -> None:
+async def serve_websocket(admission: Admission, ws: WebSocket, endpoint: Endpoint) -> None:
     """Serve one admitted WebSocket of ``endpoint``'s protocol until it is over."""
     assert ws.request is not None  # the handshake is over
     options, metrics = admission.options, admission.metrics

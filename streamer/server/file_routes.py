@@ -22,9 +22,15 @@ from dataclasses import dataclass
 from typing import IO
 
 from streamer.core.compat import transcripts
-from streamer.errors import FileRefused
-from streamer.server.admission import RETRY_AFTER_S, Admission
-from streamer.server.http import BadRequest, single_header, token_matches
+from streamer.errors import ApiError, FileRefused
+from streamer.server.admission import (
+    ORIGIN_NOT_ALLOWED,
+    RETRY_AFTER_S,
+    UNAUTHORIZED,
+    Admission,
+    authorize,
+)
+from streamer.server.http import BadRequest, single_header
 from streamer.server.http_exchange import (
     BodyError,
     HttpError,
@@ -33,6 +39,7 @@ from streamer.server.http_exchange import (
     HttpRequest,
 )
 from streamer.server.options import FileOptions
+from streamer.server.route_table import RouteTable
 from streamer.server.routes import check_request_line
 from streamer.server.uploads import FileJob, FileJobs, Receiving
 
@@ -42,26 +49,6 @@ SPOOL_MEMORY_BYTES = 8 << 20  # an upload is kept in memory up to this, then on 
 BODY_METHODS = ("POST",)
 MULTIPART_OVERHEAD_BYTES = 1 << 20  # an upload's form fields beside its file
 UPLOAD_RATE_GRACE_S = 10.0  # the minimum upload rate is an average over this at least
-
-
-class ApiError(Exception):
-    """A refused request, in the API's own error shape (its ``shape`` builds the body)."""
-
-    def __init__(
-        self,
-        status: http.HTTPStatus,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
-        self.retry_after_s = retry_after_s
 
 
 ErrorShape = Callable[[ApiError], Mapping[str, object]]
@@ -95,7 +82,10 @@ class FileRoutes:
         options: FileOptions,
         apis: tuple[FileApi, ...],
         refused: Mapping[str, tuple[http.HTTPStatus, str]] | None = None,
+        table: RouteTable | None = None,
     ) -> None:
+        """``table``: the port's routes, which the 405 answers' ``Allow`` comes from (by
+        default these APIs' paths alone)."""
         self.admission = admission
         self.options = options
         self.jobs = FileJobs(options.max_jobs)
@@ -104,16 +94,20 @@ class FileRoutes:
         )
         self.apis = {api.path: api for api in apis}
         self.refused = dict(refused or {})  # path -> (status, message): known, not served
+        self.table = table or RouteTable((), (*self.apis, *self.refused))
         self.exchanges: set[HttpExchange] = set()
 
-    def exchange(self, peer: str) -> HttpExchange:
-        """A new exchange for one connection (``MainPortConnection``'s factory)."""
+    def exchange(self, peer: str, accepted_at: float) -> HttpExchange:
+        """A new exchange for one connection accepted at loop time ``accepted_at``
+        (``MainPortConnection``'s factory): its head is due ``read_timeout_s`` after."""
         limits = HttpLimits(
             max_body_bytes=self.options.max_upload_bytes + MULTIPART_OVERHEAD_BYTES,
             read_timeout_s=self.options.read_timeout_s,
             write_timeout_s=self.admission.options.limits.write_timeout_s,
         )
-        return HttpExchange(self.handle, limits, peer=peer)
+        return HttpExchange(
+            self.handle, limits, peer=peer, head_deadline=accepted_at + limits.read_timeout_s
+        )
 
     async def handle(self, exchange: HttpExchange) -> None:
         request = exchange.request
@@ -136,7 +130,7 @@ class FileRoutes:
                 raise HttpError(
                     http.HTTPStatus.METHOD_NOT_ALLOWED,
                     {"error": "method_not_allowed", "message": f"{api.path} takes POST"},
-                    {"Allow": "POST, OPTIONS"},
+                    {"Allow": ", ".join(self.table.allowed(api.path))},
                 )
             else:
                 metrics = self.admission.metrics
@@ -151,18 +145,17 @@ class FileRoutes:
             self.exchanges.discard(exchange)
 
     def _not_served(self, request: HttpRequest) -> None:
+        allowed = self.table.allowed(request.path)
+        if self.table.is_known(request.path) and request.method not in allowed:
+            raise HttpError(
+                http.HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": "method_not_allowed", "message": f"this path takes {allowed[0]}"},
+                {"Allow": ", ".join(allowed)},
+            )
         refused = self.refused.get(request.path)
         if refused is not None:
             status, message = refused
             raise HttpError(status, transcripts.openai_error_body(message, code="unsupported"))
-        if request.path in ("/healthz", "/readyz", "/metrics", "/") or request.path.startswith(
-            "/v1/"
-        ):
-            raise HttpError(
-                http.HTTPStatus.METHOD_NOT_ALLOWED,
-                {"error": "method_not_allowed", "message": "this path takes GET"},
-                {"Allow": "GET, HEAD"},
-            )
         raise HttpError(
             http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
         )
@@ -212,17 +205,18 @@ class FileRoutes:
         return Upload(self, api, exchange)
 
     def _check(self, api: FileApi, request: HttpRequest) -> None:
-        options = self.admission.options
-        if options.token is not None and not token_matches(
-            api.presented_token(request), options.token
-        ):
+        refused = authorize(
+            self.admission.options,
+            api.presented_token(request),
+            single_header(request.ws_request, "Origin"),
+        )
+        if refused == UNAUTHORIZED:
             raise ApiError(
                 http.HTTPStatus.UNAUTHORIZED, "invalid_api_key", "a valid key is required"
             )
-        origin = single_header(request.ws_request, "Origin")
-        if options.allowed_origins and origin is not None and origin not in options.allowed_origins:
+        if refused == ORIGIN_NOT_ALLOWED:
             raise ApiError(
-                http.HTTPStatus.FORBIDDEN, "origin_not_allowed", "this origin is not allowed"
+                http.HTTPStatus.FORBIDDEN, ORIGIN_NOT_ALLOWED, "this origin is not allowed"
             )
         self._check_state()
         if self.options.max_jobs == 0:

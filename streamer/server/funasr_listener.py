@@ -1,6 +1,9 @@
 """The FunASR runtime protocol's own port (``--funasr-port``; FunASR's convention is 10095).
 
-A second websockets server whose every session is a :class:`FunAsrAdapter` on path ``/``,
+A second listening port whose every connection is a
+:class:`~streamer.server.websocket.WebSocket` (websockets' sans-I/O protocol, driven by
+the server: no websockets asyncio server) and every session a :class:`FunAsrAdapter` on
+path ``/``,
 served like the main port's sessions (:func:`~streamer.server.connection.serve_websocket`),
 so it shares admission, ``--max-sessions``, the worker, the connection machinery (our
 keepalive, which never counts our own back-pressure against the client, and websockets'
@@ -18,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from urllib.parse import parse_qsl
 
-from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
@@ -29,9 +31,9 @@ from streamer.media import open_decoder
 from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
-from streamer.server.options import WS_MAX_QUEUE_FRAMES
-from streamer.server.reads import SlicedReadConnection
-from streamer.server.routes import check_request_line, guarded, method_not_allowed, process_response
+from streamer.server.port import Port
+from streamer.server.routes import check_request_line, method_not_allowed
+from streamer.server.websocket import WebSocket
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,11 @@ def _adapter(session: Session, *, offline_final: bool = True) -> FunAsrAdapter:
     return FunAsrAdapter(session, open_decoder=open_decoder, offline_final=offline_final)
 
 
+def _select_subprotocol(request: Request, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+    chosen = _binary_if_offered(offered)
+    return Subprotocol(chosen) if chosen is not None else None
+
+
 def _binary_if_offered(offered: Sequence[str]) -> str | None:
     """Echo ``binary`` when offered; accept clients that offer none (the html5 demo)."""
     return SUBPROTOCOL if SUBPROTOCOL in offered else None
@@ -70,13 +77,6 @@ FUNASR_ENDPOINT = Endpoint(
 )
 
 
-def _select_subprotocol(
-    connection: ServerConnection, offered: Sequence[Subprotocol]
-) -> Subprotocol | None:
-    chosen = _binary_if_offered(offered)
-    return Subprotocol(chosen) if chosen is not None else None
-
-
 class FunAsrListener:
     """Listens on the FunASR port while the main server runs."""
 
@@ -85,32 +85,15 @@ class FunAsrListener:
     def __init__(self, admission: Admission, port: int) -> None:
         self.admission = admission
         self._requested_port = port
-        self._server: Server | None = None
+        self._port = Port(admission.options, self._handle, self._route, _select_subprotocol)
 
     @property
     def port(self) -> int:
-        assert self._server is not None, "start() first"
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        return self._port.port
 
     async def start(self, ssl_context: ssl.SSLContext | None = None) -> None:
         o = self.admission.options
-        self._server = await serve(
-            self._handle,
-            o.host,
-            self._requested_port,
-            ssl=ssl_context,
-            process_request=guarded(self._route),
-            process_response=process_response,
-            select_subprotocol=_select_subprotocol,
-            compression=None,
-            max_size=o.max_message_bytes,
-            max_queue=WS_MAX_QUEUE_FRAMES,
-            create_connection=SlicedReadConnection,
-            ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
-            close_timeout=o.limits.close_timeout_s,
-            server_header="sensevoice-streamer",
-        )
+        await self._port.start(self._requested_port, ssl_context)
         scheme = "wss" if ssl_context else "ws"
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
 
@@ -125,16 +108,17 @@ class FunAsrListener:
             )
         return self.admission.check_request(request, FUNASR_ENDPOINT, dict(parse_qsl(url.query)))
 
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def _handle(self, ws: WebSocket) -> None:
         await serve_websocket(self.admission, ws, FUNASR_ENDPOINT)
 
     def stop_accepting(self) -> None:
         """Refuse new connections; open sessions go on (the server shuts them down)."""
-        if self._server is not None:
-            self._server.close(close_connections=False)
+        self._port.stop_accepting()
 
     async def close(self) -> None:
-        """Close what is still open (after the grace period) and wait."""
-        if self._server is not None:
-            self._server.close(close_connections=True)
-            await self._server.wait_closed()
+        """Close what is still open (after the grace period, 1001 going away) and wait for
+        the handlers (the caller bounds the wait; what is left is then aborted)."""
+        try:
+            await self._port.close()
+        finally:
+            self._port.abort_all()

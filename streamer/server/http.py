@@ -23,23 +23,13 @@ from websockets.http11 import Request, Response
 from streamer.core.protocol import StreamOptions, parse_stream_options
 from streamer.core.session import Session
 from streamer.core.wire import V1Adapter, WireAdapter
+from streamer.errors import BadRequest
 from streamer.media import open_decoder
 
 logger = logging.getLogger(__name__)
 
 WEBSOCKETS_REFUSAL = b"Failed to open a WebSocket connection"  # its reject() texts start so
 STATIC_SUFFIXES = frozenset({".html", ".css", ".js", ".svg", ".png", ".ico", ".json", ".wav"})
-
-
-class BadRequest(Exception):
-    """A request the server cannot make sense of: answered 400 with ``message``.
-
-    ``message`` is ours, never text from the request.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 def json_response(status: http.HTTPStatus, body: Mapping[str, Any]) -> Response:

@@ -1,8 +1,8 @@
 """One HTTP/1.1 request with a body, on the main port: :class:`HttpExchange` (h11).
 
-websockets' HTTP handling reads a request's head only, so requests that carry a body
-(file uploads) are handed here by :class:`~streamer.server.main_port.MainPortConnection`
-before websockets sees them. h11 parses the request; the body is read on demand by the
+The WebSocket's parser reads a request's head only, so requests that carry a body
+(file uploads) are handed here by :class:`~streamer.server.front.MainPortFront` before
+the WebSocket sees them. h11 parses the request; the body is read on demand by the
 handler (:meth:`HttpExchange.read`), with flow control: while more than
 ``HttpLimits.buffer_bytes`` wait unread, the socket is not read (TCP pushes back on the
 uploader). Every wait has a bound: the head and each body chunk must come within
@@ -14,7 +14,11 @@ followed by a lingering close (the rest of the body is read and dropped for a sh
 while), so that the client reads the answer instead of a reset.
 
 When the client disconnects, the handler's task is cancelled: what it was doing for
-the client (a decode job) stops with it.
+the client (a decode job) stops with it. A client that closes its side after the whole
+body (a zero-byte read: how browsers and the SDKs close, a timed-out SDK before its
+retry) is gone too: nobody would read the answer. Whatever ends the handler, the
+connection is closed after it: an answer that cannot be written (a header value that
+cannot be encoded, a write that fails) never leaves it open.
 """
 
 from __future__ import annotations
@@ -34,36 +38,16 @@ import orjson
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 
+from streamer.errors import BodyError, HttpError
+from streamer.server.chunked import ChunkSizeError, ChunkSizes
+
 logger = logging.getLogger(__name__)
 
 SERVER_HEADER = "sensevoice-streamer"
 LINGER_S = 2.0  # after an early answer, the unread body is drained for this long
 LINGER_BYTES = 1 << 20  # ... or until this much was dropped
 MAX_HEAD_BYTES = 64 * 1024  # the request line and headers
-
-
-class HttpError(Exception):
-    """A request answered with ``status`` and ``body`` (JSON) instead of being served."""
-
-    def __init__(
-        self,
-        status: http.HTTPStatus,
-        body: Mapping[str, object],
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(f"{status.value} {status.phrase}")
-        self.status = status
-        self.body = dict(body)
-        self.headers = dict(headers or {})
-
-
-class BodyError(Exception):
-    """The request's body cannot be read: the client stopped sending, or sent too much."""
-
-    def __init__(self, status: http.HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+HTTP_VERSIONS = (b"1.0", b"1.1")  # what h11 speaks; HTTP/9.9 parses but is refused (505)
 
 
 @dataclass(frozen=True)
@@ -114,10 +98,21 @@ Handler = Callable[["HttpExchange"], Awaitable[None]]
 class HttpExchange(asyncio.Protocol):
     """One request read with h11 and answered by ``handler`` (an asyncio protocol)."""
 
-    def __init__(self, handler: Handler, limits: HttpLimits, *, peer: str = "?") -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        limits: HttpLimits,
+        *,
+        peer: str = "?",
+        head_deadline: float | None = None,
+    ) -> None:
+        """``head_deadline``: the loop time by which the whole head must have come (by
+        default ``limits.read_timeout_s`` after :meth:`connection_made`; the connection's
+        own start when the exchange takes over a connection already under way)."""
         self._handler = handler
         self.limits = limits
         self.peer = peer
+        self._head_deadline = head_deadline
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -132,6 +127,7 @@ class HttpExchange(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._task: asyncio.Task[None] | None = None
+        self._chunk_sizes: ChunkSizes | None = None  # a chunked body's declared sizes
         self._head_timer: asyncio.TimerHandle | None = None
         self.responded = False  # a response (its head at least) was sent
         self.closed = asyncio.Event()  # the connection is closed
@@ -143,7 +139,10 @@ class HttpExchange(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream transport (asyncio's, or uvloop's, which is not a subclass of it)
         self._transport = cast(asyncio.Transport, transport)
-        self._head_timer = self._loop.call_later(self.limits.read_timeout_s, self._head_timeout)
+        deadline = self._head_deadline
+        if deadline is None:
+            deadline = self._loop.time() + self.limits.read_timeout_s
+        self._head_timer = self._loop.call_at(deadline, self._head_timeout)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
@@ -151,6 +150,12 @@ class HttpExchange(asyncio.Protocol):
             if self._lingered > LINGER_BYTES:
                 self._close()
             return
+        if self._chunk_sizes is not None and self._body_error is None:
+            try:
+                self._chunk_sizes.feed(data)
+            except ChunkSizeError as error:
+                self._chunk_sizes = None
+                self._fail_body(error.status, error.message)
         try:
             self._h11.receive_data(data)
             self._process()
@@ -164,6 +169,14 @@ class HttpExchange(asyncio.Protocol):
         with contextlib.suppress(h11.RemoteProtocolError):
             self._h11.receive_data(b"")
             self._process()
+        if self.request is None:
+            return False  # closed before its head was complete: nothing to answer
+        if self._body_done and not self.answered:
+            # the whole body came, then the client closed: it is gone (browsers and the
+            # SDKs close so, a timed-out SDK before its retry); nobody reads the answer,
+            # and its transcription would hold a slot and the cores to the end
+            logger.info("HTTP client %s closed its connection before the answer", self.peer)
+            return False  # asyncio closes the transport; connection_lost cancels the task
         if not self._body_done:
             self._fail_body(http.HTTPStatus.BAD_REQUEST, "the request body ended early")
         return True  # keep the transport open: the answer may still be written
@@ -184,6 +197,11 @@ class HttpExchange(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
+    @property
+    def answered(self) -> bool:
+        """The whole answer was written (the connection closes, or has closed, after it)."""
+        return self._h11.our_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
+
     # -- reading -----------------------------------------------------------------------
 
     def _process(self) -> None:
@@ -193,6 +211,8 @@ class HttpExchange(asyncio.Protocol):
                 return
             if isinstance(event, h11.Request):
                 self._start(event)
+            elif self._transport is None or self._transport.is_closing():
+                return  # refused (a 505): nothing more is read
             elif isinstance(event, h11.Data):
                 self._on_data(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
@@ -205,6 +225,13 @@ class HttpExchange(asyncio.Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if event.http_version not in HTTP_VERSIONS:
+            self._refuse(
+                http.HTTPStatus.HTTP_VERSION_NOT_SUPPORTED,
+                "unsupported_http_version",
+                "only HTTP/1.1 and HTTP/1.0 are served",
+            )
+            return
         headers = Headers(
             (name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers
         )
@@ -217,6 +244,14 @@ class HttpExchange(asyncio.Protocol):
         length = self.request.content_length
         if length is not None and length > self.limits.max_body_bytes:
             self._fail_body(http.HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._too_large())
+        elif any("chunked" in v.lower() for v in headers.get_all("Transfer-Encoding")):
+            # h11 never says a chunk's size: one too large to wait for is refused at once
+            self._chunk_sizes = ChunkSizes(self.limits.max_body_bytes)
+            try:
+                self._chunk_sizes.feed(self._h11.trailing_data[0])  # the body so far
+            except ChunkSizeError as error:
+                self._chunk_sizes = None
+                self._fail_body(error.status, error.message)
         self._task = self._loop.create_task(self._run(), name=f"http {self.request.path}")
 
     def _on_data(self, data: bytes) -> None:
@@ -381,17 +416,22 @@ class HttpExchange(asyncio.Protocol):
 
     async def _run(self) -> None:
         try:
+            await self._serve()
+        except Exception:  # what answering a failure raised: the connection ends below
+            logger.exception("answering an HTTP request from %s failed", self.peer)
+        finally:
+            if not self.answered:  # whatever happened, no connection is left open
+                self.abort()
+
+    async def _serve(self) -> None:
+        try:
             await self._handler(self)
         except asyncio.CancelledError:
             if not self.closed.is_set():
                 self.abort()  # cancelled by a shutdown: the answer cannot be finished
             raise
-        except HttpError as error:
+        except HttpError as error:  # BodyError, BadRequest, a handler's refusal
             await self._answer_error(error.status, error.body, error.headers)
-        except BodyError as error:
-            await self._answer_error(
-                error.status, {"error": "bad_request", "message": error.message}, {}
-            )
         except (ConnectionError, OSError):
             self.abort()
         except Exception:
@@ -413,11 +453,19 @@ class HttpExchange(asyncio.Protocol):
 
     def _protocol_error(self, error: h11.RemoteProtocolError) -> None:
         logger.info("malformed HTTP request from %s: %s", self.peer, error)
-        status = http.HTTPStatus(error.error_status_hint)
         if self.request is not None:
             self._fail_body(http.HTTPStatus.BAD_REQUEST, "the request body is malformed")
             return  # the handler answers (or has answered)
-        body = orjson.dumps({"error": "bad_request", "message": "malformed HTTP request"})
+        self._refuse(
+            http.HTTPStatus(error.error_status_hint), "bad_request", "malformed HTTP request"
+        )
+
+    def _refuse(self, status: http.HTTPStatus, code: str, message: str) -> None:
+        """Answer a request that gets no handler (its head is not one we serve) and close."""
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        body = orjson.dumps({"error": code, "message": message})
         with contextlib.suppress(h11.LocalProtocolError):
             self._send_event(
                 h11.Response(
@@ -443,4 +491,12 @@ class HttpExchange(asyncio.Protocol):
 
 
 def _encode(pairs: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in pairs]
+    return [(name.encode("ascii"), header_value(value)) for name, value in pairs]
+
+
+def header_value(value: str) -> bytes:
+    """``value`` as a header may carry it: a control character (CR, LF, NUL, ...) is a
+    space and what Latin-1 cannot encode a ``?``. Error messages echo request text (a
+    parameter's value, a URL) into headers such as Deepgram's ``dg-error``."""
+    printable = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in value).strip()
+    return printable.encode("latin-1", "replace")

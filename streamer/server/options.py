@@ -23,7 +23,7 @@ from streamer.core.session import SessionOptions
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS
 from streamer.errors import ConfigError
 
-WS_MAX_QUEUE_FRAMES = 2  # frames websockets buffers before it stops reading the socket
+WS_MAX_QUEUE_FRAMES = 2  # messages a WebSocket holds for its session before reading pauses
 SEGMENT_PCM_BYTES = 7 * SAMPLE_RATE * BYTES_PER_SAMPLE  # one queued final's audio (7 s cap)
 
 
@@ -32,7 +32,7 @@ def session_memory_bound_bytes(
 ) -> int:
     """The most client-controlled memory one session can hold (documented in protocol.md).
 
-    Our backlog, websockets' queue plus the frame being parsed, the outbox, and the audio
+    Our backlog, the WebSocket's queue plus the slice being parsed, the outbox, and the audio
     of the finals waiting for the model. Kernel socket buffers are not process memory.
     """
     return (

@@ -1,8 +1,9 @@
 """The main port's plain HTTP: ``/healthz``, ``/readyz``, ``/metrics``, the web demo, and
 the upgrade requests handed to :class:`~streamer.server.admission.Admission`.
 
-:func:`guarded` turns a route into websockets' ``process_request``: a malformed request
-is a 400 and an unexpected error a 500, and neither echoes anything of the request;
+:func:`answering` makes a route's failures answers: a malformed request is a 400 and an
+unexpected error a 500, and neither echoes anything of the request; :func:`final_response`
+is the last word on every answer of a WebSocket port;
 :func:`check_request_line` is the validation every port shares (method, target, headers
 that must not repeat).
 """
@@ -11,16 +12,17 @@ from __future__ import annotations
 
 import http
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from streamer.core.compat.transcripts import openai_error_body
 from streamer.model.pool import WorkerPool
-from streamer.server.admission import RETRY_AFTER_S, Admission
+from streamer.server import models_page
+from streamer.server.admission import ORIGIN_NOT_ALLOWED, RETRY_AFTER_S, Admission, authorize
 from streamer.server.http import (
     V1_ENDPOINT,
     BadRequest,
@@ -30,12 +32,12 @@ from streamer.server.http import (
     json_response,
     safe_response,
     single_header,
-    token_matches,
     unavailable_response,
     without_body,
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
+from streamer.server.route_table import RouteTable
 
 if TYPE_CHECKING:
     from streamer.model.loading import LoadProgress
@@ -48,14 +50,14 @@ SINGLE_HEADERS = ("Authorization", "Origin", "Host")  # a repeated one is a 400
 Route = Callable[[Request], Response | None]
 
 
-def guarded(route: Route) -> Callable[[ServerConnection, Request], Response | None]:
-    """``route`` as websockets' ``process_request``: None goes on with the handshake.
+def answering(route: Route) -> Route:
+    """``route``, whose failures are answers: None goes on with the handshake.
 
     Malformed requests get 400 and nothing of the request is echoed back; anything
     unexpected is logged with its traceback and answered 500 without details.
     """
 
-    def process_request(connection: ServerConnection, request: Request) -> Response | None:
+    def answer(request: Request) -> Response | None:
         try:
             return route(request)
         except BadRequest as error:
@@ -69,14 +71,17 @@ def guarded(route: Route) -> Callable[[ServerConnection, Request], Response | No
                 {"error": "internal_error", "message": "see the server log"},
             )
 
-    return process_request
+    return answer
 
 
-def process_response(
-    connection: ServerConnection, request: Request, response: Response
-) -> Response | None:
-    """websockets' own refusals (426, ...) are replaced by ours; HEAD gets no body."""
+def final_response(request: Request, response: Response) -> Response:
+    """websockets' own refusals (426, ...) are replaced by ours; HEAD gets no body; a plain
+    HTTP answer says ``Connection: close``, which websockets does after it (without it,
+    an HTTP client's pool sends its next request, an upload after ``GET /v1/models``, on
+    a connection that is closing)."""
     response = safe_response(response)
+    if response.status_code != 101 and "Connection" not in response.headers:
+        response.headers["Connection"] = "close"
     return without_body(response) if request.method == "HEAD" else response
 
 
@@ -111,11 +116,15 @@ class Routes:
         endpoints: dict[str, Endpoint],
         static: StaticFiles,
         loading: LoadProgress | None = None,
+        upload_paths: Collection[str] = (),
     ) -> None:
+        """``upload_paths``: the file APIs' (POST) paths, for the port's :class:`RouteTable`."""
         self.admission = admission
         self.endpoints = endpoints
         self.static = static
         self.loading = loading  # the model's loading stage, shown by /readyz until ready
+        # every (method, path) of the port: the 405 answers of both dispatchers
+        self.table = RouteTable(endpoints, upload_paths)
 
     @property
     def worker(self) -> WorkerPool:
@@ -126,10 +135,11 @@ class Routes:
         return self.admission.metrics
 
     def route(self, request: Request) -> Response | None:
-        if request.method not in SERVED_METHODS:
-            return method_not_allowed(SERVED_METHODS, "only GET and HEAD are served")
         url = check_request_line(request)
         path = url.path
+        allowed = self.table.allowed(path)
+        if request.method not in SERVED_METHODS:
+            return method_not_allowed(allowed, "only GET and HEAD are served")
         query = dict(parse_qsl(url.query))
         if path == "/healthz":
             return json_response(http.HTTPStatus.OK, {"status": "ok", "workers": self.workers()})
@@ -137,11 +147,15 @@ class Routes:
             return self.readyz()
         if path == "/metrics":
             return self.metrics_page(request, query)
+        if path == models_page.PATH or path.startswith(models_page.PATH + "/"):
+            return self.models(request, query, path)
         endpoint = self.endpoints.get(path)
         if endpoint is not None:
             if request.method != "GET":
-                return method_not_allowed(("GET",), "WebSocket handshakes use GET")
+                return method_not_allowed(allowed, "WebSocket handshakes use GET")
             return self.admission.check_request(request, endpoint, query)
+        if request.method not in allowed:  # an upload's path
+            return method_not_allowed(allowed, f"{path} takes POST")
         found = self.static.response(path)
         if found is None:
             return json_response(
@@ -151,17 +165,39 @@ class Routes:
 
     def metrics_page(self, request: Request, query: dict[str, str]) -> Response:
         options = self.admission.options
-        token = options.token
         if (
-            token is not None
-            and not options.public_metrics
-            and not token_matches(V1_ENDPOINT.presented_token(request, query), token)
+            not options.public_metrics
+            and authorize(options, V1_ENDPOINT.presented_token(request, query), None) is not None
         ):
             return self.admission.refuse(
                 http.HTTPStatus.UNAUTHORIZED, "unauthorized", V1_ENDPOINT.auth_hint, V1_ENDPOINT
             )
         self.metrics.observe_workers(self.worker.loads())  # current, not a probe old
         return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
+
+    def models(self, request: Request, query: dict[str, str], path: str) -> Response:
+        """``/v1/models`` (and ``/v1/models/{id}``) in OpenAI's shape, with OpenAI's key."""
+        presented = V1_ENDPOINT.presented_token(request, query)  # OpenAI's Bearer key
+        refused = authorize(self.admission.options, presented, single_header(request, "Origin"))
+        if refused == ORIGIN_NOT_ALLOWED:
+            return json_response(
+                http.HTTPStatus.FORBIDDEN,
+                openai_error_body("this origin is not allowed", code=ORIGIN_NOT_ALLOWED),
+            )
+        if refused is not None:
+            return json_response(
+                http.HTTPStatus.UNAUTHORIZED,
+                openai_error_body("a valid key is required", code="invalid_api_key"),
+            )
+        name = self.worker.model_name
+        if path == models_page.PATH:
+            return json_response(http.HTTPStatus.OK, models_page.model_list(name))
+        if models_page.requested_model(path) != name:
+            return json_response(
+                http.HTTPStatus.NOT_FOUND,
+                openai_error_body(f"this server serves one model: {name}", code="model_not_found"),
+            )
+        return json_response(http.HTTPStatus.OK, models_page.model_entry(name))
 
     def readyz(self) -> Response:
         admission = self.admission
@@ -226,10 +262,9 @@ class Routes:
         ]
 
     def select_subprotocol(
-        self, connection: ServerConnection, offered: Sequence[Subprotocol]
+        self, request: Request, offered: Sequence[Subprotocol]
     ) -> Subprotocol | None:
-        request = connection.request
-        endpoint = self.endpoints.get(urlsplit(request.path).path) if request else None
+        endpoint = self.endpoints.get(urlsplit(request.path).path)
         if endpoint is None or endpoint.select_subprotocol is None:
             return None  # proceed without one, whatever the client offered
         chosen = endpoint.select_subprotocol(offered)

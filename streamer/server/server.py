@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, serve
-
 from streamer.core import protocol
 from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session
@@ -37,14 +35,15 @@ from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import serve_websocket
 from streamer.server.deepgram_files import DEEPGRAM_FILES
 from streamer.server.file_routes import FileRoutes
+from streamer.server.front import MainPortFront
 from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import V1_ENDPOINT, Endpoint, StaticFiles
-from streamer.server.main_port import connection_class
 from streamer.server.metrics import Metrics
 from streamer.server.openai_files import OPENAI_FILES, TRANSLATION_REFUSAL, TRANSLATIONS_PATH
-from streamer.server.options import WS_MAX_QUEUE_FRAMES, ConnectionLimits, ServerOptions
-from streamer.server.reads import sliced_reads
-from streamer.server.routes import Routes, guarded, process_response
+from streamer.server.options import ConnectionLimits, ServerOptions
+from streamer.server.port import Port
+from streamer.server.routes import Routes
+from streamer.server.websocket import WebSocket
 from streamer.server.wyoming import WyomingListener
 
 if TYPE_CHECKING:
@@ -104,19 +103,23 @@ class StreamingServer:
         self._stop = asyncio.Event()  # run(): stop serving (SIGTERM, SIGINT)
         self._stop_now = asyncio.Event()  # run(): stop without draining (SIGINT, 2nd signal)
         self.listening = asyncio.Event()  # start() has bound every port (run() starts it)
-        self._server: Server | None = None
+        self._server: Port | None = None  # the main port, once start() has bound it
         self._lag_task: asyncio.Task[None] | None = None
         web_root = options.web_root or Path(str(importlib.resources.files("streamer.web_demo")))
         self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT, **COMPAT_ENDPOINTS}
         for endpoint in self._endpoints.values():
             self.metrics.sessions_active.labels(endpoint.name)  # exported at 0 from the start
-        self.routes = Routes(self.admission, self._endpoints, StaticFiles(web_root), loading)
+        upload_paths = (OPENAI_FILES.path, DEEPGRAM_FILES.path, TRANSLATIONS_PATH)
+        self.routes = Routes(
+            self.admission, self._endpoints, StaticFiles(web_root), loading, upload_paths
+        )
         # requests with a body on the main port: the file APIs (docs/files.md)
         self.files = FileRoutes(
             self.admission,
             options.files,
             (OPENAI_FILES, DEEPGRAM_FILES),
             refused={TRANSLATIONS_PATH: (http.HTTPStatus.BAD_REQUEST, TRANSLATION_REFUSAL)},
+            table=self.routes.table,
         )
         loop = asyncio.get_running_loop()
 
@@ -145,8 +148,7 @@ class StreamingServer:
     @property
     def port(self) -> int:
         assert self._server is not None, "start() first"
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        return self._server.port
 
     @property
     def ready(self) -> bool:
@@ -190,22 +192,15 @@ class StreamingServer:
                 ) from error
         self.ssl_context = ssl_context
         try:
-            self._server = await serve(
+            main = Port(
+                o,
                 self._handle,
-                o.host,
-                o.port,
-                ssl=ssl_context,
-                process_request=guarded(self.routes.route),
-                process_response=process_response,
-                select_subprotocol=self.routes.select_subprotocol,
-                compression=None,  # PCM does not compress; deflate would only cost CPU
-                max_size=o.max_message_bytes,
-                max_queue=WS_MAX_QUEUE_FRAMES,
-                ping_interval=None,  # each Connection runs a keepalive that knows back-pressure
-                close_timeout=o.limits.close_timeout_s,
-                server_header="sensevoice-streamer",
-                create_connection=sliced_reads(connection_class(self.files.exchange)),
+                self.routes.route,
+                self.routes.select_subprotocol,
+                front=lambda port: MainPortFront(port, self.files.exchange),
             )
+            await main.start(o.port, ssl_context)
+            self._server = main
         except OSError as error:
             raise _listen_error(o.host, o.port, "--port", error) from error
         self._lag_task = asyncio.create_task(self._watch_loop_lag(), name="loop-lag")
@@ -331,12 +326,10 @@ class StreamingServer:
         for exchange in list(self.files.exchanges):
             exchange.abort()
         if self._server is not None:
-            for ws in list(self._server.connections):
-                ws.transport.abort()
-            self._server.close(close_connections=False)
+            self._server.abort_all()
             try:
                 async with asyncio.timeout(self.options.limits.close_timeout_s):
-                    await self._server.wait_closed()
+                    await self._server.close()
             except TimeoutError:
                 logger.warning("connections still open after the grace period; exiting anyway")
         for name, listener in self.listeners.items():
@@ -466,6 +459,6 @@ class StreamingServer:
             self.metrics.input_budget_paced_seconds_total.inc(paced_s - budget_paced_s)
             budget_paced_s = paced_s
 
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def _handle(self, ws: WebSocket) -> None:
         path = urlsplit(ws.request.path).path if ws.request is not None else ""
         await serve_websocket(self.admission, ws, self._endpoints.get(path, V1_ENDPOINT))

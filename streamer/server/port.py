@@ -1,0 +1,111 @@
+"""A listening port and its connections: the one place that says how the server's
+WebSockets are made (the main port's and FunASR's), so that the ports cannot drift apart.
+
+A :class:`Port` binds with asyncio's own server and makes each connection's protocol: a
+:class:`~streamer.server.websocket.WebSocket` directly (the FunASR port), or a front of
+the port's own that hands the connection to one (the main port:
+:class:`~streamer.server.front.MainPortFront`). Every WebSocket it makes has the
+options' settings: the largest frame, a queue of
+:data:`~streamer.server.options.WS_MAX_QUEUE_FRAMES` messages, the close timeout, the
+``Server`` header, no compression (none is offered: PCM does not compress, deflate would
+only cost CPU), no keepalive of its own (each
+:class:`~streamer.server.connection.Connection` runs one that knows back-pressure); and
+the port's routes, subprotocol choice and handler. The port keeps its open connections
+and their handlers' tasks, which its shutdown walks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+
+from streamer.server.options import WS_MAX_QUEUE_FRAMES, ServerOptions
+from streamer.server.routes import Route, answering, final_response
+from streamer.server.websocket import Handler, SubprotocolChoice, WebSocket
+
+SERVER_HEADER = "sensevoice-streamer"
+OPEN_TIMEOUT_S = 10.0  # a connection's handshake request within this (websockets' default)
+CLOSE_GOING_AWAY = 1001  # what open connections hear when the port closes
+
+
+class Port:
+    """One listening port (:meth:`start`), its WebSockets (:meth:`websocket`) and their
+    shutdown (:meth:`stop_accepting`, :meth:`close`)."""
+
+    def __init__(
+        self,
+        options: ServerOptions,
+        handler: Handler,
+        route: Route,
+        select_subprotocol: SubprotocolChoice,
+        front: Callable[[Port], asyncio.Protocol] | None = None,
+    ) -> None:
+        """``front`` makes a connection's first protocol (it calls :meth:`websocket`
+        when the connection is one); without it every connection is a WebSocket."""
+        self.options = options
+        self._handler = handler
+        self._route = answering(route)  # a malformed request is a 400, a failure a 500
+        self._select = select_subprotocol
+        self._front = front
+        self._server: asyncio.Server | None = None
+        self.connections: set[WebSocket] = set()  # open WebSockets
+        self.tasks: set[asyncio.Task[None]] = set()  # their handlers
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() first"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    def websocket(self) -> WebSocket:
+        """A new connection's WebSocket, with the server's settings and the port's own."""
+        o = self.options
+        ws = WebSocket(
+            self._handler,
+            route=self._route,
+            process_response=final_response,
+            select_subprotocol=self._select,
+            max_size_bytes=o.max_message_bytes,
+            max_queue=WS_MAX_QUEUE_FRAMES,
+            close_timeout_s=o.limits.close_timeout_s,
+            open_timeout_s=OPEN_TIMEOUT_S,
+            server_header=SERVER_HEADER,
+            tasks=self.tasks,
+        )
+        self.connections.add(ws)
+        ws.on_lost = self.connections.discard
+        return ws
+
+    def _protocol(self) -> asyncio.Protocol:
+        return self._front(self) if self._front is not None else self.websocket()
+
+    async def start(self, port: int, ssl_context: ssl.SSLContext | None) -> None:
+        """Bind ``options.host``:``port`` (0 picks a free one); raises OSError."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._protocol,
+            self.options.host,
+            port,
+            ssl=ssl_context,
+            ssl_handshake_timeout=OPEN_TIMEOUT_S if ssl_context is not None else None,
+        )
+
+    def stop_accepting(self) -> None:
+        """Refuse new connections; open ones go on."""
+        if self._server is not None:
+            self._server.close()
+
+    def abort_all(self) -> None:
+        """Drop every open WebSocket at once (the shutdown's grace period is over)."""
+        for ws in list(self.connections):
+            ws.transport.abort()
+
+    async def close(self) -> None:
+        """Close what is still open (1001 going away) and wait for the handlers; the
+        caller bounds the wait, and :meth:`abort_all` what is left."""
+        self.stop_accepting()
+        for ws in list(self.connections):
+            ws.close_soon(CLOSE_GOING_AWAY)
+        if self.tasks:
+            await asyncio.wait(set(self.tasks))

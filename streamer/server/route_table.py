@@ -1,0 +1,45 @@
+"""Every (method, path) the main port answers, in one table.
+
+Two dispatchers serve the port: :class:`~streamer.server.routes.Routes` (``GET``/``HEAD``,
+read by the WebSocket's parser: plain pages and upgrades) and
+:class:`~streamer.server.file_routes.FileRoutes` (requests with a body, read by h11). Both
+answer a method a path does not take from this table, with 405 and the same ``Allow``,
+so that a client is told the same thing whichever parser read its request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+PLAIN = ("GET", "HEAD")  # pages: health, readiness, metrics, models, the web demo
+UPGRADE = ("GET",)  # a WebSocket endpoint's handshake
+UPLOAD = ("POST", "OPTIONS")  # a file API (OPTIONS: a browser's CORS preflight)
+PLAIN_PATHS = ("/", "/healthz", "/readyz", "/metrics", "/v1/models")  # "/": the web demo
+PLAIN_PREFIXES = ("/v1/models/",)  # /v1/models/{id}
+METHOD_ORDER = ("GET", "HEAD", "POST", "OPTIONS")
+
+
+class RouteTable:
+    """The main port's paths and the methods each takes; any other path is the web
+    demo's (``GET``, ``HEAD``; 404 when no such file)."""
+
+    def __init__(self, websocket_paths: Iterable[str], upload_paths: Iterable[str]) -> None:
+        methods: dict[str, set[str]] = {path: set(PLAIN) for path in PLAIN_PATHS}
+        for path in websocket_paths:
+            methods.setdefault(path, set()).update(UPGRADE)
+        for path in upload_paths:
+            methods.setdefault(path, set()).update(UPLOAD)
+        self.paths: dict[str, tuple[str, ...]] = {
+            path: tuple(m for m in METHOD_ORDER if m in taken) for path, taken in methods.items()
+        }
+
+    def allowed(self, path: str) -> tuple[str, ...]:
+        """The methods ``path`` takes (a web demo's file: GET and HEAD)."""
+        found = self.paths.get(path)
+        if found is not None:
+            return found
+        return PLAIN  # /v1/models/{id} and the web demo's files
+
+    def is_known(self, path: str) -> bool:
+        """Whether ``path`` is one of the table's (not a web demo file's)."""
+        return path in self.paths or path.startswith(PLAIN_PREFIXES)

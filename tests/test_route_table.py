@@ -1,0 +1,62 @@
+"""The main port's one table of (method, path): every path answers each method from it,
+405 with the table's ``Allow`` for a method the path does not take, whichever parser
+(the WebSocket's for GET and HEAD, h11's for the rest) read the request."""
+
+from __future__ import annotations
+
+import http.client
+
+import pytest
+
+from streamer.server.route_table import RouteTable
+from tests.timing import timeout_s
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+
+
+def answer(port: int, method: str, path: str) -> tuple[int, str | None]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s(20))
+    try:
+        body = None if method in ("GET", "HEAD", "OPTIONS") else b""
+        connection.request(method, path, body=body)
+        response = connection.getresponse()
+        response.read()
+        return response.status, response.getheader("Allow")
+    finally:
+        connection.close()
+
+
+def test_the_table_lists_every_endpoint() -> None:
+    table = RouteTable(("/v1/asr", "/v1/listen"), ("/v1/listen", "/v1/audio/transcriptions"))
+    assert table.allowed("/v1/listen") == ("GET", "POST", "OPTIONS")  # live and prerecorded
+    assert table.allowed("/v1/asr") == ("GET",)
+    assert table.allowed("/v1/audio/transcriptions") == ("POST", "OPTIONS")
+    assert table.allowed("/healthz") == ("GET", "HEAD")
+    assert table.allowed("/app.js") == ("GET", "HEAD") and not table.is_known("/app.js")
+    assert table.is_known("/v1/models/any-id")
+
+
+def test_every_method_on_every_path_answers_from_the_table(make_fake_server) -> None:
+    server = make_fake_server()
+    table = server.server.routes.table
+    paths = {*table.paths, "/v1/models/fake"}
+    assert {"/v1/asr", "/v1/listen", "/v1/realtime", "/v1/audio/transcriptions"} <= paths
+    assert {"/healthz", "/readyz", "/metrics", "/v1/models", "/"} <= paths
+    wrong: list[str] = []
+    for path in sorted(paths):
+        allowed = table.allowed(path)
+        for method in METHODS:
+            status, allow = answer(server.port, method, path)
+            if method in allowed:
+                if status in (404, 405):
+                    wrong.append(f"{method} {path}: {status}, which the table serves")
+            elif status != 405 or allow != ", ".join(allowed):
+                wrong.append(f"{method} {path}: {status} Allow {allow!r}, not 405 {allowed}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+def test_an_unknown_path_is_404_for_any_method(make_fake_server, method) -> None:
+    server = make_fake_server()
+    assert answer(server.port, method, "/v1/nothing-here")[0] == 404
+    assert answer(server.port, "GET", "/v1/nothing-here")[0] == 404
