@@ -49,4 +49,6 @@ def test_the_declared_floors_are_the_tested_ones() -> None:
         assert declared.get(name) == version, f"pyproject.toml's floor of {name} is not {version}"
     script = (REPO / "scripts" / "test_floor.sh").read_text()
     assert "constraints-floor.txt" in script
-    assert "scripts/test_floor.sh" in (REPO / ".ci" / "run").read_text()
+    # the README's test command, which CI runs, runs it
+    assert "bash scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+    assert "bash scripts/test_floor.sh" in (REPO / "scripts" / "test.sh").read_text()
