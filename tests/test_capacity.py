@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+import yaml
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -32,6 +35,8 @@ from tests.fakes import FakeRecognizer, silence, tone
 from tests.server_fixtures import messages_until_close
 from tests.test_compat_ports import Wyoming, make_ports_server, speech  # noqa: F401
 from tests.timing import timeout_s
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def run(
@@ -356,6 +361,21 @@ class GatedRecognizer(FakeRecognizer):
         return super().decode(pcm, language=language, use_itn=use_itn)
 
 
+def hpa_target() -> tuple[str, float]:
+    """The metric deploy/k8s/hpa.yaml scales on, and its target per pod."""
+    hpa = yaml.safe_load((REPO / "deploy" / "k8s" / "hpa.yaml").read_text())
+    (metric,) = hpa["spec"]["metrics"]
+    target = metric["pods"]["target"]["averageValue"]
+    value = float(target[:-1]) / 1000 if target.endswith("m") else float(target)
+    return metric["pods"]["metric"]["name"], value
+
+
+def scraped(page: bytes, name: str) -> float:
+    """An unlabelled gauge's value on a /metrics page."""
+    (value,) = re.findall(rf"^{name} (\S+)$", page.decode(), re.M)
+    return float(value)
+
+
 def http_get(url: str) -> tuple[int, dict, dict]:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
@@ -398,6 +418,10 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
         )
         assert b"streamer_saturated 1.0" in metrics
         assert b'streamer_handshakes_rejected_total{protocol="v1",reason="saturated"}' in metrics
+        # the autoscaler's metric (deploy/k8s/hpa.yaml) is above its target while refusing
+        hpa_metric, target = hpa_target()
+        assert scraped(metrics, hpa_metric) > target
+        assert scraped(metrics, "streamer_capacity_headroom_sessions") == 0
         # the open session is served on: its finals come once the model catches up
         recognizer.gate.set()
         await ws.send('{"type":"stop"}')
