@@ -388,3 +388,24 @@ def test_bench_runs_against_a_real_server(server_url: str, tmp_path: Path) -> No
     assert all(s["partials"] == 0 for s in nopartials["steps"][0]["segments"])
     for name in ("results.json", "table.txt", "summary.md", "cdf.png", "vs_clients.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_capacity_sweep_rows_count_refusals_apart_from_other_errors() -> None:
+    from bench.latency.capacity_sweep import summary_row, table
+
+    step = {
+        "errors": [
+            "connect: ConnectionRefusedByServer: server refused the connection: HTTP 503: "
+            "saturated",
+            "no end within 60 s of the last chunk",
+        ],
+        "summary": {
+            "first_token_s": {"p50": 0.3, "p95": 0.9},
+            "final_s": {"p50": 0.25, "p95": 0.6},
+            "segments": 12,
+        },
+    }
+    row = summary_row(step, 4)
+    assert (row["admitted"], len(row["refused"]), len(row["other_errors"])) == (3, 1, 1)
+    text = table([{"config": "default", "hog": True, "loadavg": [1.0, 2.5], **row}])
+    assert "| default | hog | 4 | 3 | 300 / 900 | 250 / 600 | 1.0-2.5 |" in text
