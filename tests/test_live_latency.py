@@ -6,6 +6,7 @@ import pytest
 
 from streamer.core.live_latency import (
     FAST_AFTER_S,
+    FAST_RATE,
     LATENCY_BINS_MS,
     ArrivalLog,
     LatencyCounts,
@@ -39,7 +40,13 @@ def test_a_session_faster_than_real_time_is_named_and_left_out() -> None:
     for k in range(1, 41):
         real.arrived(100.0 * k, 0.1 * k)
         fast.arrived(1000.0 * k, 0.1 * k)  # ten times real time
-    assert real.rate(0.1 * 20) == 0.0  # too early to judge
+    early = ArrivalLog()
+    for k in range(1, 21):
+        early.arrived(100.0 * k, 0.1 * k)
+    assert early.rate(2.0) == 0.0  # too early to judge
+    burst = ArrivalLog()
+    burst.arrived(3000.0, 10.0)  # a 3 s file sent at once: ahead of real time already
+    assert burst.rate(10.05) > FAST_RATE
     assert FAST_AFTER_S < 4.0
     live = LiveLatency()
     assert live.note_rate("a", real.rate(4.1))

@@ -29,15 +29,23 @@ sessions open and how fast the unpaced ones send. One more session is refused wh
   real time costs what it sends: its share is in the load measured, at its real audio
   rate, and the refusal says so (:attr:`Capacity.fast_rate`);
 * **final_p95** or **ttft_p95**: the p95 measured over the window (at least
-  ``MIN_MEASURED`` of them), plus what one more session would add to a final's queue
-  wait, would pass its budget. That addition is the queue model's: a final finds the
-  model busy with another session's final with probability ``p``, the others' share of
-  the load, and then waits about the residual of that decode, ``E[S^2] / 2E[S]``,
-  stretched by ``1 / (1 - rho)`` (M/G/1); the wait's 95th percentile is 0 while
-  ``p <= 5 %``, else ``residual / (1 - rho) * ln(p / 5 %)``, and one more session adds
-  the difference of that p95 with and without it. Where the recognizer cannot stop a
-  partial's decode for a final (the torch backend, a model process), the partials'
-  share of the time counts in ``p`` as well.
+  ``MIN_MEASURED`` of them), plus what one more session would add to a final's mean
+  wait, would pass its budget; or the projected p95 of a final's queue wait alone would
+  pass the final budget. The waits are the queue model's: a final finds the model busy
+  with another session's final with probability ``p``, the others' share of the load,
+  and then waits about the residual of that decode, ``E[S^2] / 2E[S]``, stretched by
+  ``1 / (1 - rho)`` (M/G/1): a mean of ``p * residual / (1 - rho)``, a 95th percentile of
+  0 while ``p <= 5 %``, else ``residual / (1 - rho) * ln(p / 5 %)``. One more session adds
+  the difference of the mean wait at the load it makes and at the load the latencies
+  were measured under (the p95 of a sum is below the sum of the p95s, and the measured
+  p95 catches up within the window as the new session speaks). Where the recognizer
+  cannot stop a partial's decode for a final (the torch backend, a model process), the
+  partials' share of the time counts in ``p`` as well.
+
+Sessions that have gone leave their load and latencies in the window: the load counts
+at the share of the sessions open now (:attr:`Capacity.present_load`), and latencies
+measured while more than twice the sessions open now were served do not refuse
+(:attr:`Capacity.latencies_apply`; the load rule still holds).
 
 So the queue model is an input, not the rule: on 2 cores of an AVX-512 VNNI EPYC with
 random:small int8 the finals' wait projection said 115 ms (above the old 100 ms limit)
@@ -80,6 +88,7 @@ DEFAULT_RECOVER_RATIO = 0.7
 LATENCY_RECOVER_RATIO = 0.9
 MIN_WINDOW_FRACTION = 0.3  # no projection until this much of the window is measured
 MAX_HEADROOM = 256  # headroom is counted up to this many sessions
+LATENCY_SESSIONS_SHARE = 0.5  # fewer open than this x the window's mean: see latencies_apply
 
 LAGGING = "lagging"
 LOADED = "loaded"
@@ -152,6 +161,7 @@ class Window:
     wait_p95_ms: float = 0.0  # the p95 the finals waited (a bin's upper edge; 0: unknown)
     final_p95_ms: float = 0.0  # the p95 of the finals' latency (0: too few to say)
     ttft_p95_ms: float = 0.0  # the p95 of the times to first token (0: too few)
+    mean_sessions: float = 0.0  # the sessions open over the window, on average
 
 
 @dataclass(frozen=True)
@@ -171,11 +181,27 @@ class Capacity:
     fast_sessions: int = 0  # sessions sending faster than real time
     fast_rate: float = 0.0  # their audio seconds per second, in all
 
+    @property
+    def present_load(self) -> float:
+        """The load measured, scaled to the sessions open now where fewer are open than
+        the window's mean: the load of sessions gone is not there any more."""
+        mean = self.window.mean_sessions
+        if mean <= 0 or self.sessions >= mean:
+            return self.final_load
+        return self.final_load * self.sessions / mean
+
+    @property
+    def latencies_apply(self) -> bool:
+        """Whether the latencies measured say something of the sessions open now: not
+        while fewer than half the window's mean are open (they were measured under a
+        load that is gone; the load rule still holds)."""
+        return self.sessions >= LATENCY_SESSIONS_SHARE * self.window.mean_sessions
+
     def projected_load(self, sessions: int) -> float:
         """The final load once ``sessions`` (the open ones and new ones) are served:
-        the load measured, and each session not yet in it at :attr:`session_load`."""
+        the load present, and each session not yet in it at :attr:`session_load`."""
         unmeasured = max(self.young, sessions - self.sessions + self.young)
-        return self.final_load + max(0, unmeasured) * self.session_load
+        return self.present_load + max(0, unmeasured) * self.session_load
 
     @property
     def measured_wait_ms(self) -> float:
@@ -196,15 +222,30 @@ class Capacity:
             return 0.0
         return w.residual_ms / (1 - load) * math.log(min(1.0, busy) / TAIL)
 
+    def mean_wait_ms(self, load: float) -> float:
+        """A final's mean wait behind other sessions' decodes at ``load`` (M/G/1: the
+        others' share times the residual, stretched by ``1 / (1 - load)``)."""
+        w = self.window
+        if load >= 1:
+            return math.inf
+        busy = max(0.0, load - self.session_load) + w.partial_load
+        return min(1.0, busy) * w.residual_ms / (1 - load)
+
     def added_wait_ms(self, sessions: int) -> float:
-        """What serving ``sessions`` adds to a final's p95 wait, against those open."""
-        return max(0.0, self.wait_p95_ms(sessions) - self.wait_p95_ms(self.sessions))
+        """What serving ``sessions`` adds to a final's mean wait against the load the
+        latencies were measured under (negative when sessions have gone since). The
+        mean, not the p95: a latency's p95 does not grow by the wait's p95 (the p95 of
+        a sum is below the sum of the p95s), and the measured p95 catches up within the
+        window as the new sessions speak."""
+        if self.window.residual_ms <= 0:
+            return 0.0
+        return self.mean_wait_ms(self.projected_load(sessions)) - self.mean_wait_ms(self.final_load)
 
     def projected_p95_ms(self, measured_ms: float, sessions: int) -> float:
         """A measured latency p95 once ``sessions`` are served; 0 while not measured."""
         if measured_ms <= 0:
             return 0.0
-        return measured_ms + self.added_wait_ms(sessions)
+        return max(0.0, measured_ms + self.added_wait_ms(sessions))
 
     def as_dict(self) -> dict[str, object]:
         """The figures behind the answer, for ``/readyz`` and the refusal."""
@@ -339,12 +380,15 @@ class CapacityEstimator:
             return LOADED
         ratio = LATENCY_RECOVER_RATIO if recovering else 1.0
         w = capacity.window
-        final_ms = capacity.projected_p95_ms(w.final_p95_ms, sessions)
         # a final waits at least its queue wait: that alone may break the budget
-        final_ms = max(final_ms, capacity.wait_p95_ms(sessions))
+        final_ms = capacity.wait_p95_ms(sessions)
+        ttft_ms = 0.0
+        if capacity.latencies_apply:
+            final_ms = max(final_ms, capacity.projected_p95_ms(w.final_p95_ms, sessions))
+            ttft_ms = capacity.projected_p95_ms(w.ttft_p95_ms, sessions)
         if final_ms > o.final_p95_budget_ms * ratio:
             return FINAL_P95
-        if capacity.projected_p95_ms(w.ttft_p95_ms, sessions) > o.ttft_p95_budget_ms * ratio:
+        if ttft_ms > o.ttft_p95_budget_ms * ratio:
             return TTFT_P95
         return None
 
@@ -385,5 +429,6 @@ class CapacityEstimator:
                 first.final_waits, last.final_waits, WAIT_BINS_MS, MIN_MEASURED_FINALS
             ),
             final_p95_ms=p95_between(first.final_latencies, last.final_latencies),
+            mean_sessions=mean_sessions,
             ttft_p95_ms=p95_between(first.ttft_latencies, last.ttft_latencies),
         )

@@ -31,6 +31,7 @@ MIN_MEASURED = 10  # fewer latencies in the window: their p95 says nothing
 ARRIVALS_KEPT = 2048  # entries of a session's arrival log (the oldest go first)
 FAST_RATE = 1.3  # audio seconds per second past which a session is not real-time
 FAST_AFTER_S = 3.0  # a session's rate is judged after this long (connection bursts)
+FAST_LEAD_S = 2.0  # or as soon as its audio is this far ahead of real time
 
 
 @dataclass
@@ -100,10 +101,14 @@ class ArrivalLog:
 
     def rate(self, now_s: float) -> float:
         """Audio seconds received per second since the first arrived (1: real time);
-        0 until :data:`FAST_AFTER_S` have passed."""
-        if self.first_s is None or now_s - self.first_s < FAST_AFTER_S:
+        0 until :data:`FAST_AFTER_S` have passed, unless the audio is already
+        :data:`FAST_LEAD_S` ahead of real time (a short file sent at once)."""
+        if self.first_s is None:
             return 0.0
-        return self._audio_ms[-1] / 1000 / (now_s - self.first_s)
+        elapsed_s, audio_s = now_s - self.first_s, self._audio_ms[-1] / 1000
+        if elapsed_s < FAST_AFTER_S and audio_s - elapsed_s <= FAST_LEAD_S:
+            return 0.0
+        return audio_s / max(elapsed_s, 0.1)
 
 
 @dataclass
