@@ -6,9 +6,9 @@ hog (a busy loop on one core) beside the server.
         --duration-s 40 --out bench/out/capacity-31
 
 Each server configuration (``off``: ``--no-capacity-admission``; ``default``: every
-default; ``--old-code DIR`` adds ``default@old``, the default of another checkout, e.g.
-``git archive`` of main) is started once, warmed up, and runs every client count
-quiet, then each of ``--hog-clients`` beside the hog. Clients start ``--start-every-s``
+default; ``--old-code DIR`` runs each again on another checkout, e.g. ``git archive``
+of main, as ``off@old``, ``default@old``) is started once, warmed up, and runs every
+client count quiet, then each of ``--hog-clients`` beside the hog. Clients start ``--start-every-s``
 apart (2 s: "8 clients started 2 s apart") and stream at real time; a client the server
 refuses (503) is not retried, and counts as refused with the refusal's text. Latencies
 are the admitted clients', as :mod:`bench.latency.metrics` measures them on the client.
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hog-clients", default="", help="client counts also run beside a busy loop (e.g. 3)"
     )
     p.add_argument("--configs", default="off,default", help="comma list of off, default")
-    p.add_argument("--old-code", type=Path, help="a checkout whose default also runs")
+    p.add_argument("--old-code", type=Path, help="a checkout each configuration also runs on")
     p.add_argument("--server-arg", action="append", default=[], help="for every server")
     p.add_argument("--pause-s", type=float, default=3.0)
     p.add_argument("--audio", choices=AUDIO_CHOICES, default="synth")
@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> None:
         Config(name, () if name == "default" else ("--no-capacity-admission",))
         for name in args.configs.split(",")
     ]
-    if args.old_code is not None:
-        configs.append(Config("default@old", (), args.old_code.resolve()))
+    if args.old_code is not None:  # each configuration again on the older checkout
+        old = args.old_code.resolve()
+        configs += [Config(f"{c.name}@old", c.extra_args, old) for c in list(configs)]
     rows: list[dict[str, Any]] = []
     for config in configs:
         rows += asyncio.run(run_config(config, args, audio, out))
