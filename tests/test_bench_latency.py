@@ -409,3 +409,13 @@ def test_capacity_sweep_rows_count_refusals_apart_from_other_errors() -> None:
     assert (row["admitted"], len(row["refused"]), len(row["other_errors"])) == (3, 1, 1)
     text = table([{"config": "default", "hog": True, "loadavg": [1.0, 2.5], **row}])
     assert "| default | hog | 4 | 3 | 300 / 900 | 250 / 600 | 1.0-2.5 |" in text
+
+
+def test_capacity_sweep_configurations_are_server_flags() -> None:
+    from bench.latency.capacity_sweep import config_args
+
+    assert config_args("default") == ()
+    assert config_args("off") == ("--no-capacity-admission",)
+    assert config_args("off-w2") == ("--no-capacity-admission", "--workers", "2")
+    with pytest.raises(SystemExit):
+        config_args("on")

@@ -49,6 +49,15 @@ class Config:
     code_dir: Path | None = None
 
 
+def config_args(name: str) -> tuple[str, ...]:
+    """``off`` or ``default``, optionally ``-wN`` (``--workers N``): its server flags."""
+    admission, _, workers = name.partition("-w")
+    if admission not in ("off", "default") or (workers and not workers.isdigit()):
+        raise SystemExit(f"configuration {name!r}: off or default, optionally -wN")
+    flags = ("--no-capacity-admission",) if admission == "off" else ()
+    return flags + (("--workers", workers) if workers else ())
+
+
 def loadavg() -> float:
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
@@ -145,7 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hog-clients", default="", help="client counts also run beside a busy loop (e.g. 3)"
     )
-    p.add_argument("--configs", default="off,default", help="comma list of off, default")
+    p.add_argument(
+        "--configs",
+        default="off,default",
+        help="comma list of off, default, each optionally -wN (--workers N), e.g. off-w2",
+    )
     p.add_argument("--old-code", type=Path, help="a checkout each configuration also runs on")
     p.add_argument("--server-arg", action="append", default=[], help="for every server")
     p.add_argument("--pause-s", type=float, default=3.0)
@@ -162,10 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     out: Path = args.out or REPO / "bench" / "out" / f"capacity-{dt.datetime.now():%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
     audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
-    configs = [
-        Config(name, () if name == "default" else ("--no-capacity-admission",))
-        for name in args.configs.split(",")
-    ]
+    configs = [Config(name, config_args(name)) for name in args.configs.split(",")]
     if args.old_code is not None:  # each configuration again on the older checkout
         old = args.old_code.resolve()
         configs += [Config(f"{c.name}@old", c.extra_args, old) for c in list(configs)]
