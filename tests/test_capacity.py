@@ -303,6 +303,12 @@ def test_partials_count_in_the_wait_where_a_final_cannot_stop_them():
     feed(waits, 20, **busy, interruptible=False)  # busy 0.575 of the time: ln(11.5)
     assert waits.current.projected_wait_ms == pytest.approx(575, abs=2)
     assert waits.refusal(1) == FINAL_P95
+    assert "queue wait p95 575 ms" in replace_reason(waits, FINAL_P95)
+    assert waits.current.as_dict()["final_p95_projected_ms"] == 575
+    unmeasured = CapacityEstimator(options)  # no latencies yet: the queue wait alone
+    feed(unmeasured, 20, **(busy | {"final_ms": None}), interruptible=False)
+    assert unmeasured.refusal(1) == FINAL_P95
+    assert "final p95 is not measured yet" in replace_reason(unmeasured, FINAL_P95)
 
 
 def test_what_sessions_gone_left_in_the_window_does_not_refuse_the_few_open_now():

@@ -247,6 +247,21 @@ class Capacity:
             return 0.0
         return max(0.0, measured_ms + self.added_wait_ms(sessions))
 
+    def projected_final_ms(self, sessions: int) -> float:
+        """The final p95 the rules expect once ``sessions`` are served: the measured p95
+        with the added wait (where the latencies apply), and at least the queue wait's
+        projected p95 (a final waits at least that)."""
+        projected = self.wait_p95_ms(sessions)
+        if self.latencies_apply:
+            projected = max(projected, self.projected_p95_ms(self.window.final_p95_ms, sessions))
+        return projected
+
+    def projected_ttft_ms(self, sessions: int) -> float:
+        """The TTFT p95 the rules expect once ``sessions`` are served (0: not measured)."""
+        if not self.latencies_apply:
+            return 0.0
+        return self.projected_p95_ms(self.window.ttft_p95_ms, sessions)
+
     def as_dict(self) -> dict[str, object]:
         """The figures behind the answer, for ``/readyz`` and the refusal."""
         w, after = self.window, self.sessions + 1
@@ -255,10 +270,10 @@ class Capacity:
             "session_load": round(self.session_load, 3),
             "oldest_final_age_ms": round(self.oldest_final_age_ms),
             "final_p95_ms": round(w.final_p95_ms),
-            "final_p95_projected_ms": _ms(self.projected_p95_ms(w.final_p95_ms, after)),
+            "final_p95_projected_ms": _ms(self.projected_final_ms(after)),
             "final_p95_budget_ms": round(self.budgets[0]),
             "ttft_p95_ms": round(w.ttft_p95_ms),
-            "ttft_p95_projected_ms": _ms(self.projected_p95_ms(w.ttft_p95_ms, after)),
+            "ttft_p95_projected_ms": _ms(self.projected_ttft_ms(after)),
             "ttft_p95_budget_ms": round(self.budgets[1]),
             "projected_wait_ms": _ms(self.projected_wait_ms),
             "measured_wait_ms": _ms(self.measured_wait_ms),
@@ -274,16 +289,21 @@ class Capacity:
         if reason == LAGGING:
             why = f"a final has waited {self.oldest_final_age_ms:.0f} ms for the model"
         elif reason == FINAL_P95:
-            projected = self.projected_p95_ms(w.final_p95_ms, after)
+            measured = (
+                f"is {w.final_p95_ms:.0f} ms"
+                if w.final_p95_ms > 0 and self.latencies_apply
+                else "is not measured yet"
+            )
             why = (
-                f"the sessions' final p95 is {w.final_p95_ms:.0f} ms, {projected:.0f} ms "
-                f"with one more, over the {self.budgets[0]:.0f} ms budget"
+                f"the sessions' final p95 {measured}, {self.projected_final_ms(after):.0f} ms "
+                f"with one more (queue wait p95 {self.wait_p95_ms(after):.0f} ms), over the "
+                f"{self.budgets[0]:.0f} ms budget"
             )
         elif reason == TTFT_P95:
-            projected = self.projected_p95_ms(w.ttft_p95_ms, after)
             why = (
                 f"the sessions' time to first token p95 is {w.ttft_p95_ms:.0f} ms, "
-                f"{projected:.0f} ms with one more, over the {self.budgets[1]:.0f} ms budget"
+                f"{self.projected_ttft_ms(after):.0f} ms with one more, over the "
+                f"{self.budgets[1]:.0f} ms budget"
             )
         else:
             why = (
@@ -379,16 +399,9 @@ class CapacityEstimator:
         if capacity.projected_load(sessions) > o.max_final_load * ratio:
             return LOADED
         ratio = LATENCY_RECOVER_RATIO if recovering else 1.0
-        w = capacity.window
-        # a final waits at least its queue wait: that alone may break the budget
-        final_ms = capacity.wait_p95_ms(sessions)
-        ttft_ms = 0.0
-        if capacity.latencies_apply:
-            final_ms = max(final_ms, capacity.projected_p95_ms(w.final_p95_ms, sessions))
-            ttft_ms = capacity.projected_p95_ms(w.ttft_p95_ms, sessions)
-        if final_ms > o.final_p95_budget_ms * ratio:
+        if capacity.projected_final_ms(sessions) > o.final_p95_budget_ms * ratio:
             return FINAL_P95
-        if ttft_ms > o.ttft_p95_budget_ms * ratio:
+        if capacity.projected_ttft_ms(sessions) > o.ttft_p95_budget_ms * ratio:
             return TTFT_P95
         return None
 

@@ -208,11 +208,15 @@ class Admission:
         sessions = len(self.connections)
         m.final_load.set(capacity.final_load)
         m.final_wait_p95.set(min(capacity.projected_wait_ms, 3600_000.0) / 1000)
-        for budget, measured, limit in (
-            ("final", w.final_p95_ms, capacity.budgets[0]),
-            ("ttft", w.ttft_p95_ms, capacity.budgets[1]),
+        for budget, measured, projected, limit in (
+            (
+                "final",
+                w.final_p95_ms,
+                capacity.projected_final_ms(sessions + 1),
+                capacity.budgets[0],
+            ),
+            ("ttft", w.ttft_p95_ms, capacity.projected_ttft_ms(sessions + 1), capacity.budgets[1]),
         ):
-            projected = capacity.projected_p95_ms(measured, sessions + 1)
             m.latency_p95.labels(budget, "measured").set(measured / 1000)
             m.latency_p95.labels(budget, "projected").set(min(projected, 3600_000.0) / 1000)
             m.latency_p95.labels(budget, "budget").set(limit / 1000)
