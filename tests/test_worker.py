@@ -612,3 +612,23 @@ def test_a_partial_queued_stops_nothing_and_a_model_that_cannot_stop_is_not_aske
     release_all(recognizer, worker, 3)
     assert [tag for _, tag, _ in recognizer.order] == [1, 3, 2]
     assert not worker.stats().interruptible and worker.stats().partials_interrupted == 0
+
+
+def test_a_session_faster_than_real_time_goes_after_every_real_time_sessions_work():
+    """An unpaced client (its jobs marked not realtime by its pump) takes the model at
+    the rate it sends, after the real-time sessions admitted before it; its waiting
+    finals do not make the server lag (issue 31)."""
+    import dataclasses
+
+    queue, push, take, _ = _queue_and_take()
+
+    def fast(j: DecodeJob) -> DecodeJob:
+        return dataclasses.replace(j, realtime=False)
+
+    push(fast(job("file", "final", 1)), 1.0)
+    push(fast(job("file2", "partial", 2, first=True)), 1.0)
+    push(job("a", "partial", 3), 2.0)  # a real-time session's refresh
+    push(job("b", "final", 4), 3.0)
+    push(job("c", "partial", 5, first=True), 3.0)
+    assert queue.oldest_final_submitted() == 3.0  # b's, not the unpaced one's
+    assert [take() for _ in range(5)] == [[4], [5], [3], [1], [2]]

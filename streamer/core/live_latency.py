@@ -13,7 +13,8 @@ A session whose audio arrives faster than real time (a file sent unpaced, as tes
 harnesses and batch tools do) has no such latency: its audio is there long before the
 model can reach it. Its figures are left out, and it is listed in
 :attr:`LiveLatency.fast` with its rate (audio seconds per second), so that admission
-can say why the model is busy.
+can say why the model is busy; its pump marks its jobs (``DecodeJob.realtime``), and
+the worker decodes them after every real-time session's.
 """
 
 from __future__ import annotations

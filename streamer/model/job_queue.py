@@ -9,6 +9,10 @@
   a final, so a short first partial can go first without delaying that final; once it
   has waited ``SPECULATIVE_SLACK_MS`` it goes with the finals (with sixteen clients on
   2 cores TTFT p95 reached 3.4 s behind finals and speculative decodes, issue 31);
+* a session sending faster than real time (``DecodeJob.realtime`` False: a file
+  streamed unpaced) has its live jobs after every real-time session's, in the same
+  order among themselves: it takes the model at the rate it sends, and the sessions
+  admitted before it keep their latency;
 * then background jobs (a file upload's finals, ``DecodeJob.background``), shared
   round robin among their sessions: each session's jobs in order, and a session served
   goes to the back, so two uploads progress alike and a short one is not stuck behind
@@ -141,10 +145,12 @@ class JobQueue:
         speculative partial counts: it is the final of a segment that may have ended.
         Background jobs do not: they wait behind live work by design, and admission
         (core/capacity.py) must not refuse live sessions because a file waits."""
-        waiting = [q.submitted for q in self.partials.values() if q.job.speculative]
-        if self.finals:
-            waiting.append(self.finals[0].submitted)
-        return min(waiting, default=None)
+        waiting = [
+            q.submitted for q in self.partials.values() if q.job.speculative and q.job.realtime
+        ]
+        # a faster-than-real-time session's finals wait behind real-time work by design
+        oldest = next((q.submitted for q in self.finals if q.job.realtime), None)
+        return min([*waiting, *([] if oldest is None else [oldest])], default=None)
 
     def retry_first(self, item: Queued) -> None:
         """A final the failed model did not decode: first in line of its class (live,
@@ -204,6 +210,8 @@ class JobQueue:
         queued += [q for q in shown if q.job.first]
         queued += sorted(early, key=lambda q: q.submitted)
         queued += [q for q in shown if not q.job.first]
+        # real-time sessions' work first (sorted() is stable: each class keeps its order)
+        queued = sorted(queued, key=lambda q: (not q.retried, not q.job.realtime))
         if not queued:  # no live work: the background sessions' jobs, interleaved
             queued = self._background_order()
         if queued[0].retried:  # alone: it may be what broke the model

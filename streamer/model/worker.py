@@ -283,7 +283,7 @@ class ModelWorker:
                 superseded = item
             elif failure is None:
                 superseded = self._queue.push(item)
-                if is_live_final(job) or is_first_partial(job):
+                if job.realtime and (is_live_final(job) or is_first_partial(job)):
                     self._interrupt_partials(first_partial=not is_live_final(job))
             self._lock.notify_all()
         if failure is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -121,6 +122,8 @@ class SessionPump:
             self._outbox_bytes += len(frame.data)
             self.outbox.put_nowait(frame)
         for job in self.session.jobs_to_submit():
+            if not self._real_time:  # after real-time sessions' work (model/job_queue.py)
+                job = dataclasses.replace(job, realtime=False)
             self.worker.submit(job, self._result_from_worker)
         stats = self.session.stats
         if stats.partials_skipped > self._skipped_seen:
