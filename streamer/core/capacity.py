@@ -409,10 +409,20 @@ class CapacityEstimator:
         """How many sessions more than ``sessions`` the rules admit (up to MAX_HEADROOM)."""
         if not self.options.enabled:
             return MAX_HEADROOM
-        for more in range(MAX_HEADROOM):
-            if self._over(capacity, max(1, sessions + more + 1), False) is not None:
-                return more
-        return MAX_HEADROOM
+
+        def over(more: int) -> bool:
+            return self._over(capacity, max(1, sessions + more + 1), False) is not None
+
+        # the rules only tighten as sessions are added: the first count over them, by
+        # bisection (a probe a tenth of a second must not cost the event loop much)
+        low, high = 0, MAX_HEADROOM
+        while low < high:
+            middle = (low + high) // 2
+            if over(middle):
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def _window(self, last: LoadSample) -> Window:
         """What the workers did over the window (all 0 until enough of it is measured)."""
