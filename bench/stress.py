@@ -895,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         help="one more argument for `streamer serve` (repeat it), "
-        "e.g. --server-arg=--max-final-wait-ms=50",
+        "e.g. --server-arg=--final-p95-budget-ms=800",
     )
     p.add_argument("--log", default="/tmp/stress-server.log")
     p.add_argument(

@@ -467,3 +467,34 @@ def test_continuous_speech_through_the_cli(server_url: str, tmp_path: Path) -> N
     summary = record["steps"]["1"]["summary"]
     assert summary["all"]["n"] == summary["onset"]["n"] + summary["continuation"]["n"] > 0
     assert summary["all"]["ttft_ms"]["p50"] is not None
+
+
+def test_capacity_sweep_rows_count_refusals_apart_from_other_errors() -> None:
+    from bench.latency.capacity_sweep import summary_row, table
+
+    step = {
+        "errors": [
+            "connect: ConnectionRefusedByServer: server refused the connection: HTTP 503: "
+            "saturated",
+            "no end within 60 s of the last chunk",
+        ],
+        "summary": {
+            "first_token_s": {"p50": 0.3, "p95": 0.9},
+            "final_s": {"p50": 0.25, "p95": 0.6},
+            "segments": 12,
+        },
+    }
+    row = summary_row(step, 4)
+    assert (row["admitted"], len(row["refused"]), len(row["other_errors"])) == (3, 1, 1)
+    text = table([{"config": "default", "hog": True, "loadavg": [1.0, 2.5], **row}])
+    assert "| default | hog | 4 | 3 | 300 / 900 | 250 / 600 | 1.0-2.5 |" in text
+
+
+def test_capacity_sweep_configurations_are_server_flags() -> None:
+    from bench.latency.capacity_sweep import config_args
+
+    assert config_args("default") == ()
+    assert config_args("off") == ("--no-capacity-admission",)
+    assert config_args("off-w2") == ("--no-capacity-admission", "--workers", "2")
+    with pytest.raises(SystemExit):
+        config_args("on")

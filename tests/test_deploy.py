@@ -203,7 +203,7 @@ def test_autoscaler_targets_the_deployment_with_the_adapters_metric() -> None:
     # the rule reads gauges the server really exports
     exported = set(re.findall(r"^# TYPE (\w+) ", Metrics().render().decode(), re.M))
     used = set(re.findall(r"\b(streamer_\w+)\{", rule["seriesQuery"] + rule["metricsQuery"]))
-    assert used == {"streamer_sessions_active", "streamer_sessions_capacity"} <= exported
+    assert used == {"streamer_capacity_utilization"} <= exported
     assert 0 < float(metric["pods"]["target"]["averageValue"].rstrip("m")) / 1000 < 1
 
 

@@ -101,11 +101,16 @@ def test_finals_first_then_first_partials_then_refreshes(gated):
     assert all(r.queue_ms >= 0 and r.decode_ms >= 0 for r in results)
 
 
-def test_a_speculative_decode_goes_with_the_finals_ahead_of_every_partial(gated):
+def test_a_speculative_decode_goes_after_first_partials_until_it_is_late(gated, monkeypatch):
     """A speculative decode is the final of a segment whose pause may be its end: it
-    waits behind finals queued before it, never behind other sessions' partials."""
+    goes ahead of every refresh, behind finals queued before it, and behind first
+    partials until it has waited SPECULATIVE_SLACK_MS (issue 31: TTFT p95 3.4 s at
+    sixteen clients behind finals and speculative decodes)."""
     import dataclasses
 
+    from streamer.model import job_queue
+
+    monkeypatch.setattr(job_queue, "SPECULATIVE_SLACK_MS", 60_000.0)  # none is late
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
     assert recognizer.started.wait(timeout_s(5))
@@ -115,7 +120,38 @@ def test_a_speculative_decode_goes_with_the_finals_ahead_of_every_partial(gated)
     worker.submit(job("c", "final", 5), collect)
     worker.submit(dataclasses.replace(job("f", "partial", 6), speculative=True), collect)
     release_all(recognizer, worker, 6)
-    assert [tag for _, tag, _ in recognizer.order] == [1, 4, 5, 6, 3, 2]
+    assert [tag for _, tag, _ in recognizer.order] == [1, 5, 3, 4, 6, 2]
+
+
+def test_late_speculative_decodes_go_with_the_finals_ahead_of_first_partials():
+    import dataclasses
+
+    from streamer.model.job_queue import SPECULATIVE_SLACK_MS, JobQueue, Queued
+
+    queue = JobQueue()
+    slack_s = SPECULATIVE_SLACK_MS / 1000
+
+    def push(j: DecodeJob, submitted: float) -> None:
+        queue.push(Queued(j, lambda result: None, submitted))
+
+    def spec(session: str, tag: int) -> DecodeJob:
+        return dataclasses.replace(job(session, "partial", tag), speculative=True)
+
+    push(spec("old", 1), 10.0)  # late at 10 + slack
+    push(job("f", "final", 2), 10.0 + slack_s / 2)
+    push(job("b", "partial", 3, first=True), 10.0 + slack_s / 2)
+    push(spec("new", 4), 10.0 + slack_s / 2)  # not late yet
+    push(job("r", "partial", 5), 10.0)  # a refresh, oldest of all
+
+    def take(now: float | None) -> list[int]:
+        batch = queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None, now=now)
+        return [int(q.job.pcm[0]) for q in batch]
+
+    now = 10.0 + slack_s * 1.1
+    assert [take(now) for _ in range(5)] == [[1], [2], [3], [4], [5]]
+    push(spec("new", 4), 20.0)
+    push(job("b", "partial", 3, first=True), 20.0)
+    assert take(None) == [4]  # no clock: every speculative decode is late
 
 
 def test_newer_partial_replaces_pending_one_and_final_drops_it(gated):
@@ -526,6 +562,26 @@ def test_a_final_stops_a_partial_being_decoded_where_the_model_can(interruptible
     assert stats.partial_decode_ms_total > 0  # the time the stopped partial took
 
 
+def test_a_first_partial_stops_a_refresh_but_never_another_first_partial(interruptible):
+    """A new utterance's first words do not wait for another segment's refresh."""
+    worker, recognizer, results, collect = interruptible
+    worker.submit(job("a", "partial", 1), collect)  # a refresh
+    assert recognizer.started.wait(timeout_s(5))
+    worker.submit(job("b", "partial", 2, first=True), collect)
+    for _ in range(500):
+        if results:
+            break
+        threading.Event().wait(0.01)
+    assert results and results[0].interrupted and results[0].job.session_id == "a"
+    recognizer.started.clear()
+    release_all(recognizer, worker, 1)  # b's first partial is decoded
+    worker.submit(job("c", "partial", 3, first=True), collect)
+    worker.submit(job("d", "partial", 4, first=True), collect)
+    release_all(recognizer, worker, 2)
+    assert [tag for _, tag, _ in recognizer.order] == [2, 3, 4]
+    assert recognizer.asked == 1 and worker.stats().partials_interrupted == 1
+
+
 @pytest.mark.parametrize("running", ["final", "speculative", "background"])
 def test_a_final_never_stops_a_final_a_speculative_decode_or_a_files_job(
     interruptible, running: str
@@ -556,3 +612,23 @@ def test_a_partial_queued_stops_nothing_and_a_model_that_cannot_stop_is_not_aske
     release_all(recognizer, worker, 3)
     assert [tag for _, tag, _ in recognizer.order] == [1, 3, 2]
     assert not worker.stats().interruptible and worker.stats().partials_interrupted == 0
+
+
+def test_a_session_faster_than_real_time_goes_after_every_real_time_sessions_work():
+    """An unpaced client (its jobs marked not realtime by its pump) takes the model at
+    the rate it sends, after the real-time sessions admitted before it; its waiting
+    finals do not make the server lag (issue 31)."""
+    import dataclasses
+
+    queue, push, take, _ = _queue_and_take()
+
+    def fast(j: DecodeJob) -> DecodeJob:
+        return dataclasses.replace(j, realtime=False)
+
+    push(fast(job("file", "final", 1)), 1.0)
+    push(fast(job("file2", "partial", 2, first=True)), 1.0)
+    push(job("a", "partial", 3), 2.0)  # a real-time session's refresh
+    push(job("b", "final", 4), 3.0)
+    push(job("c", "partial", 5, first=True), 3.0)
+    assert queue.oldest_final_submitted() == 3.0  # b's, not the unpaced one's
+    assert [take() for _ in range(5)] == [[4], [5], [3], [1], [2]]

@@ -237,8 +237,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         server.capacity.enabled,
         _bool,
         action=argparse.BooleanOptionalAction,
-        help="refuse new sessions (503 saturated) while the model would fall behind, "
-        "by --max-final-lag-ms, --max-final-load and --max-final-wait-ms [%(default)s]",
+        help="refuse new sessions (503 saturated) while one more would break the admitted "
+        "sessions' latency budgets (--final-p95-budget-ms, --ttft-p95-budget-ms) or the "
+        "load ceiling (--max-final-load, --max-final-lag-ms) [%(default)s]",
     )
     _flag(
         g,
@@ -258,11 +259,21 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         g,
-        "--max-final-wait-ms",
-        server.capacity.max_final_wait_ms,
+        "--final-p95-budget-ms",
+        server.capacity.final_p95_budget_ms,
         _within(float, 1),
-        help="the most projected p95 of a final's wait behind other sessions' decodes "
-        "with one more session: what admitted sessions may lose to a new one [%(default)s]",
+        help="the most p95 of the admitted sessions' final latency (a final after the last "
+        "sample of its audio arrived), measured or projected with one more session "
+        "[%(default)s]",
+    )
+    _flag(
+        g,
+        "--ttft-p95-budget-ms",
+        server.capacity.ttft_p95_budget_ms,
+        _within(float, 1),
+        help="the most p95 of the admitted sessions' time to first token (an utterance's "
+        "first text after its first sample arrived), measured or projected with one more "
+        "session [%(default)s]",
     )
     f = p.add_argument_group("file APIs (POST /v1/audio/transcriptions, POST /v1/listen)")
     _flag(

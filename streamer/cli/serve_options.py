@@ -57,7 +57,8 @@ def server_options_from(args: argparse.Namespace) -> Any:
         capacity=CapacityOptions(
             max_final_lag_ms=args.max_final_lag_ms,
             max_final_load=args.max_final_load,
-            max_final_wait_ms=args.max_final_wait_ms,
+            final_p95_budget_ms=args.final_p95_budget_ms,
+            ttft_p95_budget_ms=args.ttft_p95_budget_ms,
             enabled=args.capacity_admission,
         ),
         shutdown_grace_s=args.shutdown_grace_s,

@@ -37,6 +37,9 @@ class DecodeJob:
     speculative: bool = False
     hotwords: Hotwords = ()  # phrases to favour (the server's and the session's); () greedy
     background: bool = False  # a file upload's job: decoded after every live job
+    # False: its client sends faster than real time (a file streamed unpaced): its live
+    # jobs go after every real-time session's, which it must not slow
+    realtime: bool = True
 
 
 class DecodeFailure(Enum):

@@ -1,10 +1,18 @@
 """The worker's queue of decode jobs: its discipline and batch selection (no threads).
 
-* live work first: finals and speculative decodes (a speculative decode is the final
-  of a segment whose pause may be its end: it waited behind every session's refreshes,
-  and with seven sessions the first client's final p95 doubled), oldest first; then a
-  segment's first partial (which decides when its speaker sees the first words), then
-  refreshes of segments already shown; oldest first within each class;
+* live work first: finals and late speculative decodes, oldest first; then a segment's
+  first partial (which decides when its speaker sees the first words); then speculative
+  decodes that are not late; then refreshes of segments already shown; oldest first
+  within each class. A speculative decode is the final of a segment whose pause may be
+  its end: behind every session's refreshes, with seven sessions the first client's
+  final p95 doubled. It is submitted a few hundred ms before the endpoint would make it
+  a final, so a short first partial can go first without delaying that final; once it
+  has waited ``SPECULATIVE_SLACK_MS`` it goes with the finals (with sixteen clients on
+  2 cores TTFT p95 reached 3.4 s behind finals and speculative decodes, issue 31);
+* a session sending faster than real time (``DecodeJob.realtime`` False: a file
+  streamed unpaced) has its live jobs after every real-time session's, in the same
+  order among themselves: it takes the model at the rate it sends, and the sessions
+  admitted before it keep their latency;
 * then background jobs (a file upload's finals, ``DecodeJob.background``), shared
   round robin among their sessions: each session's jobs in order, and a session served
   goes to the back, so two uploads progress alike and a short one is not stuck behind
@@ -31,6 +39,10 @@ from dataclasses import dataclass
 from streamer.core.jobs import DecodeJob, DecodeResult
 
 ResultCallback = Callable[[DecodeResult], None]
+# a speculative decode waits behind first partials no longer than this: the endpoint
+# that makes it a final follows its submission by endpoint_ms (500) less the pause
+# already heard, a first partial's decode is short (its segment is young)
+SPECULATIVE_SLACK_MS = 150.0
 
 
 @dataclass
@@ -46,6 +58,11 @@ class Queued:
 def is_live_final(job: DecodeJob) -> bool:
     """A live session's final, or a speculative decode (the final it may become)."""
     return (job.kind == "final" or job.speculative) and not job.background
+
+
+def is_first_partial(job: DecodeJob) -> bool:
+    """A live segment's first partial: when its speaker sees the first words."""
+    return job.kind == "partial" and job.first and not job.speculative and not job.background
 
 
 def is_refresh(job: DecodeJob) -> bool:
@@ -128,10 +145,12 @@ class JobQueue:
         speculative partial counts: it is the final of a segment that may have ended.
         Background jobs do not: they wait behind live work by design, and admission
         (core/capacity.py) must not refuse live sessions because a file waits."""
-        waiting = [q.submitted for q in self.partials.values() if q.job.speculative]
-        if self.finals:
-            waiting.append(self.finals[0].submitted)
-        return min(waiting, default=None)
+        waiting = [
+            q.submitted for q in self.partials.values() if q.job.speculative and q.job.realtime
+        ]
+        # a faster-than-real-time session's finals wait behind real-time work by design
+        oldest = next((q.submitted for q in self.finals if q.job.realtime), None)
+        return min([*waiting, *([] if oldest is None else [oldest])], default=None)
 
     def retry_first(self, item: Queued) -> None:
         """A final the failed model did not decode: first in line of its class (live,
@@ -164,21 +183,35 @@ class JobQueue:
         return items
 
     def take(
-        self, *, max_batch: int, max_padding_ratio: float, max_batch_samples: int | None
+        self,
+        *,
+        max_batch: int,
+        max_padding_ratio: float,
+        max_batch_samples: int | None,
+        now: float | None = None,
     ) -> list[Queued]:
-        """The next batch off the queue (see :func:`select_batch`); [] when empty."""
+        """The next batch off the queue (see :func:`select_batch`); [] when empty.
+        ``now`` (the clock of :attr:`Queued.submitted`) tells which speculative decodes
+        are late; None: all are."""
         if not self:
             return []
         partials = list(self.partials.values())
-        # the queue discipline: finals and speculative decodes oldest first (a retried
-        # final, older than anything queued, comes first), first partials, refreshes
+        # the queue discipline: finals and late speculative decodes oldest first (a
+        # retried final, older than anything queued, comes first), first partials,
+        # speculative decodes not late, refreshes
+        slack_s = SPECULATIVE_SLACK_MS / 1000
+        speculative = [q for q in partials if q.job.speculative]
+        early = [q for q in speculative if now is not None and now - q.submitted < slack_s]
         shown = [q for q in partials if not q.job.speculative]
         queued = sorted(
-            [*self.finals, *(q for q in partials if q.job.speculative)],
+            [*self.finals, *(q for q in speculative if q not in early)],
             key=lambda q: q.submitted,
         )
         queued += [q for q in shown if q.job.first]
+        queued += sorted(early, key=lambda q: q.submitted)
         queued += [q for q in shown if not q.job.first]
+        # real-time sessions' work first (sorted() is stable: each class keeps its order)
+        queued = sorted(queued, key=lambda q: (not q.retried, not q.job.realtime))
         if not queued:  # no live work: the background sessions' jobs, interleaved
             queued = self._background_order()
         if queued[0].retried:  # alone: it may be what broke the model

@@ -59,6 +59,7 @@ from streamer.model.job_queue import (
     JobQueue,
     Queued,
     ResultCallback,
+    is_first_partial,
     is_live_final,
     is_refresh,
     select_batch,
@@ -282,8 +283,8 @@ class ModelWorker:
                 superseded = item
             elif failure is None:
                 superseded = self._queue.push(item)
-                if is_live_final(job):
-                    self._interrupt_partials()
+                if job.realtime and (is_live_final(job) or is_first_partial(job)):
+                    self._interrupt_partials(first_partial=not is_live_final(job))
             self._lock.notify_all()
         if failure is not None:
             self._answer(item, _stalled(job, failure))
@@ -291,15 +292,18 @@ class ModelWorker:
         if superseded is not None:
             self._answer(superseded, DecodeResult(job=superseded.job, dropped=True))
 
-    def _interrupt_partials(self) -> None:
-        """Call with the lock held, a live final just queued: if only live partials are
-        decoding, stop them (where the recognizer can) so the final need not wait for
-        them; they are answered dropped and their sessions ask again. A final, a
-        speculative decode (a final in waiting) or a file's job is never stopped."""
+    def _interrupt_partials(self, *, first_partial: bool = False) -> None:
+        """Call with the lock held, a live final (or ``first_partial``: a segment's
+        first partial) just queued: if only live partials (refreshes, for a first
+        partial) are decoding, stop them (where the recognizer can) so the new job need
+        not wait for them; they are answered dropped and their sessions ask again. A
+        final, a speculative decode (a final in waiting) or a file's job is never
+        stopped, nor a first partial for another."""
         running, recognizer = self._running, self.recognizer
         if running is None or recognizer is None or not recognizer.interruptible:
             return
-        if all(is_refresh(q.job) for q in running) and recognizer.interrupt():
+        stoppable = is_refresh if not first_partial else _is_later_refresh
+        if all(stoppable(q.job) for q in running) and recognizer.interrupt():
             self._live.partials_interrupted += len(running)
 
     def drop_session(self, session_id: str) -> int:
@@ -327,6 +331,7 @@ class ModelWorker:
                 max_batch=self.max_batch,
                 max_padding_ratio=self.options.max_padding_ratio,
                 max_batch_samples=self._max_batch_samples,
+                now=time.perf_counter(),
             )
             self._running = batch
             self._running_since = time.perf_counter()
@@ -647,6 +652,11 @@ def _process_gone(recognizer: SpeechRecognizer | None) -> str | None:
     None while it runs, and for a recognizer in this process."""
     failure = recognizer.failure if recognizer is not None else None
     return None if failure is None else str(failure)
+
+
+def _is_later_refresh(job: DecodeJob) -> bool:
+    """A refresh of a segment already shown (not its first partial)."""
+    return is_refresh(job) and not job.first
 
 
 def _stalled(job: DecodeJob, reason: str) -> DecodeResult:

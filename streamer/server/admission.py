@@ -19,7 +19,7 @@ from typing import Protocol
 
 from websockets.http11 import Request, Response
 
-from streamer.core.capacity import LAGGING, CapacityEstimator, LoadSample
+from streamer.core.capacity import CapacityEstimator, LoadSample
 from streamer.core.pacing import InputBudget
 from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session
@@ -122,11 +122,11 @@ class Admission:
             return "server_full", f"the server is at its limit of {limit} sessions"
         saturated = self.saturated
         if saturated is not None:
-            why = "finals are waiting" if saturated == LAGGING else "the model is busy"
+            why = replace(self.capacity.current, saturated=saturated).explain()
             return (
                 "saturated",
-                f"the server is at capacity ({why}): one more session would slow the others; "
-                "retry later or on another server",
+                f"the server is at capacity ({saturated}: {why}): one more session would "
+                "slow the others; retry later or on another server",
             )
         return None
 
@@ -183,6 +183,7 @@ class Admission:
         """One sample of the workers (a few times a second): the capacity estimate, its
         metrics, and a log line when the server becomes saturated or recovers."""
         was = self.capacity.current.saturated
+        live = self.metrics.live
         sample = LoadSample(
             now_s,
             stats.final_decode_ms_total,
@@ -194,10 +195,13 @@ class Admission:
             partial_decode_ms_total=stats.partial_decode_ms_total,
             interruptible=stats.interruptible,
             final_waits=stats.final_waits,
+            final_latencies=live.final.snapshot(),
+            ttft_latencies=live.ttft.snapshot(),
+            fast_sessions=len(live.fast),
+            fast_rate=live.fast_rate,
         )
         capacity = self.capacity.observe(sample)
-        self.metrics.final_load.set(capacity.final_load)
-        self.metrics.final_wait_p95.set(min(capacity.projected_wait_ms, 3600_000.0) / 1000)
+        self.observe_capacity_metrics()
         if (capacity.saturated is None) == (was is None):
             return  # no change (or only of the reason): one line per episode
         self.metrics.saturated.set(0 if capacity.saturated is None else 1)
@@ -212,6 +216,32 @@ class Admission:
             len(self.connections),
             details,
         )
+
+    def observe_capacity_metrics(self) -> None:
+        """The capacity estimate's gauges: load, latencies against their budgets, and
+        the headroom an autoscaler scales on."""
+        m, capacity = self.metrics, self.capacity.current
+        w = capacity.window
+        sessions = len(self.connections)
+        m.final_load.set(capacity.final_load)
+        m.final_wait_p95.set(min(capacity.projected_wait_ms, 3600_000.0) / 1000)
+        for budget, measured, projected, limit in (
+            (
+                "final",
+                w.final_p95_ms,
+                capacity.projected_final_ms(sessions + 1),
+                capacity.budgets[0],
+            ),
+            ("ttft", w.ttft_p95_ms, capacity.projected_ttft_ms(sessions + 1), capacity.budgets[1]),
+        ):
+            m.latency_p95.labels(budget, "measured").set(measured / 1000)
+            m.latency_p95.labels(budget, "projected").set(min(projected, 3600_000.0) / 1000)
+            m.latency_p95.labels(budget, "budget").set(limit / 1000)
+        headroom = 0 if self.saturated is not None else capacity.headroom
+        headroom = min(headroom, max(0, self.options.max_sessions - sessions))
+        m.capacity_headroom.set(headroom)
+        m.capacity_utilization.set(1.0 if headroom == 0 else sessions / (sessions + headroom))
+        m.fast_sessions.set(capacity.fast_sessions)
 
     def new_session(
         self, stream: StreamOptions, session_id: str | None = None, *, background: bool = False

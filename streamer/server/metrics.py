@@ -16,6 +16,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from streamer.core.jobs import DecodeJob, DecodeResult
+from streamer.core.live_latency import LiveLatency
 from streamer.model.pool import WorkerLoad, WorkerSlot
 
 # Jobs per model call (--max-batch); a GPU sweep goes up to 64.
@@ -151,6 +152,21 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        # what admission's budgets are on (streamer.core.live_latency): each after the
+        # audio concerned arrived, real-time sessions only
+        self.live = LiveLatency()
+        self.final_latency_seconds = Histogram(
+            "streamer_final_latency_seconds",
+            "A live final after the last sample of its audio arrived (real-time sessions)",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.ttft_seconds = Histogram(
+            "streamer_time_to_first_token_seconds",
+            "An utterance's first text after its first sample arrived (real-time sessions)",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.loop_lag_seconds = Histogram(
             "streamer_event_loop_lag_seconds",
             "Event-loop scheduling delay",
@@ -195,8 +211,9 @@ class Metrics:
         )
         self.saturated = Gauge(
             "streamer_saturated",
-            "1 while new sessions are refused because the model would fall behind "
-            "(--max-final-lag-ms, --max-final-load, --max-final-wait-ms)",
+            "1 while new sessions are refused because one more would break a latency "
+            "budget or the load ceiling (--final-p95-budget-ms, --ttft-p95-budget-ms, "
+            "--max-final-load, --max-final-lag-ms)",
             registry=r,
         )
         self.saturations_total = Counter(
@@ -209,8 +226,33 @@ class Metrics:
         )
         self.final_wait_p95 = Gauge(
             "streamer_final_wait_p95_seconds",
-            "The capacity estimate's projected p95 of a final's wait behind other "
-            "sessions' decodes with one more session (--max-final-wait-ms)",
+            "The queue model's projected p95 of a final's wait behind other sessions' "
+            "decodes with one more session (an input of the latency projection)",
+            registry=r,
+        )
+        # budget: "final" or "ttft"; figure: "measured" (p95 over the capacity window),
+        # "projected" (with one more session) or "budget"
+        self.latency_p95 = Gauge(
+            "streamer_latency_p95_seconds",
+            "Admission's view of the live sessions' latency p95 and its budgets",
+            ["budget", "figure"],
+            registry=r,
+        )
+        self.capacity_headroom = Gauge(
+            "streamer_capacity_headroom_sessions",
+            "Sessions admission would still admit within its budgets (and --max-sessions)",
+            registry=r,
+        )
+        self.capacity_utilization = Gauge(
+            "streamer_capacity_utilization",
+            "Open sessions / (open + headroom): 1 while new sessions are refused; what an "
+            "autoscaler scales on (deploy/k8s/hpa.yaml)",
+            registry=r,
+        )
+        self.fast_sessions = Gauge(
+            "streamer_fast_sessions",
+            "Sessions sending audio faster than real time (their audio is decoded at "
+            "that rate; their latencies are left out of the budgets)",
             registry=r,
         )
         self.partials_interrupted_total = Counter(

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from prometheus_client import Histogram
+
 from streamer.core.diarization import SpeakerAnalysis
 from streamer.core.jobs import DecodeResult
+from streamer.core.live_latency import ArrivalLog, LatencyCounts
 from streamer.core.pacing import InputBudget, InputPacer
 from streamer.core.protocol import Error, Final, Notice, Partial, ServerMessage, SpeechStart
 from streamer.core.session_speakers import SessionSpeakers, SpeakerJob, SpeakerQueue
@@ -86,7 +90,10 @@ class SessionPump:
         self.send_blocked = False  # the writer is inside a send
         self.last_input = self._loop.time()  # last audio or valid control message
         self._pacer = InputPacer(limits.pacing, self._loop.time(), budget)  # and the total
-        self._speech_started: dict[int, float] = {}  # segment_id -> perf_counter()
+        # segment_id -> (perf_counter() at speech_start, its start_ms)
+        self._speech_started: dict[int, tuple[float, float]] = {}
+        self._arrivals = ArrivalLog()  # when the audio arrived: the latencies users feel
+        self._real_time = True  # the client sends no faster than real time
         self._skipped_seen = 0
         self._audio_ms_seen = 0.0
         # diarize: the speaker models' worker (the pool's), and per held final its bound
@@ -122,6 +129,8 @@ class SessionPump:
             self._outbox_bytes += len(frame.data)
             self.outbox.put_nowait(frame)
         for job in self.session.jobs_to_submit():
+            if not self._real_time:  # after real-time sessions' work (model/job_queue.py)
+                job = dataclasses.replace(job, realtime=False)
             self.worker.submit(job, self._result_from_worker)
         stats = self.session.stats
         if stats.partials_skipped > self._skipped_seen:
@@ -131,6 +140,12 @@ class SessionPump:
         if audio_ms > self._audio_ms_seen:
             self.metrics.audio_seconds_total.inc((audio_ms - self._audio_ms_seen) / 1000)
             self._audio_ms_seen = audio_ms
+            if not self.session.background:
+                now = time.perf_counter()
+                self._arrivals.arrived(audio_ms, now)
+                self._real_time = self.metrics.live.note_rate(
+                    self.session.session_id, self._arrivals.rate(now)
+                )
         if self.adapter.close_code is not None and not self.closing:
             self.closing = True
             self._clear_backlog()
@@ -234,6 +249,20 @@ class SessionPump:
                 self.last_input = self._loop.time()
         self.pump()
 
+    def _observe_latency(
+        self, counts: LatencyCounts, histogram: Histogram, audio_ms: float, now: float
+    ) -> None:
+        """A latency as the user feels it: from when the audio at ``audio_ms`` arrived
+        (real-time live sessions only: an unpaced client's audio waits by design)."""
+        if self.session.background or not self._real_time:
+            return
+        arrived = self._arrivals.time_of(audio_ms)
+        if arrived is None:
+            return
+        latency_s = max(0.0, now - arrived)
+        counts.record(latency_s * 1000)
+        histogram.observe(latency_s)
+
     def _clear_backlog(self) -> None:
         self.backlog.clear()
         self._backlog_bytes = 0
@@ -336,19 +365,26 @@ class SessionPump:
             deadline.cancel()
         self._speaker_deadlines.clear()
         self.adapter.release()
+        self.metrics.live.forget(self.session.session_id)
 
     def _account(self, message: ServerMessage) -> None:
         metrics = self.metrics
         if isinstance(message, SpeechStart):
-            self._speech_started[message.segment_id] = time.perf_counter()
+            self._speech_started[message.segment_id] = (time.perf_counter(), message.start_ms)
         elif isinstance(message, Partial | Final):
+            now = time.perf_counter()
             started = self._speech_started.get(message.segment_id)
             if started is not None and message.text:
-                metrics.first_partial_seconds.observe(time.perf_counter() - started)
+                metrics.first_partial_seconds.observe(now - started[0])
                 del self._speech_started[message.segment_id]
+                self._observe_latency(metrics.live.ttft, metrics.ttft_seconds, started[1], now)
             if isinstance(message, Final):
                 self._speech_started.pop(message.segment_id, None)
                 metrics.segments(message.reason).inc()
+                live = metrics.live
+                self._observe_latency(
+                    live.final, metrics.final_latency_seconds, message.end_ms, now
+                )
             else:
                 metrics.partials_sent_total.inc()
         elif isinstance(message, Error):

@@ -1,0 +1,196 @@
+"""Admission under load (issue 31): per client count, what real-time clients feel with
+admission off, how many the default admits and what those feel, quiet and with a CPU
+hog (a busy loop on one core) beside the server.
+
+    python -m bench.latency.capacity_sweep --clients 1,4,8 --hog-clients 3 \\
+        --duration-s 40 --out bench/out/capacity-31
+
+Each server configuration (``off``: ``--no-capacity-admission``; ``default``: every
+default; ``--old-code DIR`` runs each again on another checkout, e.g. ``git archive``
+of main, as ``off@old``, ``default@old``) is started once, warmed up, and runs every
+client count quiet, then each of ``--hog-clients`` beside the hog. Clients start ``--start-every-s``
+apart (2 s: "8 clients started 2 s apart") and stream at real time; a client the server
+refuses (503) is not retried, and counts as refused with the refusal's text. Latencies
+are the admitted clients', as :mod:`bench.latency.metrics` measures them on the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.latency.audio import AUDIO_CHOICES, BenchAudio, load_bench_audio
+from bench.latency.load import StepOptions, plan_clients, run_step, warm_up
+from bench.latency.serverproc import ManagedServer, ServerOptions
+from bench.latency.sweep import _drained, step_result
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+HOG = "while True: pass"  # one core's worth of other work
+DRAIN_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One server configuration of the comparison."""
+
+    name: str
+    extra_args: tuple[str, ...]
+    code_dir: Path | None = None
+
+
+def config_args(name: str) -> tuple[str, ...]:
+    """``off`` or ``default``, optionally ``-wN`` (``--workers N``): its server flags."""
+    admission, _, workers = name.partition("-w")
+    if admission not in ("off", "default") or (workers and not workers.isdigit()):
+        raise SystemExit(f"configuration {name!r}: off or default, optionally -wN")
+    flags = ("--no-capacity-admission",) if admission == "off" else ()
+    return flags + (("--workers", workers) if workers else ())
+
+
+def loadavg() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def summary_row(step: dict[str, Any], clients: int) -> dict[str, Any]:
+    """The figures one table row shows: admitted, refused, the admitted's latencies."""
+    refused = [e for e in step["errors"] if "HTTP 503" in e]
+    s = step["summary"]
+    return {
+        "clients": clients,
+        "admitted": clients - len(refused),
+        "refused": refused,
+        "other_errors": [e for e in step["errors"] if "HTTP 503" not in e],
+        "ttft_p50_s": s["first_token_s"]["p50"],
+        "ttft_p95_s": s["first_token_s"]["p95"],
+        "final_p50_s": s["final_s"]["p50"],
+        "final_p95_s": s["final_s"]["p95"],
+        "segments": s["segments"],
+    }
+
+
+async def run_config(
+    config: Config, args: argparse.Namespace, audio: BenchAudio, out: Path
+) -> list[dict[str, Any]]:
+    options = ServerOptions(
+        model=args.model,
+        quantize="int8",
+        extra_args=(*config.extra_args, *args.server_arg),
+        code_dir=config.code_dir,
+    )
+    rows: list[dict[str, Any]] = []
+    with ManagedServer(options, out / f"server-{config.name}.log") as server:
+        await warm_up(server.url, audio)
+        for hog in (False, True) if args.hog_clients else (False,):
+            hog_process = (
+                subprocess.Popen([sys.executable, "-c", HOG]) if hog else None
+            )  # beside the server, not pinned: the scheduler shares the 2 cores
+            try:
+                for clients in args.hog_clients if hog else args.clients:
+                    await _drained(server.url, DRAIN_S)
+                    step = StepOptions(
+                        url=server.url,
+                        clients=clients,
+                        duration_s=args.duration_s,
+                        stagger_s=args.start_every_s * clients,
+                    )
+                    load_before = loadavg()
+                    records = await run_step(step, plan_clients(step, audio))
+                    result = step_result(records, clients, {}, 0.1)
+                    row = {
+                        "config": config.name,
+                        "hog": hog,
+                        **summary_row(result, clients),
+                        "loadavg": [load_before, loadavg()],
+                    }
+                    rows.append(row)
+                    logger.info("%s", _line(row))
+                    await asyncio.sleep(args.pause_s)
+            finally:
+                if hog_process is not None:
+                    hog_process.terminate()
+                    hog_process.wait(timeout=10)
+    return rows
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def _line(row: dict[str, Any]) -> str:
+    return (
+        f"| {row['config']} | {'hog' if row['hog'] else 'quiet'} | {row['clients']} | "
+        f"{row['admitted']} | {_ms(row['ttft_p50_s'])} / {_ms(row['ttft_p95_s'])} | "
+        f"{_ms(row['final_p50_s'])} / {_ms(row['final_p95_s'])} | "
+        f"{row['loadavg'][0]:.1f}-{row['loadavg'][1]:.1f} |"
+    )
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| server | beside | clients | admitted | TTFT p50 / p95 (ms) | final p50 / p95 (ms) "
+        "| load avg |\n|---|---|---|---|---|---|---|\n"
+    )
+    return head + "\n".join(_line(r) for r in rows) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.latency.capacity_sweep", description=__doc__)
+    p.add_argument("--model", default="random:small")
+    p.add_argument("--clients", default="1,4,8", help="comma list of client counts")
+    p.add_argument("--duration-s", type=float, default=40.0, help="audio per client")
+    p.add_argument("--start-every-s", type=float, default=2.0, help="between client starts")
+    p.add_argument(
+        "--hog-clients", default="", help="client counts also run beside a busy loop (e.g. 3)"
+    )
+    p.add_argument(
+        "--configs",
+        default="off,default",
+        help="comma list of off, default, each optionally -wN (--workers N), e.g. off-w2",
+    )
+    p.add_argument("--old-code", type=Path, help="a checkout each configuration also runs on")
+    p.add_argument("--server-arg", action="append", default=[], help="for every server")
+    p.add_argument("--pause-s", type=float, default=3.0)
+    p.add_argument("--audio", choices=AUDIO_CHOICES, default="synth")
+    p.add_argument("--out", type=Path)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.clients = [int(n) for n in args.clients.split(",")]
+    args.hog_clients = [int(n) for n in args.hog_clients.split(",") if n.strip()]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    out: Path = args.out or REPO / "bench" / "out" / f"capacity-{dt.datetime.now():%H%M%S}"
+    out.mkdir(parents=True, exist_ok=True)
+    audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
+    configs = [Config(name, config_args(name)) for name in args.configs.split(",")]
+    if args.old_code is not None:  # each configuration again on the older checkout
+        old = args.old_code.resolve()
+        configs += [Config(f"{c.name}@old", c.extra_args, old) for c in list(configs)]
+    rows: list[dict[str, Any]] = []
+    for config in configs:
+        rows += asyncio.run(run_config(config, args, audio, out))
+        (out / "results.json").write_text(json.dumps({"argv": sys.argv, "rows": rows}, indent=1))
+    text = table(rows)
+    (out / "table.md").write_text(text)
+    print(text)  # noqa: T201  (a bench script's answer)
+    for row in rows:
+        for refusal in row["refused"][:1]:
+            print(f"{row['config']} x{row['clients']}: {refusal}")  # noqa: T201
+    os.sync()
+
+
+if __name__ == "__main__":
+    main()
