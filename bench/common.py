@@ -280,12 +280,15 @@ class ManagedServer:
     (also on exit) sends SIGINT, then SIGKILL after ``STOP_GRACE_S``.
     """
 
-    def __init__(self, options: ServerOptions, log_path: Path) -> None:
+    def __init__(
+        self, options: ServerOptions, log_path: Path, *, port: int = 0, append_log: bool = False
+    ) -> None:
         self.options = options
         self.log_path = log_path
-        self.command = options.command(0)
+        self.append_log = append_log  # several servers of one run in one log (bench.stress)
+        self.command = options.command(port)
         self.process: subprocess.Popen[bytes] | None = None
-        self.port: int | None = None
+        self.port: int | None = port or None  # a given port (a restart on the same one)
         self.started_at: float | None = None  # time.monotonic() at the spawn
         self.load_s: float | None = None  # start to ready
 
@@ -308,7 +311,8 @@ class ManagedServer:
         if self.options.code_dir is not None:
             env["PYTHONPATH"] = str(self.options.code_dir)
             cwd = self.options.code_dir
-        with self.log_path.open("wb") as log:  # the child holds its own descriptor
+        mode = "ab" if self.append_log else "wb"
+        with self.log_path.open(mode) as log:  # the child holds its own descriptor
             self.started_at = time.monotonic()
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
@@ -368,16 +372,21 @@ class ManagedServer:
     ) -> None:
         self.stop()
 
-    def stop(self) -> None:
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = STOP_GRACE_S) -> float | None:
+        """Send ``sig``, SIGKILL after ``timeout_s``: seconds until the server exited (0 when
+        it was not running), or None when it had to be killed."""
         if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
+            return 0.0
+        started = time.monotonic()
+        self.process.send_signal(sig)
         try:
-            self.process.wait(timeout=STOP_GRACE_S)
+            self.process.wait(timeout=timeout_s)
+            return time.monotonic() - started
         except subprocess.TimeoutExpired:
-            logger.warning("server did not stop within %.0f s; killing it", STOP_GRACE_S)
+            logger.warning("server did not stop within %.0f s; killing it", timeout_s)
             self.process.kill()
             self.process.wait()
+            return None
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -29,6 +29,7 @@ import contextlib
 import http.client
 import logging
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -45,7 +46,7 @@ import orjson
 from websockets.asyncio.client import connect
 
 from bench.common import cpu_name, rss_mb
-from bench.stress import Server, finals_of, long_speech
+from bench.stress import finals_of, long_speech, stress_server
 
 logger = logging.getLogger("bench.stress.soak")
 
@@ -247,15 +248,15 @@ async def soak(args: argparse.Namespace) -> str:
     speech = long_speech(cache / "speech", args.clip_s / 60)
     webm = webm_bytes(speech)
     wav = wav_bytes(speech)
-    server = Server(
+    server = stress_server(
         ["--model", args.model, "--threads", str(args.threads), "--device", "cpu"]
         + ["--log-level", "info", *args.server_arg],
         Path(args.log),
-    ).start()
+    )
     tally = Tally()
     try:
-        server.wait_ready()
-        port, url = server.port, server.url
+        server.__enter__()  # started and ready; stopped below with SIGTERM, its exit timed
+        port, url = server.port or 0, server.url
         # references: each well-behaved client alone, once
         live_ref = [f.text for f in (await finals_of(url, speech, ping=False))[0] if f.text]
         webm_ref = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
@@ -370,7 +371,7 @@ async def soak(args: argparse.Namespace) -> str:
         await asyncio.sleep(args.settle_s)
         settled = sample(pid, time.monotonic() - t0)
     finally:
-        exit_s = server.stop()
+        exit_s = server.stop(signal.SIGTERM)
     log = Path(args.log).read_text(errors="replace")
     tally.counts["server log: tracebacks"] = log.count("Traceback (most recent call last)")
     return report(args, samples, load_end, settled, tally, exit_s)
@@ -482,3 +483,7 @@ def main(argv: list[str]) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
     return 0 if "FAILED" not in text and "tracebacks | 0 |" in text else 1
+
+
+if __name__ == "__main__":  # also python -m bench.stress soak
+    sys.exit(main(sys.argv[1:]))
