@@ -1,6 +1,6 @@
 """Reliability stress suite: attacks a ``streamer serve`` process it starts (issue 9).
 
-    python -m bench.stress                          # scaled run, writes bench/RESULTS-stress.md
+    python -m bench.stress                          # scaled run, into bench/RESULTS.md
     python -m bench.stress --clients 8 --minutes 15 --model random:small --quantize int8
     python -m bench.stress soak --minutes 20        # the mixed soak (bench/stress_soak.py)
 
@@ -32,6 +32,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from bench import common
 from bench.common import ManagedServer, PeakRss, ServerOptions, http_get, percentiles
 from streamer.client.connection import ClientOptions, Received, StreamingClient
 from streamer.client.streaming import stream_file
@@ -809,40 +810,22 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="random:tiny")
-    p.add_argument("--quantize", default="none", choices=("none", "int8"))
+    common.add_server_args(p, model="random:tiny", quantize=None)  # and --server-arg
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--minutes", type=float, default=2.0, help="length of each unpaced file")
     p.add_argument("--flood-mb", type=int, default=300)
-    p.add_argument("--idle-timeout-s", type=float, default=5.0)
-    p.add_argument("--write-timeout-s", type=float, default=5.0)
-    p.add_argument("--decode-timeout-s", type=float, default=5.0)
-    p.add_argument("--grace-s", type=float, default=5.0)
-    p.add_argument("--drain-s", type=float, default=5.0, help="serve's --drain-s")
-    p.add_argument(
-        "--session-bound-mb",
-        type=float,
-        default=6.0,
-        help="documented per-session memory bound (docs/protocol.md)",
-    )
+    for timeout in ("idle-timeout-s", "write-timeout-s", "decode-timeout-s", "grace-s", "drain-s"):
+        p.add_argument(f"--{timeout}", type=float, default=5.0,
+                       help="for streamer serve (--grace-s: its --shutdown-grace-s)")  # fmt: skip
+    p.add_argument("--session-bound-mb", type=float, default=6.0,
+                   help="documented per-session memory bound (docs/protocol.md)")  # fmt: skip
     p.add_argument(
         "--attacks", nargs="*", default=[], choices=ATTACKS, help="run only these (default: all)"
     )
-    p.add_argument(
-        "--admission-minutes",
-        type=float,
-        default=2.0,
-        help="the admission attack's first client speaks this long (the joiners 2/3 of "
-        "it): more finals make its p95 steadier",
-    )
-    p.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        help="one more argument for `streamer serve` (repeat it), "
-        "e.g. --server-arg=--max-final-wait-ms=50",
-    )
+    p.add_argument("--admission-minutes", type=float, default=2.0,
+                   help="the admission attack's first client speaks this long (the joiners "
+                   "2/3 of it): more finals make its p95 steadier")  # fmt: skip
     p.add_argument("--log", default="/tmp/stress-server.log")
     p.add_argument(
         "--results",
@@ -850,19 +833,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the table replaces the stress section of this file (or is appended)",
     )
     args = p.parse_args(argv)
-    args.model_args = [
-        "--model",
-        args.model,
-        "--quantize",
-        args.quantize,
-        "--threads",
-        str(args.threads),
-        "--device",
-        "cpu",
-        "--log-level",
-        "info",
-        *args.server_arg,
-    ]
+    args.model_args = ["--model", args.model, "--quantize", args.quantize, "--threads",
+                       str(args.threads), "--device", args.device, "--log-level", "info",
+                       *args.server_arg]  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     started = time.monotonic()
     rows = asyncio.run(run(args))
