@@ -70,6 +70,7 @@ __all__ = [
     "machine_info",
     "parser",
     "percentiles",
+    "proc_status",
     "rss_mb",
     "server_options",
     "setup_logging",
@@ -451,15 +452,21 @@ def write_results(
 # -- polling -------------------------------------------------------------------------------
 
 
-def rss_mb(pid: int) -> float:
-    """A process's resident memory (VmRSS) in MiB; 0 once it is gone."""
+def proc_status(pid: int, field: str) -> int:
+    """A number of ``/proc/PID/status`` (``VmRSS``, ``VmHWM`` in KiB, ``Threads``); 0 once
+    the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     except OSError:
         pass
-    return 0.0
+    return 0
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (VmRSS) in MiB; 0 once it is gone."""
+    return proc_status(pid, "VmRSS") / 1024
 
 
 class PeakRss(Poller):

@@ -247,7 +247,7 @@ def part_startup(args: argparse.Namespace) -> None:
             )  # fmt: skip
             with common.ManagedServer(server, args.out / f"server-{config}.log") as started:
                 assert started.pid is not None and started.load_s is not None
-                rss, peak = (_status_mib(started.pid, f) for f in ("VmRSS", "VmHWM"))
+                rss, peak = (common.proc_status(started.pid, f) / 1024 for f in ("VmRSS", "VmHWM"))
             rows.append((config, started.load_s, rss, peak))
     print("\n### Start-up: `streamer serve` to /readyz 200 (model and export cached)\n")
     print("| configuration | start to ready, s | resident when ready, MiB | peak, MiB |")
@@ -257,13 +257,6 @@ def part_startup(args: argparse.Namespace) -> None:
         ready = ", ".join(f"{r[1]:.1f}" for r in mine)
         rss = statistics.median(r[2] for r in mine)
         print(f"| {config} | {ready} | {rss:.0f} | {max(r[3] for r in mine):.0f} |")
-
-
-def _status_mib(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 # -- batches --------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
         "clients_peak_mib": peak,
         "finals_per_client": finals,
         "decode_mean_ms": _mean_decode_ms(metrics),
-        "server_hwm_mib": _hwm_mib(server.pid),
+        "server_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
     }
 
 
@@ -147,14 +147,6 @@ def _mean_decode_ms(metrics: str) -> dict[str, float]:
         for kind, v in found.items()
         if v.get("count") and "sum" in v
     }
-
-
-def _hwm_mib(pid: int) -> int:
-    """The kernel's own peak resident memory (VmHWM) of ``pid``: what sampling misses."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) // 1024
-    return 0
 
 
 def _log_times(log: str) -> dict[str, float]:
@@ -207,7 +199,7 @@ def _watch(server: common.ManagedServer, every_s: float) -> dict:
         "healthz_p50_ms": round(statistics.median(health_ms), 1) if health_ms else None,
         "healthz_max_ms": round(max(health_ms), 1) if health_ms else None,
         "healthz_over_100ms": sum(ms > 100 for ms in health_ms),
-        "ready_hwm_mib": _hwm_mib(server.pid),
+        "ready_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
         "timeline": timeline,
     }
 

@@ -32,9 +32,7 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -45,7 +43,8 @@ import numpy as np
 import orjson
 from websockets.asyncio.client import connect
 
-from bench.common import cpu_name, rss_mb
+from bench.common import cpu_name, proc_status, rss_mb
+from bench.latency.protocols import webm_bytes
 from bench.stress import finals_of, long_speech, stress_server
 
 logger = logging.getLogger("bench.stress.soak")
@@ -80,11 +79,7 @@ class Sample:
 
 
 def sample(pid: int, at_s: float) -> Sample:
-    threads = 0
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Threads:"):
-                threads = int(line.split()[1])
+    threads = proc_status(pid, "Threads")
     try:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
@@ -110,20 +105,6 @@ def wav_bytes(pcm: np.ndarray, *, rate: int = 16000, bits: int = 16, declared: i
         + struct.pack("<I", size)
         + data
     )
-
-
-def webm_bytes(pcm: np.ndarray) -> bytes:
-    """``pcm`` as MediaRecorder's WebM/Opus (ffmpeg)."""
-    with tempfile.TemporaryDirectory() as folder:
-        raw, out = Path(folder) / "in.s16", Path(folder) / "out.webm"
-        raw.write_bytes(pcm.astype("<i2").tobytes())
-        subprocess.run(
-            ["ffmpeg", "-loglevel", "error", "-y", "-f", "s16le", "-ar", "16000", "-ac", "1"]
-            + ["-i", str(raw), "-c:a", "libopus", "-b:a", "32k", "-f", "webm", str(out)],
-            check=True,
-            timeout=120,
-        )
-        return out.read_bytes()
 
 
 def form(audio: bytes, *fields: tuple[str, str]) -> bytes:
