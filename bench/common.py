@@ -75,6 +75,7 @@ __all__ = [
     "server_options",
     "setup_logging",
     "started_server",
+    "tree_rss_mb",
     "wait_until",
     "write_results",
 ]
@@ -467,6 +468,22 @@ def proc_status(pid: int, field: str) -> int:
 def rss_mb(pid: int) -> float:
     """A process's resident memory (VmRSS) in MiB; 0 once it is gone."""
     return proc_status(pid, "VmRSS") / 1024
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """Resident MiB of a process and all its descendants (a model process, an export
+    child); None once it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        total = 0
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += process.memory_info().rss
+    except psutil.NoSuchProcess:
+        return None
+    return total / 2**20
 
 
 class PeakRss(Poller):

@@ -120,7 +120,7 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
     peak = 0
     while any(client.poll() is None for client in clients):
         server.check_running()
-        peak = max(peak, _rss_mib(server.pid)[0])
+        peak = max(peak, int(common.rss_mb(server.pid)))
         time.sleep(args.sample_s)
     finals = [client.communicate()[0].decode().count("\n") for client in clients]
     failed = [client.returncode for client in clients if client.returncode != 0]
@@ -172,7 +172,7 @@ def _watch(server: common.ManagedServer, every_s: float) -> dict:
     ready_s = None
     while time.monotonic() - server.started_at < READY_TIMEOUT_S:
         server.check_running()
-        own, tree = _rss_mib(server.pid)
+        own, tree = int(common.rss_mb(server.pid)), int(common.tree_rss_mb(server.pid) or 0)
         server_peak, tree_peak = max(server_peak, own), max(tree_peak, tree)
         sent = time.monotonic()
         if server.find_port() is not None:
@@ -202,29 +202,6 @@ def _watch(server: common.ManagedServer, every_s: float) -> dict:
         "ready_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
         "timeline": timeline,
     }
-
-
-def _rss_mib(pid: int) -> tuple[int, int]:
-    """Resident MiB of ``pid`` and of ``pid`` with every descendant."""
-    children: dict[int, list[int]] = {}
-    resident: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        parent = int(fields.get("PPid", "0").strip())
-        children.setdefault(parent, []).append(int(entry))
-        resident[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0]) // 1024
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        total += resident.get(current, 0)
-        stack.extend(children.get(current, []))
-    return resident.get(pid, 0), total
 
 
 def _commit(code: Path) -> str:
