@@ -68,6 +68,7 @@ __all__ = [
     "http_get",
     "int_list",
     "machine_info",
+    "multipart_form",
     "parser",
     "percentiles",
     "proc_status",
@@ -262,6 +263,22 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
         return exc.code, exc.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError):
         return 0, ""
+
+
+def multipart_form(
+    audio: bytes, fields: Iterable[tuple[str, str]] = (), *, filename: str, boundary: str
+) -> bytes:
+    """A ``multipart/form-data`` body as the openai SDK sends one: ``fields``, then the
+    file (``audio/wav``); its content type is ``multipart/form-data; boundary=BOUNDARY``."""
+    body = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields
+    )
+    body += (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"'
+        "\r\nContent-Type: audio/wav\r\n\r\n"
+    ).encode()
+    return body + audio + f"\r\n--{boundary}--\r\n".encode()
 
 
 def free_port() -> int:

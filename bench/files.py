@@ -145,16 +145,8 @@ class Upload:
 def multipart_body(path: Path, stream: bool) -> tuple[bytes, str]:
     """The form the openai SDK sends (model, stream, file) and its content type."""
     boundary = secrets.token_hex(16)
-    fields = {"model": "whisper-1", "stream": "true" if stream else "false"}
-    head = b"".join(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-        for name, value in fields.items()
-    )
-    head += (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"'
-        "\r\nContent-Type: audio/wav\r\n\r\n"
-    ).encode()
-    body = head + path.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
+    fields = (("model", "whisper-1"), ("stream", "true" if stream else "false"))
+    body = common.multipart_form(path.read_bytes(), fields, filename=path.name, boundary=boundary)
     return body, f"multipart/form-data; boundary={boundary}"
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import orjson
 from websockets.asyncio.client import connect
 
-from bench.common import cpu_name, proc_status, rss_mb
+from bench.common import cpu_name, multipart_form, proc_status, rss_mb
 from bench.latency.protocols import webm_bytes
 from bench.stress import finals_of, long_speech, stress_server
 
@@ -108,15 +108,7 @@ def wav_bytes(pcm: np.ndarray, *, rate: int = 16000, bits: int = 16, declared: i
 
 
 def form(audio: bytes, *fields: tuple[str, str]) -> bytes:
-    body = b""
-    for name, value in fields:
-        body += f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode()
-        body += value.encode() + b"\r\n"
-    body += (
-        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
-        "Content-Type: audio/wav\r\n\r\n"
-    ).encode()
-    return body + audio + f"\r\n--{BOUNDARY}--\r\n".encode()
+    return multipart_form(audio, fields, filename="a.wav", boundary=BOUNDARY)
 
 
 # -- clients --------------------------------------------------------------------------
