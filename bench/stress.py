@@ -34,6 +34,8 @@ from websockets.exceptions import ConnectionClosed
 
 from bench import common
 from bench.common import ManagedServer, PeakRss, ServerOptions, http_get, percentiles
+from bench.latency import prom
+from bench.latency.monitor import scrape
 from streamer.client.connection import ClientOptions, Received, StreamingClient
 from streamer.client.streaming import stream_file
 from streamer.core.protocol import Error, Final, StreamOptions
@@ -476,12 +478,8 @@ async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 
 
 
 def metric_value(server: ManagedServer, name: str) -> float:
-    """A sample of the server's /metrics (0.0 when absent)."""
-    _, body = http_get(f"{server.http_url}/metrics")
-    for line in body.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
+    """A metric of the server's /metrics, its labelled series summed (0.0 when absent)."""
+    return prom.value(scrape(server.http_url), name) or 0.0
 
 
 async def attack_blocked_writer_then_sigterm(
@@ -694,11 +692,8 @@ async def attack_http(server: ManagedServer) -> Row:
 
 
 def open_sessions(server: ManagedServer) -> int:
-    """Sessions open, of every protocol (the labelled series of /metrics summed)."""
-    _, body = http_get(f"{server.http_url}/metrics")
-    prefix = "streamer_sessions_active{"
-    lines = body.splitlines()
-    return int(sum(float(line.split()[-1]) for line in lines if line.startswith(prefix)))
+    """Sessions open, of every protocol."""
+    return int(metric_value(server, "streamer_sessions_active"))
 
 
 # -- main ---------------------------------------------------------------------------

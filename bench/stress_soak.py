@@ -44,6 +44,7 @@ import orjson
 from websockets.asyncio.client import connect
 
 from bench.common import cpu_name, multipart_form, proc_status, rss_mb
+from bench.files import sse_events
 from bench.latency.protocols import webm_bytes
 from bench.stress import finals_of, long_speech, stress_server
 
@@ -131,12 +132,10 @@ def deepgram_texts(body: bytes) -> list[str]:
 def sse_text(body: bytes) -> tuple[str, str | None]:
     """The deltas joined, and the last event's type."""
     deltas, last = [], None
-    for line in body.decode().splitlines():
-        if line.startswith("data: "):
-            event = orjson.loads(line[6:])
-            last = event.get("type")
-            if last == "transcript.text.delta":
-                deltas.append(event["delta"])
+    for event in sse_events(body.splitlines()):
+        last = event.get("type")
+        if last == "transcript.text.delta":
+            deltas.append(event["delta"])
     return "".join(deltas), last
 
 
