@@ -141,14 +141,17 @@ PERCENTILES = (50.0, 95.0, 99.0)
 
 
 def percentiles(
-    values: Iterable[float | None], qs: Sequence[float] = PERCENTILES
+    values: Iterable[float | None],
+    qs: Sequence[float] = PERCENTILES,
+    missing: float | None = None,
 ) -> dict[str, float | None]:
-    """``{"p50": ..., "p95": ..., "p99": ...}`` (linear interpolation); None when empty.
+    """``{"p50": ..., "p95": ..., "p99": ...}`` (linear interpolation); ``missing`` (None,
+    or NaN to fail every bound it is compared with) when there are no values.
 
     ``None`` and NaN values are dropped first. The one percentile function of the benches.
     """
     data = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
-    return {f"p{q:g}": float(np.percentile(data, q)) if data.size else None for q in qs}
+    return {f"p{q:g}": float(np.percentile(data, q)) if data.size else missing for q in qs}
 
 
 def parser(doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:

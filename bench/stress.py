@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -352,13 +353,6 @@ async def realtime_client(url: str, pcm: np.ndarray, started: asyncio.Event | No
     return {"refused": None, "latencies": latencies}
 
 
-def p95(values: list[float], name: str = "p95") -> float:
-    """The ``name`` of :func:`bench.common.percentiles` (NaN, which fails every bound, when
-    there are no values)."""
-    value = percentiles(values)[name]
-    return float("nan") if value is None else value
-
-
 async def attack_admission(server: ManagedServer, pcm: np.ndarray, joiners: int = 10) -> Row:
     """A real-time client alone, then again while ``joiners`` real-time clients join:
     those the server cannot serve are refused, /readyz says so, the first keeps its
@@ -395,19 +389,22 @@ async def attack_admission(server: ManagedServer, pcm: np.ndarray, joiners: int 
     await prober
     admitted = [o for o in others if o["refused"] is None]
     refused = sorted({o["refused"] for o in others if o["refused"] is not None})
-    ratio = p95(loaded["latencies"]) / p95(alone["latencies"])
+    first_alone = percentiles(alone["latencies"], missing=math.nan)
+    first_loaded = percentiles(loaded["latencies"], missing=math.nan)
+    theirs = percentiles([x for o in admitted for x in o["latencies"]], missing=math.nan)
+    ratio = first_loaded["p95"] / first_alone["p95"]
     saturated = sum(1 for _, status in probes if status == "saturated")
     ok = ratio <= 1.3 and saturated > 0 and len(admitted) < joiners
     return Row(
         f"a real-time client alone, then with {joiners} real-time clients joining one a second",
         "those it cannot serve refused (503 saturated); /readyz says saturated; the first "
         "client's final p95 within 1.3x of alone",
-        f"first client final p95 {p95(alone['latencies']):.2f} s alone, "
-        f"{p95(loaded['latencies']):.2f} s with the others ({ratio:.2f}x; p50 "
-        f"{p95(alone['latencies'], 'p50'):.2f} / {p95(loaded['latencies'], 'p50'):.2f} s, "
+        f"first client final p95 {first_alone['p95']:.2f} s alone, "
+        f"{first_loaded['p95']:.2f} s with the others ({ratio:.2f}x; p50 "
+        f"{first_alone['p50']:.2f} / {first_loaded['p50']:.2f} s, "
         f"{len(alone['latencies'])} / {len(loaded['latencies'])} finals); admitted "
         f"{len(admitted)}/{joiners} (their p95 "
-        f"{p95([x for o in admitted for x in o['latencies']]):.2f} s), refused {refused}; "
+        f"{theirs['p95']:.2f} s), refused {refused}; "
         f"/readyz saturated in {saturated}/{len(probes)} probes; "
         f"{interrupted:.0f} partial decodes stopped for a final",
         ok,
@@ -462,12 +459,13 @@ async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 
     paced = metric_value(server, "streamer_input_budget_paced_seconds_total")
     readyz_max = max(probes["/readyz"], default=99.0)
     healthz_max = max(probes["/healthz"], default=99.0)
-    p95_flooded = p95(flooded["latencies"])
+    p95_alone = percentiles(alone["latencies"], missing=math.nan)["p95"]
+    p95_flooded = percentiles(flooded["latencies"], missing=math.nan)["p95"]
     ok = p95_flooded <= 1.5 and readyz_max < 1.0 and flooded["refused"] is None
     return Row(
         f"{flooders} clients sending 2-byte frames as fast as they can, beside a real-time client",
         "the real-time client's final p95 <= 1.5 s; /readyz answers within 1 s throughout",
-        f"{sent} frames sent; real-time client final p95 {p95(alone['latencies']):.2f} s alone, "
+        f"{sent} frames sent; real-time client final p95 {p95_alone:.2f} s alone, "
         f"{p95_flooded:.2f} s flooded ({len(flooded['latencies'])} finals); /readyz max "
         f"{readyz_max * 1000:.0f} ms, /healthz max {healthz_max * 1000:.0f} ms over "
         f"{len(probes['/readyz'])} probes each; budget paced {paced:.1f} s",
