@@ -68,12 +68,15 @@ __all__ = [
     "http_get",
     "int_list",
     "machine_info",
+    "multipart_form",
     "parser",
     "percentiles",
+    "proc_status",
     "rss_mb",
     "server_options",
     "setup_logging",
     "started_server",
+    "tree_rss_mb",
     "wait_until",
     "write_results",
 ]
@@ -138,14 +141,17 @@ PERCENTILES = (50.0, 95.0, 99.0)
 
 
 def percentiles(
-    values: Iterable[float | None], qs: Sequence[float] = PERCENTILES
+    values: Iterable[float | None],
+    qs: Sequence[float] = PERCENTILES,
+    missing: float | None = None,
 ) -> dict[str, float | None]:
-    """``{"p50": ..., "p95": ..., "p99": ...}`` (linear interpolation); None when empty.
+    """``{"p50": ..., "p95": ..., "p99": ...}`` (linear interpolation); ``missing`` (None,
+    or NaN to fail every bound it is compared with) when there are no values.
 
     ``None`` and NaN values are dropped first. The one percentile function of the benches.
     """
     data = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
-    return {f"p{q:g}": float(np.percentile(data, q)) if data.size else None for q in qs}
+    return {f"p{q:g}": float(np.percentile(data, q)) if data.size else missing for q in qs}
 
 
 def parser(doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:
@@ -262,6 +268,22 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
         return 0, ""
 
 
+def multipart_form(
+    audio: bytes, fields: Iterable[tuple[str, str]] = (), *, filename: str, boundary: str
+) -> bytes:
+    """A ``multipart/form-data`` body as the openai SDK sends one: ``fields``, then the
+    file (``audio/wav``); its content type is ``multipart/form-data; boundary=BOUNDARY``."""
+    body = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields
+    )
+    body += (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"'
+        "\r\nContent-Type: audio/wav\r\n\r\n"
+    ).encode()
+    return body + audio + f"\r\n--{boundary}--\r\n".encode()
+
+
 def free_port() -> int:
     """A free 127.0.0.1 port, for the extra listeners (``--funasr-port``, ``--wyoming-port``)
     whose port cannot be told apart from the main one when read back."""
@@ -280,12 +302,15 @@ class ManagedServer:
     (also on exit) sends SIGINT, then SIGKILL after ``STOP_GRACE_S``.
     """
 
-    def __init__(self, options: ServerOptions, log_path: Path) -> None:
+    def __init__(
+        self, options: ServerOptions, log_path: Path, *, port: int = 0, append_log: bool = False
+    ) -> None:
         self.options = options
         self.log_path = log_path
-        self.command = options.command(0)
+        self.append_log = append_log  # several servers of one run in one log (bench.stress)
+        self.command = options.command(port)
         self.process: subprocess.Popen[bytes] | None = None
-        self.port: int | None = None
+        self.port: int | None = port or None  # a given port (a restart on the same one)
         self.started_at: float | None = None  # time.monotonic() at the spawn
         self.load_s: float | None = None  # start to ready
 
@@ -308,7 +333,8 @@ class ManagedServer:
         if self.options.code_dir is not None:
             env["PYTHONPATH"] = str(self.options.code_dir)
             cwd = self.options.code_dir
-        with self.log_path.open("wb") as log:  # the child holds its own descriptor
+        mode = "ab" if self.append_log else "wb"
+        with self.log_path.open(mode) as log:  # the child holds its own descriptor
             self.started_at = time.monotonic()
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
@@ -368,16 +394,21 @@ class ManagedServer:
     ) -> None:
         self.stop()
 
-    def stop(self) -> None:
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = STOP_GRACE_S) -> float | None:
+        """Send ``sig``, SIGKILL after ``timeout_s``: seconds until the server exited (0 when
+        it was not running), or None when it had to be killed."""
         if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
+            return 0.0
+        started = time.monotonic()
+        self.process.send_signal(sig)
         try:
-            self.process.wait(timeout=STOP_GRACE_S)
+            self.process.wait(timeout=timeout_s)
+            return time.monotonic() - started
         except subprocess.TimeoutExpired:
-            logger.warning("server did not stop within %.0f s; killing it", STOP_GRACE_S)
+            logger.warning("server did not stop within %.0f s; killing it", timeout_s)
             self.process.kill()
             self.process.wait()
+            return None
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -442,15 +473,37 @@ def write_results(
 # -- polling -------------------------------------------------------------------------------
 
 
-def rss_mb(pid: int) -> float:
-    """A process's resident memory (VmRSS) in MiB; 0 once it is gone."""
+def proc_status(pid: int, field: str) -> int:
+    """A number of ``/proc/PID/status`` (``VmRSS``, ``VmHWM`` in KiB, ``Threads``); 0 once
+    the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     except OSError:
         pass
-    return 0.0
+    return 0
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (VmRSS) in MiB; 0 once it is gone."""
+    return proc_status(pid, "VmRSS") / 1024
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """Resident MiB of a process and all its descendants (a model process, an export
+    child); None once it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        total = 0
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += process.memory_info().rss
+    except psutil.NoSuchProcess:
+        return None
+    return total / 2**20
 
 
 class PeakRss(Poller):

@@ -11,19 +11,16 @@ that machine noise hits all alike. Speech is espeak-ng's (en and zh, 200 ms gaps
   segments of 0.3-7 s (languages auto/en/zh, ITN on and off);
 - ``generate``: torch's direct path against ``AutoModel.generate()`` (same tokens?), and
   each configuration's funasr import, load, warm-up and peak memory, in a child process;
-- ``contention``: 1 and 7 s decodes idle and while two busy processes spin;
 - ``startup``: ``streamer serve`` per configuration to ``/readyz`` 200, memory then and peak;
 - ``batch``: rows of a batch (random groups, and groups of similar length as the worker
   forms them) whose tokens differ from the same segment decoded alone;
 - ``batch-timing``: one ``decode_batch`` per batch size (``--sizes``) and length;
-- ``features``: the features alone per length, and over a 7 s segment's life (a partial
-  every 0.3 s, then its final) from scratch against the worker's feature cache;
 - ``hotwords``: a final of 3 and 7 s with no hotwords and with ``--phrases`` phrases (the
   biased beam search, beam ``--beam``), the phrase set's graph built first as a session's
   is; ``recall`` (real weights only): the share of each LibriVox clip's ``--per-clip``
   longest words found without and with them as hotwords.
 
-    python -m bench.decode --parts time,agreement,contention,startup   # 4 configurations
+    python -m bench.decode --parts time,agreement,startup   # 4 configurations
     python -m bench.decode --parts batch,batch-timing --configs onnx-int8,onnx-fp32
     python -m bench.decode --parts hotwords --configs onnx-int8 --phrases 100
     python -m bench.decode --parts generate --device cuda --configs torch-fp32,torch-fp16
@@ -179,34 +176,6 @@ def part_agreement(
         print(f"| {config} | {same}/{count} | {100 * errors / total:.2f} % |")
 
 
-def part_contention(
-    args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
-) -> None:
-    results: dict[tuple[str, str, float], list[float]] = {}
-    for busy in ("idle", "busy"):
-        # two processes that never sleep: as busy as 2 cores get
-        spin = [sys.executable, "-c", "while True: pass"]
-        spinners = [subprocess.Popen(spin) for _ in range(2 if busy == "busy" else 0)]
-        time.sleep(1.0 if spinners else 0)
-        try:
-            for rep in range(args.reps):
-                for seconds in (1.0, 7.0):
-                    pcm = speech[rep * 1000 : rep * 1000 + int(seconds * SAMPLE_RATE)]
-                    for name, recognizer in recognizers.items():
-                        ms = timed_ms(recognizer.decode, pcm)
-                        results.setdefault((busy, name, seconds), []).append(ms)
-        finally:
-            for spinner in spinners:
-                spinner.kill()
-                spinner.wait()
-    print(f"\n### Contention: decode ms, median (max) of {args.reps}, {args.threads} threads\n")
-    print("| configuration | idle 1 s | idle 7 s | busy 1 s | busy 7 s |")
-    print("|---|---|---|---|---|")
-    for name in recognizers:
-        cells = [cell(results[(b, name, s)]) for b in ("idle", "busy") for s in (1.0, 7.0)]
-        print(f"| {name} | " + " | ".join(cells) + " |")
-
-
 def generate_child(args: argparse.Namespace, config: str) -> dict[str, Any]:
     """In a fresh process: funasr's import, the load, the warm-up and the peak memory, and
     the direct path against ``AutoModel.generate()`` (a torch configuration)."""
@@ -278,7 +247,7 @@ def part_startup(args: argparse.Namespace) -> None:
             )  # fmt: skip
             with common.ManagedServer(server, args.out / f"server-{config}.log") as started:
                 assert started.pid is not None and started.load_s is not None
-                rss, peak = (_status_mib(started.pid, f) for f in ("VmRSS", "VmHWM"))
+                rss, peak = (common.proc_status(started.pid, f) / 1024 for f in ("VmRSS", "VmHWM"))
             rows.append((config, started.load_s, rss, peak))
     print("\n### Start-up: `streamer serve` to /readyz 200 (model and export cached)\n")
     print("| configuration | start to ready, s | resident when ready, MiB | peak, MiB |")
@@ -290,14 +259,7 @@ def part_startup(args: argparse.Namespace) -> None:
         print(f"| {config} | {ready} | {rss:.0f} | {max(r[3] for r in mine):.0f} |")
 
 
-def _status_mib(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-# -- batches and features -------------------------------------------------------------------
+# -- batches --------------------------------------------------------------------------------
 
 
 def part_batch(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
@@ -352,53 +314,6 @@ def part_batch_timing(
             medians = [statistics.median(times[(size, s)]) for s in args.lengths]
             cells = [f"{ms:.0f} ({ms / size:.0f}/seg)" for ms in medians]
             print(f"| {config} | {size} | " + " | ".join(cells) + " |", flush=True)
-
-
-def part_features(
-    args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
-) -> None:
-    from streamer.core.jobs import DecodeJob
-    from streamer.model.decoding import as_waveform
-    from streamer.model.features import FeatureCache
-    from streamer.model.frontend import Frontend
-
-    for config, recognizer in recognizers.items():
-        frontend = getattr(recognizer, "frontend", None)
-        if not isinstance(frontend, Frontend):
-            continue
-        for seconds in args.lengths:
-            waveform = as_waveform(speech[: int(seconds * SAMPLE_RATE)])
-            ms = statistics.median(timed_ms(frontend, waveform) for _ in range(4 * args.reps))
-            print(f"{config} features of {seconds:g} s: {ms:.1f} ms", flush=True)
-        step = int(0.3 * SAMPLE_RATE)  # a partial every 0.3 s up to 7 s, then the final
-        ends = list(range(step, 7 * SAMPLE_RATE + 1, step))
-        jobs = [DecodeJob("s", 0, "partial" if n != ends[-1] else "final", speech[:n], 0, n,
-                          "auto", True) for n in ends]  # fmt: skip
-        totals: dict[str, list[float]] = {"scratch": [], "cache": []}
-        last: dict[str, list[float]] = {"scratch": [], "cache": []}
-        for _ in range(args.reps):
-            for way in totals:
-                cache = FeatureCache(frontend)
-                spent = []
-                for job in jobs:
-                    waveform = as_waveform(job.pcm)
-                    if way == "cache":
-                        spent.append(timed_ms(cache.features, job, waveform))
-                    else:
-                        spent.append(timed_ms(frontend, waveform))
-                totals[way].append(sum(spent))
-                last[way].append(spent[-2])  # the last partial, at 6.9 s
-        total = {way: statistics.median(v) for way, v in totals.items()}
-        tail = {way: statistics.median(v) for way, v in last.items()}
-        print(
-            f"{config} one 7 s segment, {len(jobs)} jobs (partials every 0.3 s, final): "
-            f"features {total['scratch']:.1f} ms from scratch, {total['cache']:.1f} ms cached; "
-            f"last partial {tail['scratch']:.2f} against {tail['cache']:.2f} ms",
-            flush=True,
-        )
-
-
-# -- hotwords -------------------------------------------------------------------------------
 
 
 def phrases(count: int, boost: float, seed: int = 0) -> tuple[Any, ...]:
@@ -480,9 +395,8 @@ def part_recall(args: argparse.Namespace, recognizers: dict[str, Any], speech: n
 
 
 PARTS: dict[str, Callable[[argparse.Namespace, dict[str, Any], np.ndarray], None]] = {
-    "time": part_time, "agreement": part_agreement, "contention": part_contention,
-    "batch": part_batch, "batch-timing": part_batch_timing, "features": part_features,
-    "hotwords": part_hotwords, "recall": part_recall,
+    "time": part_time, "agreement": part_agreement, "batch": part_batch,
+    "batch-timing": part_batch_timing, "hotwords": part_hotwords, "recall": part_recall,
 }  # fmt: skip
 OWN_PROCESSES = {"generate": part_generate, "startup": part_startup}  # no recognizer here
 
@@ -508,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         "--lengths",
         type=lambda s: [float(x) for x in s.split(",")],
         default=list(LENGTHS_S),
-        help="seconds, for batch-timing and features",
+        help="seconds, for batch-timing",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phrases", type=int, default=100)

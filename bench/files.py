@@ -145,16 +145,8 @@ class Upload:
 def multipart_body(path: Path, stream: bool) -> tuple[bytes, str]:
     """The form the openai SDK sends (model, stream, file) and its content type."""
     boundary = secrets.token_hex(16)
-    fields = {"model": "whisper-1", "stream": "true" if stream else "false"}
-    head = b"".join(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-        for name, value in fields.items()
-    )
-    head += (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"'
-        "\r\nContent-Type: audio/wav\r\n\r\n"
-    ).encode()
-    body = head + path.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
+    fields = (("model", "whisper-1"), ("stream", "true" if stream else "false"))
+    body = common.multipart_form(path.read_bytes(), fields, filename=path.name, boundary=boundary)
     return body, f"multipart/form-data; boundary={boundary}"
 
 
@@ -275,20 +267,18 @@ def funasr_child(connection: Any, model_dir: str, precision: str, threads: int) 
 class FunasrProcess:
     """A child process holding one AutoModel (``precision`` fp32 or int8).
 
-    ``omp_wait``: its OpenMP threads' wait policy. PASSIVE (they sleep when idle) is what
-    the server's ONNX Runtime does (``allow_spinning`` 0); torch's spinning threads are
-    several times slower beside other busy processes on 2 cores."""
+    Its OpenMP threads sleep when idle (OMP_WAIT_POLICY PASSIVE), as the server's ONNX
+    Runtime threads do (``allow_spinning`` 0): torch's spinning threads are several times
+    slower beside other busy processes on 2 cores."""
 
-    def __init__(
-        self, model_dir: Path, precision: str, threads: int, omp_wait: str = "PASSIVE"
-    ) -> None:
+    def __init__(self, model_dir: Path, precision: str, threads: int) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_end = context.Pipe()
         self.process = context.Process(
             target=funasr_child, args=(child_end, str(model_dir), precision, threads)
         )
         before = os.environ.get("OMP_WAIT_POLICY")
-        os.environ["OMP_WAIT_POLICY"] = omp_wait  # read once, when the child loads torch
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read once, when the child loads torch
         try:
             self.process.start()
         finally:
@@ -383,9 +373,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         funasr = {}
         try:
             for precision in args.funasr:
-                funasr[precision] = FunasrProcess(
-                    model_dir, precision, args.threads, args.funasr_omp_wait
-                )
+                funasr[precision] = FunasrProcess(model_dir, precision, args.threads)
                 loads[f"funasr {precision}"] = funasr[precision].load_s
                 funasr[precision].generate(warm)
             for round_index in range(args.rounds):
@@ -658,8 +646,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="what the recordings are made of [%(default)s]")  # fmt: skip
     parser.add_argument("--funasr", default="fp32,int8",
                         help="AutoModel precisions ('' for none) [%(default)s]")  # fmt: skip
-    parser.add_argument("--funasr-omp-wait", choices=("PASSIVE", "ACTIVE"), default="PASSIVE",
-                        help="AutoModel's OMP_WAIT_POLICY [%(default)s]")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2,
                         help="model threads of the server, AutoModel and the CLI [2]")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="throughput rounds [1]")

@@ -120,7 +120,7 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
     peak = 0
     while any(client.poll() is None for client in clients):
         server.check_running()
-        peak = max(peak, _rss_mib(server.pid)[0])
+        peak = max(peak, int(common.rss_mb(server.pid)))
         time.sleep(args.sample_s)
     finals = [client.communicate()[0].decode().count("\n") for client in clients]
     failed = [client.returncode for client in clients if client.returncode != 0]
@@ -132,7 +132,7 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
         "clients_peak_mib": peak,
         "finals_per_client": finals,
         "decode_mean_ms": _mean_decode_ms(metrics),
-        "server_hwm_mib": _hwm_mib(server.pid),
+        "server_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
     }
 
 
@@ -147,14 +147,6 @@ def _mean_decode_ms(metrics: str) -> dict[str, float]:
         for kind, v in found.items()
         if v.get("count") and "sum" in v
     }
-
-
-def _hwm_mib(pid: int) -> int:
-    """The kernel's own peak resident memory (VmHWM) of ``pid``: what sampling misses."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) // 1024
-    return 0
 
 
 def _log_times(log: str) -> dict[str, float]:
@@ -180,7 +172,7 @@ def _watch(server: common.ManagedServer, every_s: float) -> dict:
     ready_s = None
     while time.monotonic() - server.started_at < READY_TIMEOUT_S:
         server.check_running()
-        own, tree = _rss_mib(server.pid)
+        own, tree = int(common.rss_mb(server.pid)), int(common.tree_rss_mb(server.pid) or 0)
         server_peak, tree_peak = max(server_peak, own), max(tree_peak, tree)
         sent = time.monotonic()
         if server.find_port() is not None:
@@ -207,32 +199,9 @@ def _watch(server: common.ManagedServer, every_s: float) -> dict:
         "healthz_p50_ms": round(statistics.median(health_ms), 1) if health_ms else None,
         "healthz_max_ms": round(max(health_ms), 1) if health_ms else None,
         "healthz_over_100ms": sum(ms > 100 for ms in health_ms),
-        "ready_hwm_mib": _hwm_mib(server.pid),
+        "ready_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
         "timeline": timeline,
     }
-
-
-def _rss_mib(pid: int) -> tuple[int, int]:
-    """Resident MiB of ``pid`` and of ``pid`` with every descendant."""
-    children: dict[int, list[int]] = {}
-    resident: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        parent = int(fields.get("PPid", "0").strip())
-        children.setdefault(parent, []).append(int(entry))
-        resident[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0]) // 1024
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        total += resident.get(current, 0)
-        stack.extend(children.get(current, []))
-    return resident.get(pid, 0), total
 
 
 def _commit(code: Path) -> str:

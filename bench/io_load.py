@@ -16,7 +16,6 @@ core saturates, independently of how fast any model is.
   reports how late it sent its chunks, so an overloaded generator is seen, not hidden;
 * ``/healthz`` and ``/readyz`` are probed in turn every 100 ms, each on a new connection,
   during every step: how long they took to answer (p50, p95, max) beside the loop lag;
-* ``--micro`` also times the sans-I/O pieces alone, per stream-second, in this process;
 * ``--model random:small`` serves a real model instead (``streamer serve``, with
   ``--quantize`` and ``--server-arg``): the loop beside the model's work on the same cores;
 * ``--features`` makes the test double do the worker's CPU work of a real decode except
@@ -315,60 +314,6 @@ def run_step(
     }
 
 
-# -- the sans-I/O pieces alone --------------------------------------------------------
-
-
-def micro(seconds: float = 30.0) -> dict[str, float]:
-    """ms of CPU per stream-second for each piece, on the bench audio."""
-    from bench.latency.audio import load_bench_audio
-    from streamer.core.jobs import DecodeResult
-    from streamer.core.protocol import StreamOptions
-    from streamer.core.resample import StreamResampler
-    from streamer.core.session import Session, SessionOptions
-    from streamer.core.vad import webrtc_classifier
-    from streamer.core.wire import V1Adapter
-
-    audio = load_bench_audio("auto", REPO / "bench" / "out" / "audio-cache")
-    pcm = np.concatenate([c.pcm for c in audio.clips])
-    pcm = np.tile(pcm, int(np.ceil(seconds * 16000 / pcm.size)))[: int(seconds * 16000)]
-    out: dict[str, float] = {}
-
-    classify = webrtc_classifier()
-    frames = pcm[: pcm.size // 480 * 480].reshape(-1, 480)
-    started = time.process_time()
-    for frame in frames:
-        classify(frame)
-    out["webrtcvad_30ms_frames"] = (time.process_time() - started) * 1000 / seconds
-
-    pcm48 = np.repeat(pcm, 3)
-    resampler = StreamResampler(48000, 16000)
-    started = time.process_time()
-    for i in range(0, pcm48.size, 4800):
-        resampler.push(pcm48[i : i + 4800])
-    out["resample_48k_to_16k"] = (time.process_time() - started) * 1000 / seconds
-
-    for rate in (16000, 48000):
-        data = pcm if rate == 16000 else pcm48
-        session = Session(
-            "bench", SessionOptions(), StreamOptions(sample_rate=rate), webrtc_classifier()
-        )
-        adapter = V1Adapter(session)
-        recognizer = InstantRecognizer()
-        chunk = rate // 10
-        started = time.process_time()
-        adapter.start()
-        sent = 0
-        for i in range(0, data.size, chunk):
-            adapter.receive_bytes(data[i : i + chunk].tobytes())
-            for job in session.jobs_to_submit():
-                transcript = recognizer.decode(job.pcm)
-                session.decode_finished(DecodeResult(job=job, transcript=transcript))
-            sent += sum(len(f.data) for f in adapter.drain())
-        out[f"session_v1_{rate // 1000}k_total"] = (time.process_time() - started) * 1000 / seconds
-        out[f"session_v1_{rate // 1000}k_bytes_out_per_s"] = sent / seconds
-    return out
-
-
 # -- main ---------------------------------------------------------------------------
 
 
@@ -433,7 +378,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ARG",
         help="with --model: passed to streamer serve (repeatable)",
     )
-    p.add_argument("--micro", action="store_true", help="also time the sans-I/O pieces")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "io_load")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child server's port
     args = p.parse_args(argv)
@@ -467,9 +411,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{step['readyz_max_ms']:.0f} ms",
                 flush=True,
             )
-        if args.micro:
-            results["micro_ms_per_stream_s"] = micro()
-            print(json.dumps(results["micro_ms_per_stream_s"], indent=1))  # noqa: T201
     results["loadavg_after"] = os.getloadavg()
     (args.out / "io_load.json").write_text(json.dumps(results, indent=1))
     return 0

@@ -1,6 +1,6 @@
 """Reliability stress suite: attacks a ``streamer serve`` process it starts (issue 9).
 
-    python -m bench.stress                          # scaled run, writes bench/RESULTS-stress.md
+    python -m bench.stress                          # scaled run, into bench/RESULTS.md
     python -m bench.stress --clients 8 --minutes 15 --model random:small --quantize int8
     python -m bench.stress soak --minutes 20        # the mixed soak (bench/stress_soak.py)
 
@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -22,19 +23,20 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from bench.common import rss_mb
-from bench.latency.poller import Poller
+from bench import common
+from bench.common import ManagedServer, PeakRss, ServerOptions, http_get, percentiles
+from bench.latency import prom
+from bench.latency.monitor import scrape
 from streamer.client.connection import ClientOptions, Received, StreamingClient
 from streamer.client.streaming import stream_file
 from streamer.core.protocol import Error, Final, StreamOptions
@@ -64,97 +66,35 @@ HANG_ENV = "STRESS_HANG_AFTER_DECODES"  # the injected recognizer hangs after N 
 # -- the server process --------------------------------------------------------
 
 
-@dataclass
-class Server:
-    """One ``streamer serve`` process (or the injected-recognizer variant)."""
+@dataclass(frozen=True)
+class StressServerOptions(ServerOptions):
+    """``streamer serve`` with exactly ``args`` (the server's defaults for the rest), or,
+    with ``hang_after_decodes``, the injected recognizer that hangs (``serve-injected``)."""
 
-    args: list[str]
-    log: Path
-    port: int = 0
-    env: dict[str, str] = field(default_factory=dict)
-    process: subprocess.Popen | None = None
+    args: tuple[str, ...] = ()
+    hang_after_decodes: int | None = None
+    ready_timeout_s: float = READY_TIMEOUT_S
+    ready_poll_s: float = 0.25
 
-    def start(self) -> Server:
-        self.port = self.port or free_port()
-        command = (
-            [sys.executable, "-m", "bench.stress", "serve-injected"]
-            if self.env
-            else [sys.executable, "-m", "streamer", "serve"]
-        )
-        command += ["--host", "127.0.0.1", "--port", str(self.port), *self.args]
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
-            )
-        return self
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}; see {self.log}")
-            if http_get(f"{self.http}/readyz")[0] == 200:
-                return
-            time.sleep(0.25)
-        raise RuntimeError("server never became ready")
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/asr"
-
-    @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def rss_mb(self) -> float:
-        return rss_mb(self.process.pid) if self.process and self.process.poll() is None else 0.0
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> float | None:
-        """Send ``sig`` and wait; seconds until exit, or None if it had to be killed."""
-        if self.process is None or self.process.poll() is not None:
-            return 0.0
-        started = time.monotonic()
-        self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout_s)
-            return time.monotonic() - started
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-            return None
+    def command(self, port: int) -> list[str]:
+        injected = self.hang_after_decodes is not None
+        command = [self.python, "-m", *(("bench.stress", "serve-injected") if injected else
+                                       ("streamer", "serve"))]  # fmt: skip
+        return command + ["--host", "127.0.0.1", "--port", str(port), *self.args]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes, dict[str, str]]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.status, response.read(), dict(response.headers)
-    except urllib.error.HTTPError as error:
-        return error.code, error.read(), dict(error.headers)
-    except (urllib.error.URLError, OSError):
-        return 0, b"", {}
-
-
-class PeakRss(Poller):
-    """Samples a process's RSS every 0.2 s in a thread; ``peak_mb`` once stopped."""
-
-    def __init__(self, server: Server) -> None:
-        super().__init__(0.2)
-        self.server = server
-        self.peak_mb = server.rss_mb()
-        self.start_mb = self.peak_mb
-
-    def poll(self) -> None:
-        self.peak_mb = max(self.peak_mb, self.server.rss_mb())
+def stress_server(
+    args: list[str], log: Path, *, port: int = 0, hang_after_decodes: int | None = None
+) -> ManagedServer:
+    """A stress server, not started yet (``with`` starts it and waits for /readyz); its
+    output is appended to ``log``, which every server of a run shares."""
+    env = [("PYTHONUNBUFFERED", "1")]
+    if hang_after_decodes is not None:
+        env.append((HANG_ENV, str(hang_after_decodes)))
+    options = StressServerOptions(
+        args=tuple(args), hang_after_decodes=hang_after_decodes, env=tuple(env)
+    )
+    return ManagedServer(options, log, port=port, append_log=True)
 
 
 # -- results -------------------------------------------------------------------
@@ -249,9 +189,9 @@ async def finals_of(
 
 
 async def attack_unpaced(
-    server: Server, args: argparse.Namespace, reference: int, pcm: np.ndarray
+    server: ManagedServer, args: argparse.Namespace, reference: int, pcm: np.ndarray
 ) -> Row:
-    with PeakRss(server) as rss:
+    with PeakRss(server.pid or 0) as rss:
         results = await asyncio.gather(
             *[finals_of(server.url, pcm, ping=i % 2 == 0) for i in range(args.clients)]
         )
@@ -270,18 +210,23 @@ async def attack_unpaced(
     )
 
 
-async def attack_flood(server: Server, args: argparse.Namespace) -> Row:
-    """A never-reading client sending junk text frames as fast as it can."""
+async def never_reading(server: ManagedServer, **options: Any) -> ClientConnection:
+    """A client that never reads, its receive buffer 4 KiB, so the server's sends block."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", server.port))
     sock.setblocking(False)
-    ws = await connect(server.url, sock=sock, ping_interval=None, max_queue=1, max_size=None)
+    return await connect(server.url, sock=sock, ping_interval=None, max_queue=1, **options)
+
+
+async def attack_flood(server: ManagedServer, args: argparse.Namespace) -> Row:
+    """A never-reading client sending junk text frames as fast as it can."""
+    ws = await never_reading(server, max_size=None)
     junk = "x" * 60000
     sent = 0
     started = time.monotonic()
     closed_after = None
-    with PeakRss(server) as rss:
+    with PeakRss(server.pid or 0) as rss:
         try:
             while sent < args.flood_mb * 1e6 and time.monotonic() - started < 120:
                 await ws.send(junk)
@@ -337,7 +282,7 @@ def tiny_frames_client(url: str, seconds: float, frame_bytes: int = 1) -> int:
     return 0
 
 
-async def attack_tiny_frames(server: Server, pcm: np.ndarray, reference: list[str]) -> Row:
+async def attack_tiny_frames(server: ManagedServer, pcm: np.ndarray, reference: list[str]) -> Row:
     """A client sending 1-byte frames as fast as it can, beside a real-time client."""
     seconds = pcm.size / 16000
     flooder = await asyncio.create_subprocess_exec(
@@ -349,12 +294,12 @@ async def attack_tiny_frames(server: Server, pcm: np.ndarray, reference: list[st
     async def probe() -> None:
         while flooder.returncode is None:
             started = time.monotonic()
-            status, _, _ = await asyncio.to_thread(http_get, f"{server.http}/readyz", 10.0)
+            status, _ = await asyncio.to_thread(http_get, f"{server.http_url}/readyz", 10.0)
             probes.append(time.monotonic() - started if status == 200 else 99.0)
             await asyncio.sleep(0.5)
 
     prober = asyncio.create_task(probe())
-    with PeakRss(server) as rss:
+    with PeakRss(server.pid or 0) as rss:
         finals, end, errors = await finals_of(server.url, pcm, ping=True, speed=1.0)
         out, _ = await asyncio.wait_for(flooder.communicate(), seconds + 60)
     await prober
@@ -408,11 +353,7 @@ async def realtime_client(url: str, pcm: np.ndarray, started: asyncio.Event | No
     return {"refused": None, "latencies": latencies}
 
 
-def p95(values: list[float]) -> float:
-    return float(np.percentile(values, 95)) if values else float("nan")
-
-
-async def attack_admission(server: Server, pcm: np.ndarray, joiners: int = 10) -> Row:
+async def attack_admission(server: ManagedServer, pcm: np.ndarray, joiners: int = 10) -> Row:
     """A real-time client alone, then again while ``joiners`` real-time clients join:
     those the server cannot serve are refused, /readyz says so, the first keeps its
     latency."""
@@ -424,7 +365,7 @@ async def attack_admission(server: Server, pcm: np.ndarray, joiners: int = 10) -
     async def probe() -> None:
         while not done.is_set():
             try:
-                status, body, _ = await asyncio.to_thread(http_get, f"{server.http}/readyz", 5.0)
+                status, body = await asyncio.to_thread(http_get, f"{server.http_url}/readyz", 5.0)
                 probes.append((status, orjson.loads(body).get("status", "?")))
             except Exception:  # a probe that failed to answer is recorded as such
                 probes.append((0, "no answer"))
@@ -448,26 +389,29 @@ async def attack_admission(server: Server, pcm: np.ndarray, joiners: int = 10) -
     await prober
     admitted = [o for o in others if o["refused"] is None]
     refused = sorted({o["refused"] for o in others if o["refused"] is not None})
-    ratio = p95(loaded["latencies"]) / p95(alone["latencies"])
+    first_alone = percentiles(alone["latencies"], missing=math.nan)
+    first_loaded = percentiles(loaded["latencies"], missing=math.nan)
+    theirs = percentiles([x for o in admitted for x in o["latencies"]], missing=math.nan)
+    ratio = first_loaded["p95"] / first_alone["p95"]
     saturated = sum(1 for _, status in probes if status == "saturated")
     ok = ratio <= 1.3 and saturated > 0 and len(admitted) < joiners
     return Row(
         f"a real-time client alone, then with {joiners} real-time clients joining one a second",
         "those it cannot serve refused (503 saturated); /readyz says saturated; the first "
         "client's final p95 within 1.3x of alone",
-        f"first client final p95 {p95(alone['latencies']):.2f} s alone, "
-        f"{p95(loaded['latencies']):.2f} s with the others ({ratio:.2f}x; p50 "
-        f"{np.median(alone['latencies']):.2f} / {np.median(loaded['latencies']):.2f} s, "
+        f"first client final p95 {first_alone['p95']:.2f} s alone, "
+        f"{first_loaded['p95']:.2f} s with the others ({ratio:.2f}x; p50 "
+        f"{first_alone['p50']:.2f} / {first_loaded['p50']:.2f} s, "
         f"{len(alone['latencies'])} / {len(loaded['latencies'])} finals); admitted "
         f"{len(admitted)}/{joiners} (their p95 "
-        f"{p95([x for o in admitted for x in o['latencies']]):.2f} s), refused {refused}; "
+        f"{theirs['p95']:.2f} s), refused {refused}; "
         f"/readyz saturated in {saturated}/{len(probes)} probes; "
         f"{interrupted:.0f} partial decodes stopped for a final",
         ok,
     )
 
 
-async def attack_floods(server: Server, pcm: np.ndarray, flooders: int = 8) -> Row:
+async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 8) -> Row:
     """``flooders`` clients sending 2-byte frames as fast as they can (each within its own
     --max-input-messages-per-s), beside a real-time client: the total input budget keeps
     the loop for the real-time client and the probes."""
@@ -493,7 +437,7 @@ async def attack_floods(server: Server, pcm: np.ndarray, flooders: int = 8) -> R
         while not done.is_set():
             started = time.monotonic()
             try:
-                status, _, _ = await asyncio.to_thread(http_get, f"{server.http}{path}", 10.0)
+                status, _ = await asyncio.to_thread(http_get, f"{server.http_url}{path}", 10.0)
             except Exception:  # no answer within 10 s
                 status = 0
             probes[path].append(time.monotonic() - started if status in (200, 503) else 99.0)
@@ -504,7 +448,7 @@ async def attack_floods(server: Server, pcm: np.ndarray, flooders: int = 8) -> R
     while open_sessions(server) < flooders and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
     await asyncio.sleep(2.0)  # the floods are under way
-    with PeakRss(server) as rss:
+    with PeakRss(server.pid or 0) as rss:
         flooded = await realtime_client(server.url, pcm)
     done.set()
     await asyncio.gather(*probers)
@@ -515,12 +459,13 @@ async def attack_floods(server: Server, pcm: np.ndarray, flooders: int = 8) -> R
     paced = metric_value(server, "streamer_input_budget_paced_seconds_total")
     readyz_max = max(probes["/readyz"], default=99.0)
     healthz_max = max(probes["/healthz"], default=99.0)
-    p95_flooded = p95(flooded["latencies"])
+    p95_alone = percentiles(alone["latencies"], missing=math.nan)["p95"]
+    p95_flooded = percentiles(flooded["latencies"], missing=math.nan)["p95"]
     ok = p95_flooded <= 1.5 and readyz_max < 1.0 and flooded["refused"] is None
     return Row(
         f"{flooders} clients sending 2-byte frames as fast as they can, beside a real-time client",
         "the real-time client's final p95 <= 1.5 s; /readyz answers within 1 s throughout",
-        f"{sent} frames sent; real-time client final p95 {p95(alone['latencies']):.2f} s alone, "
+        f"{sent} frames sent; real-time client final p95 {p95_alone:.2f} s alone, "
         f"{p95_flooded:.2f} s flooded ({len(flooded['latencies'])} finals); /readyz max "
         f"{readyz_max * 1000:.0f} ms, /healthz max {healthz_max * 1000:.0f} ms over "
         f"{len(probes['/readyz'])} probes each; budget paced {paced:.1f} s",
@@ -530,25 +475,19 @@ async def attack_floods(server: Server, pcm: np.ndarray, flooders: int = 8) -> R
     )
 
 
-def metric_value(server: Server, name: str) -> float:
-    """A sample of the server's /metrics (0.0 when absent)."""
-    _, body, _ = http_get(f"{server.http}/metrics")
-    for line in body.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
+def metric_value(server: ManagedServer, name: str) -> float:
+    """A metric of the server's /metrics, its labelled series summed (0.0 when absent)."""
+    return prom.value(scrape(server.http_url), name) or 0.0
 
 
-async def attack_blocked_writer_then_sigterm(server: Server, args: argparse.Namespace) -> Row:
+async def attack_blocked_writer_then_sigterm(
+    server: ManagedServer, args: argparse.Namespace
+) -> Row:
     """A client that never reads while making the server write, then SIGTERM."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", server.port))
-    sock.setblocking(False)
-    ws = await connect(server.url, sock=sock, ping_interval=None, max_queue=1)
+    ws = await never_reading(server)
     started = time.monotonic()
     closed = False
-    with PeakRss(server) as rss:
+    with PeakRss(server.pid or 0) as rss:
         try:
             for _ in range(400000):  # each pair makes the server send one small error
                 await ws.send(b"\x00")
@@ -570,13 +509,11 @@ async def attack_blocked_writer_then_sigterm(server: Server, args: argparse.Name
     return row
 
 
-async def attack_sigterm_with_blocked_client(server: Server, args: argparse.Namespace) -> Row:
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", server.port))
-    sock.setblocking(False)
-    ws = await connect(server.url, sock=sock, ping_interval=None, max_queue=1)
-    with PeakRss(server) as rss:
+async def attack_sigterm_with_blocked_client(
+    server: ManagedServer, args: argparse.Namespace
+) -> Row:
+    ws = await never_reading(server)
+    with PeakRss(server.pid or 0) as rss:
         for _ in range(3000):
             await ws.send(b"\x00")
             await ws.send("junk")
@@ -596,23 +533,24 @@ async def attack_sigterm_with_blocked_client(server: Server, args: argparse.Name
 
 
 async def attack_hung_decode(args: argparse.Namespace, log: Path, pcm: np.ndarray) -> Row:
-    server = Server(
-        [*args.model_args, "--decode-timeout-s", str(args.decode_timeout_s), "--no-warmup"],
-        log,
-        env={HANG_ENV: "2"},
-    ).start()
-    server.wait_ready()
-    with PeakRss(server) as rss:
+    flags = [*args.model_args, "--decode-timeout-s", str(args.decode_timeout_s), "--no-warmup"]
+    with stress_server(flags, log, hang_after_decodes=2) as server:
+        return await _hung_decode(server, args, pcm)
+
+
+async def _hung_decode(server: ManagedServer, args: argparse.Namespace, pcm: np.ndarray) -> Row:
+    assert server.process is not None
+    with PeakRss(server.pid or 0) as rss:
         sessions = [
             asyncio.create_task(finals_of(server.url, pcm, ping=True, speed=4.0)) for _ in range(3)
         ]
         hang_seen = time.monotonic()
         readyz = None
         for _ in range(int((args.decode_timeout_s + 30) * 10)):
-            status, body, _ = await asyncio.to_thread(http_get, f"{server.http}/readyz", 1.0)
+            status, body = await asyncio.to_thread(http_get, f"{server.http_url}/readyz", 1.0)
             if status == 503 and readyz is None:
                 readyz = orjson.loads(body).get("reason")
-                logger.info("readyz 503: %s", body.decode(errors="replace")[:200])
+                logger.info("readyz 503: %s", body[:200])
             if server.process.poll() is not None:
                 break
             await asyncio.sleep(0.1)
@@ -647,8 +585,11 @@ def tagged_clips(cache_dir: Path) -> np.ndarray:
 
 async def attack_kill_restart(args: argparse.Namespace, log: Path, pcm: np.ndarray) -> Row:
     model = ["--model", "random:tagged", "--device", "cpu", "--threads", str(args.threads)]
-    server = Server(model, log).start()
-    server.wait_ready()
+    with stress_server(model, log) as server:
+        return await _kill_restart(server, model, log, pcm)
+
+
+async def _kill_restart(server: ManagedServer, model: list[str], log: Path, pcm: np.ndarray) -> Row:
     reference = [f.text for f in (await finals_of(server.url, pcm, ping=False))[0] if f.text]
     first_final = asyncio.Event()
 
@@ -662,14 +603,17 @@ async def attack_kill_restart(args: argparse.Namespace, log: Path, pcm: np.ndarr
     client = asyncio.create_task(
         stream_file(options, pcm, sample_rate=16000, speed=2.0, on_message=on_message)
     )
-    with PeakRss(server) as rss:
+    with PeakRss(server.pid or 0) as rss:
         await asyncio.wait_for(first_final.wait(), 300)
         server.stop(signal.SIGKILL)
-        restarted = Server(model, log, port=server.port).start()
+        # not waited for: the client reconnects on its own while the model loads
+        restarted = stress_server(model, log, port=server.port or 0).start()
         started = time.monotonic()
-        result = await asyncio.wait_for(client, ATTACK_TIMEOUT_S)
+        try:
+            result = await asyncio.wait_for(client, ATTACK_TIMEOUT_S)
+        finally:
+            restarted.stop(signal.SIGTERM)
         down_s = time.monotonic() - started
-    restarted.stop()
     texts = [f.text for f in result.finals if f.text]
     lost = sum(1 for a, b in zip(reference, texts, strict=False) if a != b) + abs(
         len(reference) - len(texts)
@@ -685,9 +629,9 @@ async def attack_kill_restart(args: argparse.Namespace, log: Path, pcm: np.ndarr
     )
 
 
-async def attack_finalize_spam(server: Server, pcm: np.ndarray, reference: list[str]) -> Row:
+async def attack_finalize_spam(server: ManagedServer, pcm: np.ndarray, reference: list[str]) -> Row:
     rows = []
-    with PeakRss(server) as rss:
+    with PeakRss(server.pid or 0) as rss:
         for every_ms in (20, 40, 100, 320):
             finals, end, _ = await finals_of(server.url, pcm, ping=True, finalize_every_ms=every_ms)
             rows.append(([f.text for f in finals if f.text] == reference and end, every_ms))
@@ -711,7 +655,7 @@ def raw_http(port: int, request: bytes) -> int:
     return int(data.split(b" ", 2)[1]) if data else 0
 
 
-async def attack_http(server: Server) -> Row:
+async def attack_http(server: ManagedServer) -> Row:
     def req(line: str, *headers: str) -> bytes:
         return "\r\n".join([line, "Host: x", *headers, "", ""]).encode("latin-1")
 
@@ -729,12 +673,12 @@ async def attack_http(server: Server) -> Row:
     ]
     observed = []
     ok = True
-    with PeakRss(server) as rss:
+    with PeakRss(server.pid or 0) as rss:
         for name, request, expected in cases:
             status = await asyncio.to_thread(raw_http, server.port, request)
             observed.append(f"{name} {status}")
             ok = ok and status == expected
-        status, _, headers = await asyncio.to_thread(http_get, f"{server.http}/readyz")
+        status, _ = await asyncio.to_thread(http_get, f"{server.http_url}/readyz")
     return Row(
         "malformed and non-GET HTTP requests",
         "400 / 405 / HEAD without body / 404, never 500",
@@ -745,12 +689,9 @@ async def attack_http(server: Server) -> Row:
     )
 
 
-def open_sessions(server: Server) -> int:
-    """Sessions open, of every protocol (the labelled series of /metrics summed)."""
-    _, body, _ = http_get(f"{server.http}/metrics")
-    prefix = "streamer_sessions_active{"
-    lines = body.decode(errors="replace").splitlines()
-    return int(sum(float(line.split()[-1]) for line in lines if line.startswith(prefix)))
+def open_sessions(server: ManagedServer) -> int:
+    """Sessions open, of every protocol."""
+    return int(metric_value(server, "streamer_sessions_active"))
 
 
 # -- main ---------------------------------------------------------------------------
@@ -788,23 +729,22 @@ async def run(args: argparse.Namespace) -> list[Row]:
         logger.info("%s: %s (%s)", "PASS" if row.ok else "FAIL", row.observed, name)
         rows.append(row)
 
-    server = Server(flags, log).start()
-    server.wait_ready()
-    # the reference: one client alone, the whole file
-    reference_finals, _, _ = await finals_of(server.url, long_pcm, ping=False)
-    short_reference = [
-        f.text for f in (await finals_of(server.url, short_pcm, ping=False))[0] if f.text
-    ]
-    await step("unpaced", lambda: attack_unpaced(server, args, len(reference_finals), long_pcm))
-    await step("finalize", lambda: attack_finalize_spam(server, short_pcm, short_reference))
-    await step("http", lambda: attack_http(server))
-    await step("flood", lambda: attack_flood(server, args))
-    await step("tiny", lambda: attack_tiny_frames(server, short_pcm, short_reference))
-    await step("admission", lambda: attack_admission(server, admission_pcm))
-    await step("floods", lambda: attack_floods(server, long_speech(speech_cache, 0.5)))
-    await step("blocked", lambda: attack_blocked_writer_then_sigterm(server, args))
-    await step("sigterm", lambda: attack_sigterm_with_blocked_client(server, args))
-    server.stop()
+    with stress_server(flags, log) as server:
+        # the reference: one client alone, the whole file
+        reference_finals, _, _ = await finals_of(server.url, long_pcm, ping=False)
+        short_reference = [
+            f.text for f in (await finals_of(server.url, short_pcm, ping=False))[0] if f.text
+        ]
+        await step("unpaced", lambda: attack_unpaced(server, args, len(reference_finals), long_pcm))
+        await step("finalize", lambda: attack_finalize_spam(server, short_pcm, short_reference))
+        await step("http", lambda: attack_http(server))
+        await step("flood", lambda: attack_flood(server, args))
+        await step("tiny", lambda: attack_tiny_frames(server, short_pcm, short_reference))
+        await step("admission", lambda: attack_admission(server, admission_pcm))
+        await step("floods", lambda: attack_floods(server, long_speech(speech_cache, 0.5)))
+        await step("blocked", lambda: attack_blocked_writer_then_sigterm(server, args))
+        await step("sigterm", lambda: attack_sigterm_with_blocked_client(server, args))
+        server.stop(signal.SIGTERM)  # the sigterm attack may have stopped it
     await step("hung", lambda: attack_hung_decode(args, log, short_pcm))
     clips = tagged_clips(speech_cache)
     await step("restart", lambda: attack_kill_restart(args, log, clips))
@@ -863,40 +803,22 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="random:tiny")
-    p.add_argument("--quantize", default="none", choices=("none", "int8"))
+    common.add_server_args(p, model="random:tiny", quantize=None)  # and --server-arg
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--minutes", type=float, default=2.0, help="length of each unpaced file")
     p.add_argument("--flood-mb", type=int, default=300)
-    p.add_argument("--idle-timeout-s", type=float, default=5.0)
-    p.add_argument("--write-timeout-s", type=float, default=5.0)
-    p.add_argument("--decode-timeout-s", type=float, default=5.0)
-    p.add_argument("--grace-s", type=float, default=5.0)
-    p.add_argument("--drain-s", type=float, default=5.0, help="serve's --drain-s")
-    p.add_argument(
-        "--session-bound-mb",
-        type=float,
-        default=6.0,
-        help="documented per-session memory bound (docs/protocol.md)",
-    )
+    for timeout in ("idle-timeout-s", "write-timeout-s", "decode-timeout-s", "grace-s", "drain-s"):
+        p.add_argument(f"--{timeout}", type=float, default=5.0,
+                       help="for streamer serve (--grace-s: its --shutdown-grace-s)")  # fmt: skip
+    p.add_argument("--session-bound-mb", type=float, default=6.0,
+                   help="documented per-session memory bound (docs/protocol.md)")  # fmt: skip
     p.add_argument(
         "--attacks", nargs="*", default=[], choices=ATTACKS, help="run only these (default: all)"
     )
-    p.add_argument(
-        "--admission-minutes",
-        type=float,
-        default=2.0,
-        help="the admission attack's first client speaks this long (the joiners 2/3 of "
-        "it): more finals make its p95 steadier",
-    )
-    p.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        help="one more argument for `streamer serve` (repeat it), "
-        "e.g. --server-arg=--final-p95-budget-ms=800",
-    )
+    p.add_argument("--admission-minutes", type=float, default=2.0,
+                   help="the admission attack's first client speaks this long (the joiners "
+                   "2/3 of it): more finals make its p95 steadier")  # fmt: skip
     p.add_argument("--log", default="/tmp/stress-server.log")
     p.add_argument(
         "--results",
@@ -904,19 +826,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the table replaces the stress section of this file (or is appended)",
     )
     args = p.parse_args(argv)
-    args.model_args = [
-        "--model",
-        args.model,
-        "--quantize",
-        args.quantize,
-        "--threads",
-        str(args.threads),
-        "--device",
-        "cpu",
-        "--log-level",
-        "info",
-        *args.server_arg,
-    ]
+    args.model_args = ["--model", args.model, "--quantize", args.quantize, "--threads",
+                       str(args.threads), "--device", args.device, "--log-level", "info",
+                       *args.server_arg]  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     started = time.monotonic()
     rows = asyncio.run(run(args))

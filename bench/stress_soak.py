@@ -29,11 +29,10 @@ import contextlib
 import http.client
 import logging
 import os
+import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -44,8 +43,10 @@ import numpy as np
 import orjson
 from websockets.asyncio.client import connect
 
-from bench.common import cpu_name, rss_mb
-from bench.stress import Server, finals_of, long_speech
+from bench.common import cpu_name, multipart_form, proc_status, rss_mb
+from bench.files import sse_events
+from bench.latency.protocols import webm_bytes
+from bench.stress import finals_of, long_speech, stress_server
 
 logger = logging.getLogger("bench.stress.soak")
 
@@ -79,11 +80,7 @@ class Sample:
 
 
 def sample(pid: int, at_s: float) -> Sample:
-    threads = 0
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Threads:"):
-                threads = int(line.split()[1])
+    threads = proc_status(pid, "Threads")
     try:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
@@ -111,30 +108,8 @@ def wav_bytes(pcm: np.ndarray, *, rate: int = 16000, bits: int = 16, declared: i
     )
 
 
-def webm_bytes(pcm: np.ndarray) -> bytes:
-    """``pcm`` as MediaRecorder's WebM/Opus (ffmpeg)."""
-    with tempfile.TemporaryDirectory() as folder:
-        raw, out = Path(folder) / "in.s16", Path(folder) / "out.webm"
-        raw.write_bytes(pcm.astype("<i2").tobytes())
-        subprocess.run(
-            ["ffmpeg", "-loglevel", "error", "-y", "-f", "s16le", "-ar", "16000", "-ac", "1"]
-            + ["-i", str(raw), "-c:a", "libopus", "-b:a", "32k", "-f", "webm", str(out)],
-            check=True,
-            timeout=120,
-        )
-        return out.read_bytes()
-
-
 def form(audio: bytes, *fields: tuple[str, str]) -> bytes:
-    body = b""
-    for name, value in fields:
-        body += f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode()
-        body += value.encode() + b"\r\n"
-    body += (
-        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
-        "Content-Type: audio/wav\r\n\r\n"
-    ).encode()
-    return body + audio + f"\r\n--{BOUNDARY}--\r\n".encode()
+    return multipart_form(audio, fields, filename="a.wav", boundary=BOUNDARY)
 
 
 # -- clients --------------------------------------------------------------------------
@@ -157,12 +132,10 @@ def deepgram_texts(body: bytes) -> list[str]:
 def sse_text(body: bytes) -> tuple[str, str | None]:
     """The deltas joined, and the last event's type."""
     deltas, last = [], None
-    for line in body.decode().splitlines():
-        if line.startswith("data: "):
-            event = orjson.loads(line[6:])
-            last = event.get("type")
-            if last == "transcript.text.delta":
-                deltas.append(event["delta"])
+    for event in sse_events(body.splitlines()):
+        last = event.get("type")
+        if last == "transcript.text.delta":
+            deltas.append(event["delta"])
     return "".join(deltas), last
 
 
@@ -247,15 +220,15 @@ async def soak(args: argparse.Namespace) -> str:
     speech = long_speech(cache / "speech", args.clip_s / 60)
     webm = webm_bytes(speech)
     wav = wav_bytes(speech)
-    server = Server(
+    server = stress_server(
         ["--model", args.model, "--threads", str(args.threads), "--device", "cpu"]
         + ["--log-level", "info", *args.server_arg],
         Path(args.log),
-    ).start()
+    )
     tally = Tally()
     try:
-        server.wait_ready()
-        port, url = server.port, server.url
+        server.__enter__()  # started and ready; stopped below with SIGTERM, its exit timed
+        port, url = server.port or 0, server.url
         # references: each well-behaved client alone, once
         live_ref = [f.text for f in (await finals_of(url, speech, ping=False))[0] if f.text]
         webm_ref = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
@@ -370,7 +343,7 @@ async def soak(args: argparse.Namespace) -> str:
         await asyncio.sleep(args.settle_s)
         settled = sample(pid, time.monotonic() - t0)
     finally:
-        exit_s = server.stop()
+        exit_s = server.stop(signal.SIGTERM)
     log = Path(args.log).read_text(errors="replace")
     tally.counts["server log: tracebacks"] = log.count("Traceback (most recent call last)")
     return report(args, samples, load_end, settled, tally, exit_s)
@@ -482,3 +455,7 @@ def main(argv: list[str]) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
     return 0 if "FAILED" not in text and "tracebacks | 0 |" in text else 1
+
+
+if __name__ == "__main__":  # also python -m bench.stress soak
+    sys.exit(main(sys.argv[1:]))

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.common import ServerOptions
 from bench.latency import metrics, prom, report
 from bench.latency.audio import SAMPLE_RATE, Clip, client_track
 from bench.latency.metrics import Arrival, SendLog
-from bench.latency.serverproc import ServerOptions
 from bench.latency.sweep import parse_clients, parse_variant
 from streamer.core.protocol import End, Final, Partial, SpeechStart
 

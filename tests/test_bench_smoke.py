@@ -1,5 +1,5 @@
 """A smoke run of each bench that no other test module runs whole: io_load, first_start,
-stress and gpu_report, each for seconds on the tiny random model (``bench.latency``,
+stress, its soak and gpu_report, each for seconds on the tiny random model (``bench.latency``,
 ``bench.decode`` and ``bench.files`` have modules of their own)."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ SMOKED = {  # bench -> the test module that runs it
     "io_load": "test_bench_smoke.py",
     "latency": "test_bench_latency.py",
     "stress": "test_bench_smoke.py",
+    "stress_soak": "test_bench_smoke.py",
 }
 
 
@@ -79,6 +80,24 @@ def test_stress_runs_an_attack_and_writes_its_table(
     text = results.read_text()
     assert "| malformed and non-GET HTTP requests |" in text and "PASS" in text
     assert "old" not in text
+
+
+def test_stress_soak_checks_every_client_against_its_reference(
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import stress_soak
+
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("the soak's WebM clients need ffmpeg")
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(cache_dir))
+    out = tmp_path / "soak.md"
+    argv = ["--minutes", "0.05", "--clip-s", "3", "--settle-s", "0", "--live", "1",
+            "--threads", "1", "--log", str(tmp_path / "server.log"), "--out", str(out)]  # fmt: skip
+    assert stress_soak.main(argv) == 0, out.read_text()
+    report = out.read_text()
+    for client in ("live PCM session ok", "WebM stream ok", "upload ok", "dripping upload ok"):
+        assert f"| {client} |" in report
+    assert "| server log: tracebacks | 0 |" in report and "FAILED" not in report
 
 
 def test_gpu_report_merges_latency_runs(tmp_path: Path) -> None:

@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.common import ManagedServer, ServerOptions
 from bench.latency.audio import AUDIO_CHOICES, BenchAudio, load_bench_audio
 from bench.latency.load import StepOptions, plan_clients, run_step, warm_up
-from bench.latency.serverproc import ManagedServer, ServerOptions
 from bench.latency.sweep import _drained, step_result
 
 logger = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench import common
+from bench.common import ServerOptions
 from bench.latency import continuous, plots, protocols, report
 from bench.latency.audio import AUDIO_CHOICES, load_bench_audio
 from bench.latency.load import StepOptions
 from bench.latency.monitor import find_listening_pid, machine_info
-from bench.latency.serverproc import ServerOptions
 from bench.latency.sweep import Sweep, SweepOptions, parse_clients, parse_variant
 
 logger = logging.getLogger("bench.latency")

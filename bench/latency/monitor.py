@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import http_get
+from bench.common import http_get, tree_rss_mb
 from bench.common import machine_info as machine_info  # where bench.latency.cli finds it
 from bench.latency import prom
 
@@ -146,19 +146,6 @@ class Monitor:
     def _tree_cpu_s(self) -> float | None:
         return None if self._process is None else _tree_cpu_s(self._process)
 
-    def _tree_rss_mib(self) -> float | None:
-        if self._process is None:
-            return None
-        try:
-            procs = [self._process, *self._process.children(recursive=True)]
-            total = 0
-            for proc in procs:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    total += proc.memory_info().rss
-            return total / 2**20
-        except psutil.NoSuchProcess:
-            return None
-
     def _sample(self) -> None:
         now = time.monotonic()
         cpu_s = self._tree_cpu_s()
@@ -166,7 +153,7 @@ class Monitor:
             if self._last_cpu is not None and now > self._last_cpu[1]:
                 self._cpu.add(100.0 * (cpu_s - self._last_cpu[0]) / (now - self._last_cpu[1]))
             self._last_cpu = (cpu_s, now)
-        self._rss.add(self._tree_rss_mib())
+        self._rss.add(None if self._process is None else tree_rss_mb(self._process.pid))
         self._system_cpu.add(psutil.cpu_percent() * (psutil.cpu_count() or 1))
         self._bench_cpu.add(self._bench.cpu_percent())
         gpus = gpu_sample()

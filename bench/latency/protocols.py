@@ -349,20 +349,28 @@ def pcm_pieces(track: np.ndarray, chunk_ms: int) -> list[Piece]:
     ]
 
 
+def webm_bytes(track: np.ndarray) -> bytes:
+    """``track`` (16 kHz) as WebM/Opus at 32 kbit/s, as MediaRecorder sends it (ffmpeg)."""
+    with tempfile.TemporaryDirectory() as folder:
+        raw, path = Path(folder) / "track.s16", Path(folder) / "track.webm"
+        raw.write_bytes(track.astype("<i2").tobytes())
+        subprocess.run(
+            ["ffmpeg", "-loglevel", "error", "-y", "-f", "s16le", "-ar", str(SAMPLE_RATE)]
+            + ["-ac", "1", "-i", str(raw), "-c:a", "libopus", "-b:a", "32k", str(path)],
+            check=True,
+            timeout=120,
+        )
+        return path.read_bytes()
+
+
 def webm_pieces(track: np.ndarray, folder: Path) -> list[Piece]:
     """The track as WebM/Opus, cut where MediaRecorder would cut it: after the packets of
     each 250 ms (packet boundaries found with PyAV)."""
     import av
 
-    raw, path = folder / "track.s16", folder / "track.webm"
-    raw.write_bytes(track.astype("<i2").tobytes())
-    subprocess.run(
-        ["ffmpeg", "-loglevel", "error", "-y", "-f", "s16le", "-ar", str(SAMPLE_RATE)]
-        + ["-ac", "1", "-i", str(raw), "-c:a", "libopus", "-b:a", "32k", str(path)],
-        check=True,
-        timeout=120,
-    )
-    data = path.read_bytes()
+    data = webm_bytes(track)
+    path = folder / "track.webm"
+    path.write_bytes(data)
     cuts: list[tuple[int, float]] = []  # (byte offset where a packet starts, its pts in s)
     with av.open(str(path)) as container:
         for packet in container.demux(container.streams.audio[0]):

@@ -15,11 +15,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from bench.common import ManagedServer, ServerOptions, http_base
 from bench.latency import metrics, prom, report
 from bench.latency.audio import SAMPLE_RATE, BenchAudio
 from bench.latency.load import ClientRecord, StepOptions, chunks_of, plan_clients, run_step, warm_up
 from bench.latency.monitor import Monitor, other_cpu_now, scrape
-from bench.latency.serverproc import ManagedServer, ServerOptions, http_base
 from streamer.core.protocol import End
 
 logger = logging.getLogger(__name__)
