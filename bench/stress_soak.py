@@ -3,7 +3,7 @@ clients together for N minutes against a ``streamer serve`` it starts; the serve
 threads and fds at start, middle and end, and every well-behaved client's finals checked.
 
     python -m bench.stress soak --minutes 20            # the soak
-    python -m bench.stress soak --minutes 4 --out bench/results-incoming/32.md
+    python -m bench.stress soak --minutes 4 --out bench/out/soak.md
 
 The well-behaved clients and what each must get, every time, equal to its reference
 (the same audio sent once alone before the soak):

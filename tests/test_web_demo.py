@@ -338,7 +338,7 @@ async def test_file_captions_come_from_the_upload_api(http_base_url: str, tmp_pa
     assert [url.split("/", 3)[-1] for url in posts] == ["v1/audio/transcriptions"]
     assert traffic.urls == []  # no WebSocket: the file is not played at real time
     # played at real time it took the file's whole duration; uploaded, a fraction (the
-    # issue's quarter is for random:small int8, bench/results-incoming/issue-33.md: here
+    # issue's quarter is for random:small int8, bench/RESULTS.md, "Files over HTTP": here
     # the bound leaves room for the two cores' other work)
     assert elapsed_s < timeout_s(duration_s / 2), (elapsed_s, duration_s)
     assert errors == []

@@ -33,7 +33,7 @@ POWERSET: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (2,), (0, 1), (0, 2), (
 EMBEDDING_DIM = 192
 # a long local speaker is also embedded in windows, which catch a change of voice the
 # segmentation missed (two voices in one local speaker): 1.5 s every 0.75 s (end to end
-# windows cost half as much and found fewer changes: bench/results-incoming/30.md)
+# windows cost half as much and found fewer changes: bench/RESULTS.md, "Speaker diarization")
 PIECE_WINDOW_SAMPLES = 3 * SAMPLE_RATE // 2
 PIECE_STEP_SAMPLES = 3 * SAMPLE_RATE // 4
 MIN_CENTROID_SAMPLES = SAMPLE_RATE  # a speaker a piece may switch to has 1 s behind it
@@ -53,7 +53,7 @@ class DiarizationOptions:
     # much closer to it (cosine) than to its own, and past match_threshold
     change_margin: float = 0.15
     # embed long local speakers in windows too (about twice the speaker models' time;
-    # off: changes inside one local speaker go unseen, bench/results-incoming/30.md)
+    # off: changes inside one local speaker go unseen, bench/RESULTS.md, "Speaker diarization")
     change_windows: bool = True
     # how long a live final waits for its speakers once its text is ready (past it, it is
     # sent without them); a file upload's waits up to background_max_wait_ms
