@@ -1,6 +1,7 @@
 """A smoke run of each bench that no other test module runs whole: io_load, first_start,
-stress, its soak and gpu_report, each for seconds on the tiny random model (``bench.latency``,
-``bench.decode`` and ``bench.files`` have modules of their own)."""
+stress, its soak, gpu_report, diarization and web_file_captions, each for seconds on the tiny
+random model (``bench.latency``, ``bench.decode`` and ``bench.files`` have modules of their
+own)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from bench.__main__ import benches
 
 SMOKED = {  # bench -> the test module that runs it
     "decode": "test_bench_decode.py",
+    "diarization": "test_bench_smoke.py",
     "files": "test_bench_files.py",
     "first_start": "test_bench_smoke.py",
     "gpu_report": "test_bench_smoke.py",
@@ -21,6 +23,7 @@ SMOKED = {  # bench -> the test module that runs it
     "latency": "test_bench_latency.py",
     "stress": "test_bench_smoke.py",
     "stress_soak": "test_bench_smoke.py",
+    "web_file_captions": "test_bench_smoke.py",
 }
 
 
@@ -119,3 +122,36 @@ def test_gpu_report_merges_latency_runs(tmp_path: Path) -> None:
     sweep = (out / "sweep.md").read_text()
     assert "batch1" in sweep and "batch32" in sweep and "600" in sweep
     assert (out / "vs_clients_all.png").stat().st_size > 0
+
+
+def test_diarization_scores_every_conversation_and_times_diarize_on_and_off(
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import diarization
+
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(cache_dir))
+    out = tmp_path / "out"
+    argv = ["--turns", "2", "--latency-s", "0.1", "--latency-turns", "2",
+            "--model", "random:tiny", "--quantize", "none", "--server-arg=--threads",
+            "--server-arg=1", "--out", str(out), "--cache-dir", str(cache_dir)]  # fmt: skip
+    assert diarization.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = results["conversations"]
+    assert [tuple(row["voices"]) for row in rows] == [v for v, _ in diarization.CONVERSATIONS]
+    for row in rows:
+        assert row["utterances"] > 0 and row["audio_s"] > 0
+        for scored in ("online", "offline_count_given", "offline_eigengap"):
+            for collar in ("no_collar", "collar_0.25"):
+                score = row[scored][collar]
+                parts = score["missed"] + score["false_alarm"] + score["confusion"]
+                assert score["der"] == pytest.approx(parts, abs=2e-4) and 0 <= parts < 2
+        assert (out / f"{'-'.join(row['voices'])}.rttm").read_text().startswith("SPEAKER ")
+    memory = results["memory_mb"]
+    assert 0 < memory["rss_before"] < memory["rss_after_load"]
+    latency = results["latency_1_client"]
+    for mode in ("off", "on"):  # each mode ran once, though --latency-s is shorter than a turn
+        assert latency[mode]["finals"] > 0
+        assert 0 < latency[mode]["p50_s"] <= latency[mode]["p95_s"]
+    metrics = latency["server_metrics"]
+    assert metrics["speaker_analyses"] > 0 and metrics["audio_s"] > 0
+    assert latency["unlabelled_finals_on"] == 0
