@@ -22,13 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.latency import prom
+from bench.latency.monitor import scrape
 from streamer.core.diarization import DiarizationOptions
 from streamer.testkit import diarizer as kit
 
@@ -39,14 +41,6 @@ CONVERSATIONS = [
     (("reader", "cards", "digits"), 3),
     (("reader", "cards", "digits", "alsa"), 4),
 ]
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _score(reference: list, hypothesis: list) -> dict[str, Any]:
@@ -94,14 +88,14 @@ async def _latency(args: argparse.Namespace, out: Path, diarizer_dir: Path) -> d
     from streamer.client.streaming import transcribe
     from streamer.core.protocol import StreamOptions
 
-    pcm, _ = kit.conversation(["reader", "cards"], 12, seed=0)
+    pcm, _ = kit.conversation(["reader", "cards"], args.latency_turns, seed=0)
     extra = ("--diarize-model", str(diarizer_dir))
     finals: dict[str, list[float]] = {"off": [], "on": []}
     unlabelled = 0
     with common.started_server(args, out / "server.log", extra_args=extra) as server:
         deadline = time.monotonic() + args.latency_s
         turn = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or turn < 2:  # each mode once at least
             mode = ("off", "on")[turn % 2]
             stream = StreamOptions(diarize=mode == "on")
             result = await transcribe(
@@ -111,48 +105,44 @@ async def _latency(args: argparse.Namespace, out: Path, diarizer_dir: Path) -> d
             if mode == "on":
                 unlabelled += sum(1 for f in result.finals if f.text and f.speaker is None)
             turn += 1
-        metrics = _metrics(server.url)
+        metrics = _metrics(server.http_url)
     summary: dict[str, Any] = {"unlabelled_finals_on": unlabelled, "server_metrics": metrics}
     for mode, values in finals.items():
         if values:
-            ordered = sorted(values)
-            summary[mode] = {
-                "finals": len(values),
-                "p50_s": round(statistics.median(ordered), 3),
-                "p95_s": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3),
-            }
+            quantiles = common.percentiles(values, (50.0, 95.0))
+            summary[mode] = {"finals": len(values)}
+            summary[mode].update({f"{q}_s": round(v or 0.0, 3) for q, v in quantiles.items()})
     return summary
 
 
-def _metrics(url: str) -> dict[str, float]:
+def _metrics(http_base: str) -> dict[str, float]:
     """The server's speaker-model time and audio, from /metrics (speculation included)."""
-    import urllib.request
-
-    base = url.replace("ws://", "http://").split("/v1/")[0]
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    samples = scrape(http_base)
     wanted = {
         "streamer_diarization_analysis_seconds_sum": "speaker_analysis_s",
         "streamer_diarization_analysis_seconds_count": "speaker_analyses",
         "streamer_audio_seconds_total": "audio_s",
     }
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in wanted:
-            out[wanted[name]] = out.get(wanted[name], 0.0) + float(line.split()[-1])
+    for name, key in wanted.items():
+        value = prom.value(samples, name)  # summed over the labels
+        if value is not None:
+            out[key] = value
     if out.get("audio_s"):
         out["speaker_s_per_audio_s"] = round(out.get("speaker_analysis_s", 0.0) / out["audio_s"], 4)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__, prog="python -m bench.diarization")
     common.add_server_args(parser)
     common.add_output_args(parser, out="bench/out/diarization")
     parser.add_argument("--turns", type=int, default=16, help="turns per conversation")
     parser.add_argument(
         "--latency-s", type=float, default=0.0, help="seconds of the on/off latency run (0: none)"
+    )
+    parser.add_argument(
+        "--latency-turns", type=int, default=12, help="turns of the latency run's conversation"
     )
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -161,14 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     from streamer.model.speakers.models import SpeakerModels
 
     directory = kit.ensure_diarizer(args.cache_dir)
-    before = _rss_mb()
+    before = common.rss_mb(os.getpid())
     models = SpeakerModels(resolve_diarizer(str(directory), args.cache_dir))
-    loaded = _rss_mb()
+    loaded = common.rss_mb(os.getpid())
     results: dict[str, Any] = {"conversations": measure_der(models, out, args.turns)}
     results["memory_mb"] = {
         "rss_before": round(before, 1),
         "rss_after_load": round(loaded, 1),
-        "rss_after_runs": round(_rss_mb(), 1),
+        "rss_after_runs": round(common.rss_mb(os.getpid()), 1),
         "peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     if args.latency_s > 0:

@@ -11,19 +11,17 @@ plays the file into the WebSocket at real time (the path before issue 33).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import soundfile as sf
 
+from bench import common
 from streamer.testkit import speech as synth
 
 CHROMIUM = "/usr/bin/chromium"
@@ -39,7 +37,7 @@ TEXTS = (
 
 
 def speech_wav(seconds: float, folder: Path, cache: Path) -> tuple[Path, float]:
-    clips = []
+    clips: list[tuple[str, str, np.ndarray]] = []
     total = 0.0
     while total < seconds:
         text = TEXTS[len(clips) % len(TEXTS)]
@@ -50,12 +48,6 @@ def speech_wav(seconds: float, folder: Path, cache: Path) -> tuple[Path, float]:
     path = folder / "speech.wav"
     sf.write(path, pcm, synth.SAMPLE_RATE, subtype="PCM_16")
     return path, pcm.size / synth.SAMPLE_RATE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # `streamer serve` with this checkout's web_demo/ as its page (an editable install of
@@ -72,22 +64,22 @@ sys.exit(main(sys.argv[1:]))
 WEB_ROOT = Path(__file__).resolve().parent.parent / "web_demo"
 
 
-def serve(model: list[str], extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    command = [sys.executable, "-c", LAUNCH, str(WEB_ROOT), "serve", "--port", str(port)]
-    command += [*model, *extra]
-    server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return server, base
-        except OSError:
-            time.sleep(0.5)
-    server.kill()
-    raise SystemExit("the server was not ready in 300 s")
+@dataclass(frozen=True)
+class DemoServerOptions(common.ServerOptions):
+    """``streamer serve`` through LAUNCH, with ``--model-args`` and the run's own arguments
+    as given."""
+
+    serve_args: tuple[str, ...] = ()
+    ready_timeout_s: float = 300.0
+
+    def command(self, port: int) -> list[str]:
+        command = [self.python, "-c", LAUNCH, str(WEB_ROOT), "serve", "--port", str(port)]
+        return command + list(self.serve_args)
+
+
+def serve(model: list[str], extra: list[str], log_path: Path) -> common.ManagedServer:
+    """The demo's server on a port of its own; enter it to start it and wait for /readyz."""
+    return common.ManagedServer(DemoServerOptions(serve_args=(*model, *extra)), log_path)
 
 
 async def caption(base: str, wav: Path, runs: int) -> list[float]:
@@ -116,8 +108,8 @@ async def caption(base: str, wav: Path, runs: int) -> list[float]:
     return times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = common.parser(__doc__, prog="python -m bench.web_file_captions")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument(
@@ -126,7 +118,7 @@ def main() -> None:
         help="what serve loads [%(default)s]",
     )
     parser.add_argument("--no-realtime", action="store_true", help="skip the real-time run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cache = Path(os.environ.get("STREAMER_CACHE_DIR", ".cache")) / "tts"
     with tempfile.TemporaryDirectory() as folder:
         wav, duration_s = speech_wav(args.seconds, Path(folder), cache)
@@ -136,18 +128,15 @@ def main() -> None:
             ("upload API (stream=true)", [], args.runs),
             ("real time over the WebSocket (--max-file-jobs 0)", ["--max-file-jobs", "0"], 1),
         ):
-            if runs == 1 and args.no_realtime:
+            if extra and args.no_realtime:  # (not `runs == 1`: --runs 1 skipped the upload)
                 continue
-            server, base = serve(model, extra)
-            try:
+            with serve(model, extra, Path(folder) / "server.log") as server:
                 print(label)
-                times = asyncio.run(caption(base, wav, runs))
-            finally:
-                server.terminate()
-                server.wait(30)
+                times = asyncio.run(caption(server.http_url, wav, runs))
             shares = ", ".join(f"{t / duration_s:.2f}" for t in times)
             print(f"  share of the file's duration: {shares}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,19 +1,23 @@
 """A smoke run of each bench that no other test module runs whole: io_load, first_start,
-stress, its soak and gpu_report, each for seconds on the tiny random model (``bench.latency``,
-``bench.decode`` and ``bench.files`` have modules of their own)."""
+stress, its soak, gpu_report, diarization and web_file_captions, each for seconds on the tiny
+random model (``bench.latency``, ``bench.decode`` and ``bench.files`` have modules of their
+own)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from bench.__main__ import benches
+from tests.timing import timeout_s
 
 SMOKED = {  # bench -> the test module that runs it
     "decode": "test_bench_decode.py",
+    "diarization": "test_bench_smoke.py",
     "files": "test_bench_files.py",
     "first_start": "test_bench_smoke.py",
     "gpu_report": "test_bench_smoke.py",
@@ -21,6 +25,7 @@ SMOKED = {  # bench -> the test module that runs it
     "latency": "test_bench_latency.py",
     "stress": "test_bench_smoke.py",
     "stress_soak": "test_bench_smoke.py",
+    "web_file_captions": "test_bench_smoke.py",
 }
 
 
@@ -119,3 +124,68 @@ def test_gpu_report_merges_latency_runs(tmp_path: Path) -> None:
     sweep = (out / "sweep.md").read_text()
     assert "batch1" in sweep and "batch32" in sweep and "600" in sweep
     assert (out / "vs_clients_all.png").stat().st_size > 0
+
+
+def test_diarization_scores_every_conversation_and_times_diarize_on_and_off(
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import diarization
+
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(cache_dir))
+    out = tmp_path / "out"
+    argv = ["--turns", "2", "--latency-s", "0.1", "--latency-turns", "2",
+            "--model", "random:tiny", "--quantize", "none", "--server-arg=--threads",
+            "--server-arg=1", "--out", str(out), "--cache-dir", str(cache_dir)]  # fmt: skip
+    assert diarization.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = results["conversations"]
+    assert [tuple(row["voices"]) for row in rows] == [v for v, _ in diarization.CONVERSATIONS]
+    for row in rows:
+        assert row["utterances"] > 0 and row["audio_s"] > 0
+        for scored in ("online", "offline_count_given", "offline_eigengap"):
+            for collar in ("no_collar", "collar_0.25"):
+                score = row[scored][collar]
+                parts = score["missed"] + score["false_alarm"] + score["confusion"]
+                assert score["der"] == pytest.approx(parts, abs=2e-4) and 0 <= parts < 2
+        assert (out / f"{'-'.join(row['voices'])}.rttm").read_text().startswith("SPEAKER ")
+    memory = results["memory_mb"]
+    assert 0 < memory["rss_before"] < memory["rss_after_load"]
+    latency = results["latency_1_client"]
+    for mode in ("off", "on"):  # each mode ran once, though --latency-s is shorter than a turn
+        assert latency[mode]["finals"] > 0
+        assert 0 < latency[mode]["p50_s"] <= latency[mode]["p95_s"]
+    metrics = latency["server_metrics"]
+    assert metrics["speaker_analyses"] > 0 and metrics["audio_s"] > 0
+    assert latency["unlabelled_finals_on"] == 0
+
+
+@pytest.mark.browser
+def test_web_file_captions_times_the_upload_and_the_real_time_path(
+    cache_dir: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import web_file_captions
+    from streamer.testkit import speech
+
+    pytest.importorskip("playwright.async_api")
+    if not (speech.tools_available() and Path(web_file_captions.CHROMIUM).exists()):
+        pytest.skip("needs espeak-ng, sox and /usr/bin/chromium")
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(cache_dir))
+    model = "--model random:tiny --device cpu --threads 1"
+    assert web_file_captions.main(["--seconds", "1", "--runs", "1", "--model-args", model]) == 0
+    printed = capsys.readouterr().out
+    file = re.search(r"^file: ([\d.]+) s of speech", printed, re.M)
+    assert file is not None, printed
+    duration_s = float(file[1])
+    uploaded = re.findall(r"^  ([\d.]+) s: speech\.wav: ([1-9]\d*) captions in .* \(uploaded\)$",
+                          printed, re.M)  # fmt: skip
+    streamed = re.findall(r"^  ([\d.]+) s: ended: ([1-9]\d*) segments, ([\d.]+) s of audio",
+                          printed, re.M)  # fmt: skip
+    assert len(uploaded) == 1 and len(streamed) == 1, printed
+    assert float(streamed[0][2]) == pytest.approx(duration_s, abs=0.15)  # the whole file played
+    # played at real time it takes the file's duration; uploaded, a fraction of it
+    assert float(streamed[0][0]) >= 0.9 * duration_s, printed
+    assert float(uploaded[0][0]) < timeout_s(duration_s / 2), printed
+    assert printed.count("share of the file's duration:") == 2
