@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from streamer.errors import ModelError
+from streamer.model import published
 from streamer.model.speakers import layout
 
 
@@ -88,6 +89,8 @@ def test_auto_fetches_sherpa_onnx_exports_through_the_hub_code(
         return str(path)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    # the hub "answers" the quick reachability probe made before any download
+    monkeypatch.setattr(published, "_unreachable", lambda endpoint: None)
     files = layout.resolve_diarizer(layout.AUTO, tmp_path)
     assert [a[:2] for a in asked] == [layout.PUBLISHED_SEGMENTATION, layout.PUBLISHED_EMBEDDING]
     assert all(a[2] == str(tmp_path / "huggingface") for a in asked)
