@@ -18,7 +18,7 @@ from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions
 from streamer.server.options import FileOptions
 from tests.audio_files import write_audio
-from tests.fakes import FakeRecognizer, silence, tone
+from tests.fakes import FakeRecognizer, HangingRecognizer, silence, tone
 from tests.test_server import self_signed_cert
 from tests.timing import eventually_sync, timeout_s
 
@@ -97,6 +97,19 @@ def test_shutdown_refuses_an_unfinished_file_with_503(make_fake_server):
     status, headers, body = results[0]
     assert status == 503 and "Retry-After" in headers
     assert body["err_code"] == "SHUTTING_DOWN"
+
+
+def test_a_model_failure_refuses_an_unfinished_file_with_503(make_fake_server):
+    # the file's job is one of the admission's open things, which the failure walks
+    instance = HangingRecognizer()
+    server = make_fake_server(lambda: instance, decode_timeout_s=0.5)
+    try:
+        status, headers, body = post_raw(server.port, bursts(3))
+        assert status == 503 and "Retry-After" in headers
+        assert body["err_code"] == "MODEL_STALLED"
+        eventually_sync(lambda: not server.server.admission.open, what="nothing left open")
+    finally:
+        instance.release.set()
 
 
 def test_uploads_on_uvloop(make_fake_server):

@@ -360,3 +360,117 @@ def test_the_server_imports_no_websockets_asyncio_server(path: Path) -> None:
 
 def test_the_websocket_is_websockets_sans_io_protocol() -> None:
     assert "websockets.server.ServerProtocol" in _imports(PACKAGE / "server" / "websocket.py")
+
+
+# ... and touches websockets only through its documented API (the reference pages of
+# websockets.readthedocs.io: sans-I/O server and common, HTTP/1.1 objects, data
+# structures, exceptions, types), so that a websockets release cannot break the port
+# through an internal it changed.
+WEBSOCKETS_DOCUMENTED = {
+    "websockets.server": {"ServerProtocol"},
+    "websockets.protocol": {"State"},
+    "websockets.frames": {"Frame", "Opcode"},
+    "websockets.http11": {"Request", "Response"},
+    "websockets.datastructures": {"Headers", "MultipleValuesError"},
+    "websockets.exceptions": {"ConnectionClosed", "ConnectionClosedError"},
+    "websockets.typing": {"Subprotocol"},
+}
+# ServerProtocol's documented members (reference/sansio/server and common)
+SERVER_PROTOCOL_API = {
+    "receive_data",
+    "receive_eof",
+    "accept",
+    "reject",
+    "send_response",
+    "send_continuation",
+    "send_text",
+    "send_binary",
+    "send_close",
+    "send_ping",
+    "send_pong",
+    "fail",
+    "events_received",
+    "data_to_send",
+    "close_expected",
+    "state",
+    "handshake_exc",
+    "close_code",
+    "close_reason",
+    "close_exc",
+    "id",
+    "logger",
+}
+
+
+def _websockets_imports(tree: ast.AST) -> set[tuple[str, str]]:
+    """(module, name) of every ``import websockets...`` / ``from websockets... import``."""
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {(a.name, "*") for a in node.names if _top(a.name) == "websockets"}
+        elif isinstance(node, ast.ImportFrom) and _top(node.module or "") == "websockets":
+            found |= {(node.module or "", a.name) for a in node.names}
+    return found
+
+
+def _undocumented_websockets_uses(source: str) -> list[str]:
+    """What ``source`` (a server module) takes of websockets beyond its documented API:
+    an import not in :data:`WEBSOCKETS_DOCUMENTED` (a module imported whole counts: its
+    attributes cannot be checked), an attribute of a ``protocol`` (the ServerProtocol)
+    not in :data:`SERVER_PROTOCOL_API`, a private attribute of anything but ``self``."""
+    tree = ast.parse(source)
+    imported = _websockets_imports(tree)
+    found = [
+        f"import {module}.{name}"
+        for module, name in sorted(imported)
+        if name not in WEBSOCKETS_DOCUMENTED.get(module, set())
+    ]
+    # ``x.protocol`` is a WebSocket's ServerProtocol; a bare ``protocol`` is one only
+    # where ServerProtocol is imported (elsewhere: an asyncio protocol, core.protocol)
+    bare_is_websockets = ("websockets.server", "ServerProtocol") in imported
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        owner_name = (
+            owner.attr
+            if isinstance(owner, ast.Attribute)
+            else owner.id
+            if isinstance(owner, ast.Name)
+            else ""
+        )
+        is_websockets = isinstance(owner, ast.Attribute) or bare_is_websockets
+        if owner_name == "protocol" and is_websockets and node.attr not in SERVER_PROTOCOL_API:
+            found.append(f"protocol.{node.attr} (line {node.lineno})")
+        if (
+            node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (isinstance(owner, ast.Name) and owner.id in ("self", "cls"))
+        ):
+            found.append(f"{owner_name}.{node.attr} (line {node.lineno})")
+    return found
+
+
+@pytest.mark.parametrize("path", _modules("server"), ids=_rel)
+def test_the_server_uses_only_websockets_documented_api(path: Path) -> None:
+    assert _undocumented_websockets_uses(path.read_text(encoding="utf-8")) == []
+
+
+def test_the_websockets_api_check_sees_what_the_old_main_port_did() -> None:
+    # what server/main_port.py and server/reads.py did before issue 34
+    source = (
+        "from websockets.asyncio.server import ServerConnection\n"
+        "import websockets.legacy.server\n"
+        "from websockets.protocol import SEND_EOF\n"
+        "tasks = server._handler_tasks\n"
+        "self.protocol.parser = None\n"
+        "connection.recv_messages._pause = None\n"
+    )
+    assert _undocumented_websockets_uses(source) == [
+        "import websockets.asyncio.server.ServerConnection",
+        "import websockets.legacy.server.*",
+        "import websockets.protocol.SEND_EOF",
+        "server._handler_tasks (line 4)",
+        "protocol.parser (line 5)",
+        "recv_messages._pause (line 6)",
+    ]

@@ -53,7 +53,8 @@ def authorize(options: ServerOptions, presented: str | None, origin: str | None)
 
 
 class Tracked(Protocol):
-    """An open session's connection, as admission and the lifecycle see it."""
+    """An open piece of work (a session's connection, a file's transcription, a file
+    API's request), as admission and the lifecycle see it."""
 
     def expire(self, code: str, message: str, close_code: int = ...) -> None: ...
 
@@ -63,7 +64,14 @@ class Tracked(Protocol):
 
 
 class Admission:
-    """The open sessions of every protocol and the rules for a new one."""
+    """The open work of every protocol and the rules for a new session.
+
+    :attr:`open` is every open thing, the one collection that a model failure
+    (:meth:`Tracked.expire`) and the shutdown (:meth:`Tracked.shutdown`, then
+    :meth:`Tracked.abort`) walk: the sessions of every port (:meth:`track`), and the
+    file APIs' requests and transcriptions (:meth:`open_work`). :attr:`connections` are
+    the sessions among them, which ``--max-sessions`` and the capacity estimate count.
+    """
 
     def __init__(
         self,
@@ -76,7 +84,8 @@ class Admission:
         self.worker = worker
         self.metrics = metrics
         self.classifier_factory = classifier_factory
-        self.connections: set[Tracked] = set()
+        self.open: set[Tracked] = set()  # everything open: what shutdown walks
+        self.connections: set[Tracked] = set()  # the sessions in it
         self.no_connections = asyncio.Event()
         self.no_connections.set()
         self.draining = False  # new sessions refused, open ones served
@@ -262,6 +271,7 @@ class Admission:
         """Count an open connection until :meth:`untrack`; it hears a failure or a
         shutdown that is already under way."""
         self.connections.add(connection)
+        self.open.add(connection)
         self.capacity.admitted(asyncio.get_running_loop().time())  # the probe's clock
         self.input_budget.connections = len(self.connections)
         self.no_connections.clear()
@@ -270,10 +280,30 @@ class Admission:
 
     def untrack(self, connection: Tracked, protocol_name: str) -> None:
         self.connections.discard(connection)
+        self.open.discard(connection)
         self.input_budget.connections = len(self.connections)
         if not self.connections:
             self.no_connections.set()
         self.metrics.sessions_active.labels(protocol_name).dec()
+
+    def open_work(self, work: Tracked) -> None:
+        """Keep ``work`` (not a session: a file's request or transcription) in
+        :attr:`open` until :meth:`close_work`, for the lifecycle to stop."""
+        self.open.add(work)
+
+    def close_work(self, work: Tracked) -> None:
+        self.open.discard(work)
+
+    def shutdown_all(self) -> None:
+        """The shutdown has begun: every open thing is told (sessions finish their
+        segments and close, files being transcribed are refused)."""
+        for work in list(self.open):
+            work.shutdown()
+
+    def abort_all(self) -> None:
+        """The grace period is over: whatever is still open is dropped."""
+        for work in list(self.open):
+            work.abort()
 
     def model_failed(self, reason: str) -> None:
         """The model failed for good: unready, and every open session is told and closed."""
@@ -282,8 +312,8 @@ class Admission:
         self.failure = reason
         self.metrics.model_ready.set(0)
         logger.error("model failed (%s): unready; every session is told and closed", reason)
-        for connection in list(self.connections):
-            expire_for_failure(connection)
+        for work in list(self.open):  # the files being transcribed too
+            expire_for_failure(work)
         self.failed.set()
 
 

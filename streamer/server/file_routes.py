@@ -73,6 +73,25 @@ class FileApi:
         return HttpError(error.status, self.error_shape(error), headers)
 
 
+class OpenRequest:
+    """A file API's request being answered, as the lifecycle sees it (one of
+    :attr:`Admission.open <streamer.server.admission.Admission.open>`'s things): a
+    model failure or the shutdown stops its transcription (the :class:`FileJob`, tracked
+    beside it), and when the grace period is over its connection is dropped."""
+
+    def __init__(self, exchange: HttpExchange) -> None:
+        self.exchange = exchange
+
+    def expire(self, code: str, message: str, close_code: int = 0) -> None:
+        """Nothing to tell: its file job, if it has one, is told."""
+
+    def shutdown(self) -> None:
+        """Nothing to tell: its file job, if it has one, is refused."""
+
+    def abort(self) -> None:
+        self.exchange.abort()
+
+
 class FileRoutes:
     """Every request with a body on the main port."""
 
@@ -95,7 +114,6 @@ class FileRoutes:
         self.apis = {api.path: api for api in apis}
         self.refused = dict(refused or {})  # path -> (status, message): known, not served
         self.table = table or RouteTable((), (*self.apis, *self.refused))
-        self.exchanges: set[HttpExchange] = set()
 
     def exchange(self, peer: str, accepted_at: float) -> HttpExchange:
         """A new exchange for one connection accepted at loop time ``accepted_at``
@@ -112,7 +130,8 @@ class FileRoutes:
     async def handle(self, exchange: HttpExchange) -> None:
         request = exchange.request
         assert request is not None
-        self.exchanges.add(exchange)  # shutdown aborts what is left
+        tracked = OpenRequest(exchange)
+        self.admission.open_work(tracked)  # shutdown aborts what is left
         try:
             try:
                 check_request_line(request.ws_request)
@@ -142,7 +161,7 @@ class FileRoutes:
                     raise api.http_error(error) from None
                 metrics.files_total.labels(api.name, "ok").inc()
         finally:
-            self.exchanges.discard(exchange)
+            self.admission.close_work(tracked)
 
     def _not_served(self, request: HttpRequest) -> None:
         allowed = self.table.allowed(request.path)
@@ -248,12 +267,14 @@ class FileRoutes:
                 f"{error}; retry shortly",
                 retry_after_s=RETRY_AFTER_S,
             ) from None
+        self.admission.open_work(job)  # a model failure or the shutdown stops it
         self.admission.metrics.file_jobs_active.labels(api.name).inc()
         return job
 
     def release_job(self, job: FileJob) -> None:
         """The slot of :meth:`start_job`, once the file's request is answered."""
         self.jobs.remove(job)
+        self.admission.close_work(job)
         self.admission.metrics.file_jobs_active.labels(job.name).dec()
 
 

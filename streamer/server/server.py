@@ -140,10 +140,7 @@ class StreamingServer:
     # -- lifecycle -------------------------------------------------------------
 
     def _model_failed(self, reason: str) -> None:
-        self.admission.model_failed(reason)
-        self.files.jobs.stop_all(
-            "model_stalled", "the model stopped answering; the server is restarting (retry shortly)"
-        )
+        self.admission.model_failed(reason)  # files being transcribed are refused too
 
     @property
     def port(self) -> int:
@@ -294,12 +291,9 @@ class StreamingServer:
         # other protocols' ports have no such answer and stop accepting
         for listener in self.listeners.values():
             listener.stop_accepting()
-        for connection in list(self.admission.connections):
-            connection.shutdown()
-        # a file not finished in the drain is refused (503: send it again elsewhere)
-        self.files.jobs.stop_all(
-            "shutting_down", "the server is shutting down; send the file again"
-        )
+        # sessions finish their segments and close; a file not finished in the drain is
+        # refused (503: send it again elsewhere)
+        self.admission.shutdown_all()
         # after a model failure, sessions only wait for their close: no decode will come
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -321,10 +315,7 @@ class StreamingServer:
             await asyncio.sleep(max(0.0, started + grace_s - loop.time()))
         # Nothing below waits on a peer: what is left is aborted, not closed politely
         # (a client that does not read would block a close handshake forever).
-        for connection in list(self.admission.connections):
-            connection.abort()
-        for exchange in list(self.files.exchanges):
-            exchange.abort()
+        self.admission.abort_all()
         if self._server is not None:
             self._server.abort_all()
             try:

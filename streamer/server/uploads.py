@@ -9,7 +9,8 @@ finals are exactly the finals protocol v1 gives for the same samples. Its jobs a
 the pending-finals gate holds the decoder back while the model is busy.
 
 :class:`FileJobs` bounds how many files are transcribed at once (``--max-file-jobs``);
-the lifecycle drains and shuts them down beside the live sessions.
+each :class:`FileJob` is tracked by the admission beside the live sessions, so the
+lifecycle drains and shuts them down with them.
 """
 
 from __future__ import annotations
@@ -57,8 +58,12 @@ class FileTranscript:
     notices: list[Notice] = field(default_factory=list)  # hotwords the model could not use
 
 
+SHUTTING_DOWN = ("shutting_down", "the server is shutting down; send the file again")
+
+
 class FileJob:
-    """One file being transcribed: what the lifecycle may stop."""
+    """One file being transcribed: what the lifecycle may stop (one of
+    :attr:`Admission.open <streamer.server.admission.Admission.open>`'s things)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -69,6 +74,18 @@ class FileJob:
         if self.stopped is None:
             self.stopped = (code, message)
             self.stop_event.set()
+
+    def expire(self, code: str, message: str, close_code: int = 0) -> None:
+        """The model failed: the file is refused with ``code`` (no close code: HTTP)."""
+        self.stop(code, message)
+
+    def shutdown(self) -> None:
+        """A file not finished in the drain is refused (503: send it again elsewhere)."""
+        self.stop(*SHUTTING_DOWN)
+
+    def abort(self) -> None:
+        """Nothing of its own to drop: its request's connection is (the file API's
+        :class:`~streamer.server.file_routes.OpenRequest`)."""
 
 
 class FileJobs:
@@ -95,10 +112,6 @@ class FileJobs:
         self.active.discard(job)
         if not self.active:
             self.idle.set()
-
-    def stop_all(self, code: str, message: str) -> None:
-        for job in list(self.active):
-            job.stop(code, message)
 
 
 class Receiving:

@@ -35,7 +35,7 @@ from typing import cast
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import CONNECTING, OPEN, SEND_EOF
+from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 # One callback's parsing: about 1000 frames of the smallest kind (8 bytes on the wire)
 # or one 250 ms chunk of 16 kHz PCM.
 READ_SLICE_BYTES = 8192
+# what data_to_send() returns when the TCP connection must be closed (documented: b"")
+END_OF_STREAM = b""
 
 Route = Callable[[Request], Response | None]
 ProcessResponse = Callable[[Request, Response], Response]
@@ -260,7 +262,7 @@ class WebSocket(asyncio.Protocol):
         for data in self.protocol.data_to_send():
             if self.transport.is_closing():
                 return
-            if data == SEND_EOF:
+            if data == END_OF_STREAM:
                 # the server closes the TCP connection first (RFC 6455 7.1.1)
                 if self.transport.can_write_eof():
                     with contextlib.suppress(OSError, RuntimeError):
@@ -272,7 +274,7 @@ class WebSocket(asyncio.Protocol):
     async def send(self, data: str | bytes, *, text: bool | None = None) -> None:
         """One message (text when ``text``, or when ``data`` is a str); waits while the
         transport's buffer is full. Raises :class:`ConnectionClosed` once closing."""
-        if self.protocol.state is not OPEN:
+        if self.protocol.state is not State.OPEN:
             await self._closed()
         payload = data.encode() if isinstance(data, str) else data
         if text or (text is None and isinstance(data, str)):
@@ -285,7 +287,7 @@ class WebSocket(asyncio.Protocol):
     async def ping(self) -> asyncio.Future[float]:
         """Send a ping; the future is the round trip, set when its pong (or a later
         ping's) comes back."""
-        if self.protocol.state is not OPEN:
+        if self.protocol.state is not State.OPEN:
             await self._closed()
         self._ping_count += 1
         data = self._ping_count.to_bytes(4, "big")
@@ -310,7 +312,7 @@ class WebSocket(asyncio.Protocol):
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """The close handshake: our close frame, the peer's, the TCP close (the caller
         bounds the wait; :attr:`close_timeout_s` aborts a peer that does not close)."""
-        if self.protocol.state is OPEN:
+        if self.protocol.state is State.OPEN:
             self.protocol.send_close(code, reason)
             self._flush()
             if self._close_timer is None and self.protocol.close_expected():
@@ -325,21 +327,21 @@ class WebSocket(asyncio.Protocol):
     def close_soon(self, code: int, reason: str = "") -> None:
         """Start the close handshake without waiting (the port's shutdown); a connection
         still in its handshake is dropped."""
-        if self.protocol.state is OPEN:
+        if self.protocol.state is State.OPEN:
             self.protocol.send_close(code, reason)
             self._flush()
             if self._close_timer is None:
                 self._close_timer = self._loop.call_later(
                     self.close_timeout_s, self.transport.abort
                 )
-        elif self.protocol.state is CONNECTING:
+        elif self.protocol.state is State.CONNECTING:
             self.transport.abort()
 
     # -- the opening handshake -----------------------------------------------------------
 
     def _open_timeout(self) -> None:
         self._open_timer = None
-        if self.protocol.state is CONNECTING:
+        if self.protocol.state is State.CONNECTING:
             logger.info("no WebSocket handshake in %g s: closed", self._open_timeout_s)
             self.transport.abort()
 
@@ -364,7 +366,7 @@ class WebSocket(asyncio.Protocol):
             response.headers["Server"] = self._server_header
         protocol.send_response(response)
         self._flush()
-        if protocol.state is OPEN:
+        if protocol.state is State.OPEN:
             task = self._loop.create_task(self._serve(), name="websocket")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
