@@ -509,6 +509,30 @@ async def test_a_second_real_time_client_is_admitted_beside_the_first(
     assert b"streamer_final_latency_seconds_count 8.0" in metrics
 
 
+async def test_a_session_without_partials_counts_in_the_final_budget_only(
+    make_ports_server,  # noqa: F811  (the fixture)
+) -> None:
+    """Without partials an utterance's first text is its final, seconds after the
+    utterance began by design: counted as a time to first token, a few such sessions
+    (the soak's live clients) made the TTFT p95 5 s and every new session was refused."""
+    server = make_ports_server(lambda: FakeRecognizer(delay_s=0.02))
+    admission = server.server.admission
+    chunk = 1600  # 100 ms
+    audio = np.concatenate([speech_bursts(3), silence(300)])
+    async with connect(server.url + "?partials=false") as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+        messages: list[dict] = []
+        reader = asyncio.create_task(collect(ws, messages))
+        for start in range(0, audio.size, chunk):  # real time
+            await ws.send(audio[start : start + chunk].tobytes())
+            await asyncio.sleep(0.1)
+        await ws.send('{"type":"stop"}')
+        await asyncio.wait_for(reader, timeout_s(20))
+    assert [m["type"] for m in messages].count("final") == 3
+    live = admission.metrics.live
+    assert sum(live.final.counts) == 3 and sum(live.ttft.counts) == 0
+
+
 def speech_bursts(n: int) -> np.ndarray:
     """``n`` utterances of 300 ms tone and 700 ms silence."""
     return np.concatenate([np.concatenate([tone(300), silence(700)]) for _ in range(n)])
