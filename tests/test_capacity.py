@@ -475,22 +475,9 @@ async def test_a_second_real_time_client_is_admitted_beside_the_first(
         lambda: FakeRecognizer(delay_s=0.15), capacity=CapacityOptions(window_s=6)
     )
     admission = server.server.admission
-    chunk = 1600  # 100 ms
     audio = np.concatenate([speech_bursts(8), silence(300)])
 
-    async def first_client() -> list[dict]:
-        async with connect(server.url) as ws:
-            assert orjson.loads(await ws.recv())["type"] == "ready"
-            messages: list[dict] = []
-            reader = asyncio.create_task(collect(ws, messages))
-            for start in range(0, audio.size, chunk):  # real time
-                await ws.send(audio[start : start + chunk].tobytes())
-                await asyncio.sleep(0.1)
-            await ws.send('{"type":"stop"}')
-            await asyncio.wait_for(reader, timeout_s(20))
-            return messages
-
-    first = asyncio.create_task(first_client())
+    first = asyncio.create_task(stream_real_time(server.url, audio))
     await asyncio.sleep(5)  # about five utterances decoded
     capacity = admission.capacity.current
     assert capacity.projected_wait_ms > 100, capacity  # the old rule refused here
@@ -517,17 +504,8 @@ async def test_a_session_without_partials_counts_in_the_final_budget_only(
     (the soak's live clients) made the TTFT p95 5 s and every new session was refused."""
     server = make_ports_server(lambda: FakeRecognizer(delay_s=0.02))
     admission = server.server.admission
-    chunk = 1600  # 100 ms
     audio = np.concatenate([speech_bursts(3), silence(300)])
-    async with connect(server.url + "?partials=false") as ws:
-        assert orjson.loads(await ws.recv())["type"] == "ready"
-        messages: list[dict] = []
-        reader = asyncio.create_task(collect(ws, messages))
-        for start in range(0, audio.size, chunk):  # real time
-            await ws.send(audio[start : start + chunk].tobytes())
-            await asyncio.sleep(0.1)
-        await ws.send('{"type":"stop"}')
-        await asyncio.wait_for(reader, timeout_s(20))
+    messages = await stream_real_time(server.url + "?partials=false", audio)
     assert [m["type"] for m in messages].count("final") == 3
     live = admission.metrics.live
     assert sum(live.final.counts) == 3 and sum(live.ttft.counts) == 0
@@ -536,6 +514,22 @@ async def test_a_session_without_partials_counts_in_the_final_budget_only(
 def speech_bursts(n: int) -> np.ndarray:
     """``n`` utterances of 300 ms tone and 700 ms silence."""
     return np.concatenate([np.concatenate([tone(300), silence(700)]) for _ in range(n)])
+
+
+async def stream_real_time(url: str, audio: np.ndarray) -> list[dict]:
+    """A v1 client sending ``audio`` at real time in 100 ms chunks, then ``stop``: every
+    message it got."""
+    chunk = 1600  # 100 ms
+    async with connect(url) as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+        messages: list[dict] = []
+        reader = asyncio.create_task(collect(ws, messages))
+        for start in range(0, audio.size, chunk):
+            await ws.send(audio[start : start + chunk].tobytes())
+            await asyncio.sleep(0.1)
+        await ws.send('{"type":"stop"}')
+        await asyncio.wait_for(reader, timeout_s(20))
+        return messages
 
 
 async def collect(ws, messages: list[dict]) -> None:
