@@ -305,7 +305,7 @@ class Session:
             )
         )
         if self.stream.diarize and self.speakers is None:
-            self._non_fatal_code("diarize_unavailable", "this server has no speaker models")
+            self._non_fatal_code(protocol.DIARIZE_UNAVAILABLE, "this server has no speaker models")
 
     # -- audio -----------------------------------------------------------------
 
