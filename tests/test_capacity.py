@@ -420,8 +420,14 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
     assert (await asyncio.to_thread(http_get, readyz))[0] == 200
     async with connect(server.url + "?partials=false") as ws:
         assert orjson.loads(await ws.recv())["type"] == "ready"
-        # two utterances: the first final is decoding (held), the second waits in the queue
-        await ws.send(speech(2).tobytes())
+        # two utterances: the first final is decoding (held), the second waits in the
+        # queue; sent at real time (a client sending faster waits behind real-time work by
+        # design, and its waiting finals are not lag: sent at once, whether they counted
+        # raced the rate's measurement)
+        audio = speech(2)
+        for start in range(0, audio.size, 1600):  # 100 ms
+            await ws.send(audio[start : start + 1600].tobytes())
+            await asyncio.sleep(0.1)
         deadline = time.monotonic() + timeout_s(10)
         while (status := await asyncio.to_thread(http_get, readyz))[0] == 200:
             assert time.monotonic() < deadline, f"never saturated: {status}"
