@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -46,12 +47,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import numpy as np
-
-from bench.latency.poller import Poller
 
 __all__ = [
     "REPO",
@@ -504,6 +503,31 @@ def tree_rss_mb(pid: int) -> float | None:
     except psutil.NoSuchProcess:
         return None
     return total / 2**20
+
+
+class Poller:
+    """Calls :meth:`poll` every ``interval_s`` in a daemon thread, from ``with`` entry to
+    exit (the first call one interval in). Subclasses keep what they see as attributes."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
 
 
 class PeakRss(Poller):

@@ -46,7 +46,7 @@ from websockets.asyncio.client import connect
 from bench.common import cpu_name, multipart_form, proc_status, rss_mb
 from bench.files import sse_events
 from bench.latency.protocols import webm_bytes
-from bench.stress import finals_of, long_speech, stress_server
+from bench.stress.attacks import long_speech, session, stress_server
 
 logger = logging.getLogger("bench.stress.soak")
 
@@ -230,7 +230,7 @@ async def soak(args: argparse.Namespace) -> str:
         server.__enter__()  # started and ready; stopped below with SIGTERM, its exit timed
         port, url = server.port or 0, server.url
         # references: each well-behaved client alone, once
-        live_ref = [f.text for f in (await finals_of(url, speech, ping=False))[0] if f.text]
+        live_ref = (await session(url, speech, ping=False)).texts
         webm_ref = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
         status, body = await asyncio.to_thread(
             post, port, "/v1/listen?utterances=true", wav, "audio/wav"
@@ -257,8 +257,8 @@ async def soak(args: argparse.Namespace) -> str:
 
         async def live() -> None:
             while running():
-                finals, ended, errors = await finals_of(url, speech, ping=True, speed=1.0)
-                texts = [f.text for f in finals if f.text]
+                got = await session(url, speech, speed=1.0)
+                texts, ended, errors = got.texts, got.ended, got.errors
                 if texts == live_ref and ended and not errors:
                     tally.ok("live PCM session")
                 else:

@@ -2,7 +2,7 @@
 
     python -m bench.stress                          # scaled run, into bench/RESULTS.md
     python -m bench.stress --clients 8 --minutes 15 --model random:small --quantize int8
-    python -m bench.stress soak --minutes 20        # the mixed soak (bench/stress_soak.py)
+    python -m bench.stress soak --minutes 20        # the mixed soak (bench/stress/soak.py)
 
 Every attack talks to 127.0.0.1 only, and every loop is bounded in count and time. Each
 row of the table says what was expected, what was observed, the verdict, how many finals
@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,25 +109,18 @@ class Row:
     finals_lost: tuple[int, int] | None = None  # (lost, expected)
     peak_rss_mb: float = 0.0
 
-    def cells(self) -> list[str]:
-        lost = (
-            "-" if self.finals_lost is None else f"{self.finals_lost[0]} of {self.finals_lost[1]}"
-        )
-        verdict = "PASS" if self.ok else "FAIL"
-        return [
-            self.attack,
-            self.expected,
-            self.observed,
-            verdict,
-            lost,
-            f"{self.peak_rss_mb:.0f} MB",
-        ]
+
+TABLE_HEAD = (
+    "| attack | expected | observed | verdict | finals lost | peak RSS |\n" + "|---" * 6 + "|"
+)
 
 
 def table(rows: list[Row]) -> str:
-    header = ["attack", "expected", "observed", "verdict", "finals lost", "peak RSS"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    lines = [TABLE_HEAD]
+    for r in rows:
+        lost = "-" if r.finals_lost is None else "{} of {}".format(*r.finals_lost)
+        lines.append(f"| {r.attack} | {r.expected} | {r.observed} | {'PASS' if r.ok else 'FAIL'} "
+                     f"| {lost} | {r.peak_rss_mb:.0f} MB |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -143,28 +136,55 @@ def long_speech(cache_dir: Path, minutes: float) -> np.ndarray:
     return np.tile(one, reps)[: int(minutes * 60 * 16000)]
 
 
-async def finals_of(
+@dataclass
+class Session:
+    """What one client got: its finals, each final's latency (arrival minus when its last
+    sample was due, paced sessions), whether ``end`` came, error codes, a refusal."""
+
+    finals: list[Final] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
+    ended: bool = False
+    errors: list[str] = field(default_factory=list)
+    refused: str | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        return [f.text for f in self.finals if f.text]
+
+
+async def session(
     url: str,
     pcm: np.ndarray,
     *,
-    ping: bool,
+    ping: bool = True,
     speed: float | None = None,
     finalize_every_ms: int | None = None,
-) -> tuple[list[Final], bool, list[str]]:
-    """One session: (finals, end received, error codes)."""
-    options = ClientOptions(
-        url=url, stream=StreamOptions(partials=False), ping_interval_s=20.0 if ping else None
-    )
-    client = await StreamingClient.connect(options)
-    finals: list[Final] = []
-    errors: list[str] = []
+    partials: bool = False,
+    connected: asyncio.Event | None = None,
+) -> Session:
+    """One session, sent unpaced or at ``speed`` times real time in 100 ms chunks (or
+    ``finalize_every_ms`` chunks, each followed by a finalize)."""
+    options = ClientOptions(url=url, stream=StreamOptions(partials=partials),
+                            ping_interval_s=20.0 if ping else None)  # fmt: skip
+    result = Session()
+    try:
+        client = await StreamingClient.connect(options)
+    except ConnectionRefusedByServer as refused:
+        result.refused = refused.reason or str(refused.status)
+        return result
+    finally:
+        if connected is not None:
+            connected.set()
+    t0 = time.monotonic()
 
     async def read() -> None:
         async for message in client.messages():
             if isinstance(message, Final):
-                finals.append(message)
+                result.finals.append(message)
+                due_s = t0 + message.end_ms / 1000 / (speed or math.inf)
+                result.latencies_s += [time.monotonic() - due_s] if message.text else []
             elif isinstance(message, Error):
-                errors.append(message.code)
+                result.errors.append(message.code)
 
     reader = asyncio.create_task(read())
     step = 16 * (finalize_every_ms or 100)
@@ -173,16 +193,26 @@ async def finals_of(
             await client.send_audio(pcm[i : i + step])
             if finalize_every_ms is not None:
                 await client.finalize()
-            if speed is not None:
-                await asyncio.sleep(step / 16000 / speed)
+            if speed is not None:  # on the clock: chunk i + 1 is due then
+                await asyncio.sleep(max(0.0, t0 + (i + step) / 16000 / speed - time.monotonic()))
         await client.stop()
-        await reader
+        await asyncio.wait_for(reader, 120)
     except Exception as exc:  # the row records it
-        errors.append(f"{type(exc).__name__}: {exc}"[:80])
+        result.errors.append(f"{type(exc).__name__}: {exc}"[:80])
         reader.cancel()
     finally:
         await client.close()
-    return finals, client.end is not None, errors
+    result.ended = client.end is not None
+    return result
+
+
+async def probe(url: str, done: asyncio.Event, answers: list[tuple[float, int, str]]) -> None:
+    """GET ``url`` every 0.5 s until ``done``: (seconds it took, status (0: none), body)."""
+    while not done.is_set():
+        started = time.monotonic()
+        status, body = await asyncio.to_thread(http_get, url, 10.0)
+        answers.append((time.monotonic() - started, status, body))
+        await asyncio.sleep(0.5)
 
 
 # -- attacks -----------------------------------------------------------------------
@@ -193,11 +223,11 @@ async def attack_unpaced(
 ) -> Row:
     with PeakRss(server.pid or 0) as rss:
         results = await asyncio.gather(
-            *[finals_of(server.url, pcm, ping=i % 2 == 0) for i in range(args.clients)]
+            *[session(server.url, pcm, ping=i % 2 == 0) for i in range(args.clients)]
         )
-    lost = sum(max(0, reference - len(f)) for f, _, _ in results)
-    ends = sum(end for _, end, _ in results)
-    errors = sorted({e for _, _, errs in results for e in errs})
+    lost = sum(max(0, reference - len(r.finals)) for r in results)
+    ends = sum(r.ended for r in results)
+    errors = sorted({e for r in results for e in r.errors})
     bound = args.clients * args.session_bound_mb + rss.start_mb
     ok = lost == 0 and ends == args.clients and rss.peak_mb < bound
     return Row(
@@ -289,22 +319,17 @@ async def attack_tiny_frames(server: ManagedServer, pcm: np.ndarray, reference: 
         sys.executable, "-m", "bench.stress", "tiny-frames", server.url, str(seconds),
         stdout=subprocess.PIPE,
     )  # fmt: skip
-    probes: list[float] = []
-
-    async def probe() -> None:
-        while flooder.returncode is None:
-            started = time.monotonic()
-            status, _ = await asyncio.to_thread(http_get, f"{server.http_url}/readyz", 10.0)
-            probes.append(time.monotonic() - started if status == 200 else 99.0)
-            await asyncio.sleep(0.5)
-
-    prober = asyncio.create_task(probe())
+    answers: list[tuple[float, int, str]] = []
+    done = asyncio.Event()
+    prober = asyncio.create_task(probe(f"{server.http_url}/readyz", done, answers))
     with PeakRss(server.pid or 0) as rss:
-        finals, end, errors = await finals_of(server.url, pcm, ping=True, speed=1.0)
+        client = await session(server.url, pcm, speed=1.0)
         out, _ = await asyncio.wait_for(flooder.communicate(), seconds + 60)
+    done.set()
     await prober
-    texts = [f.text for f in finals if f.text]
+    texts, end, errors = client.texts, client.ended, client.errors
     paced = metric_value(server, "streamer_input_paced_seconds_total")
+    probes = [took if status == 200 else 99.0 for took, status, _ in answers]
     readyz_max = max(probes, default=99.0)
     ok = texts == reference and end and not errors and readyz_max < 1.0 and paced > 0
     return Row(
@@ -321,65 +346,25 @@ async def attack_tiny_frames(server: ManagedServer, pcm: np.ndarray, reference: 
     )
 
 
-async def realtime_client(url: str, pcm: np.ndarray, started: asyncio.Event | None = None) -> dict:
-    """One real-time session (partials on, as a caption client): each final's latency
-    (received minus when its last sample was sent), or the code it was refused with."""
-    try:
-        client = await StreamingClient.connect(ClientOptions(url=url, ping_interval_s=20.0))
-    except ConnectionRefusedByServer as refused:
-        if started is not None:
-            started.set()
-        return {"refused": refused.reason or str(refused.status), "latencies": []}
-    latencies: list[float] = []
-    t0 = time.monotonic()
-
-    async def read() -> None:
-        async for message in client.messages():
-            if isinstance(message, Final) and message.text:
-                latencies.append(time.monotonic() - (t0 + message.end_ms / 1000))
-
-    reader = asyncio.create_task(read())
-    if started is not None:
-        started.set()
-    step = 1600  # 100 ms frames, sent on the real-time clock
-    try:
-        for i in range(0, pcm.size, step):
-            await client.send_audio(pcm[i : i + step])
-            await asyncio.sleep(max(0.0, t0 + (i + step) / 16000 - time.monotonic()))
-        await client.stop()
-        await asyncio.wait_for(reader, 120)
-    finally:
-        await client.close()
-    return {"refused": None, "latencies": latencies}
-
-
 async def attack_admission(server: ManagedServer, pcm: np.ndarray, joiners: int = 10) -> Row:
     """A real-time client alone, then again while ``joiners`` real-time clients join:
     those the server cannot serve are refused, /readyz says so, the first keeps its
     latency."""
     await asyncio.sleep(20.0)  # the reference runs' load leaves the capacity window
-    alone = await realtime_client(server.url, pcm)
-    probes: list[tuple[int, str]] = []
+    alone = await session(server.url, pcm, speed=1.0, partials=True)
+    answers: list[tuple[float, int, str]] = []
     done = asyncio.Event()
-
-    async def probe() -> None:
-        while not done.is_set():
-            try:
-                status, body = await asyncio.to_thread(http_get, f"{server.http_url}/readyz", 5.0)
-                probes.append((status, orjson.loads(body).get("status", "?")))
-            except Exception:  # a probe that failed to answer is recorded as such
-                probes.append((0, "no answer"))
-            await asyncio.sleep(0.5)
-
-    prober = asyncio.create_task(probe())
-    first_started = asyncio.Event()
-    first = asyncio.create_task(realtime_client(server.url, pcm, first_started))
-    await first_started.wait()
+    prober = asyncio.create_task(probe(f"{server.http_url}/readyz", done, answers))
+    first_connected = asyncio.Event()
+    first = asyncio.create_task(
+        session(server.url, pcm, speed=1.0, partials=True, connected=first_connected)
+    )
+    await first_connected.wait()
     await asyncio.sleep(5.0)  # the server is busy with the first client
 
-    async def join(i: int) -> dict:
+    async def join(i: int) -> Session:
         await asyncio.sleep(i * 1.0)  # one a second
-        return await realtime_client(server.url, pcm[: pcm.size * 2 // 3])
+        return await session(server.url, pcm[: pcm.size * 2 // 3], speed=1.0, partials=True)
 
     interrupted = metric_value(server, "streamer_partials_interrupted_total")
     others = await asyncio.gather(*[join(i) for i in range(joiners)])
@@ -387,13 +372,15 @@ async def attack_admission(server: ManagedServer, pcm: np.ndarray, joiners: int 
     interrupted = metric_value(server, "streamer_partials_interrupted_total") - interrupted
     done.set()
     await prober
-    admitted = [o for o in others if o["refused"] is None]
-    refused = sorted({o["refused"] for o in others if o["refused"] is not None})
-    first_alone = percentiles(alone["latencies"], missing=math.nan)
-    first_loaded = percentiles(loaded["latencies"], missing=math.nan)
-    theirs = percentiles([x for o in admitted for x in o["latencies"]], missing=math.nan)
+    admitted = [o for o in others if o.refused is None]
+    refused = sorted({o.refused for o in others if o.refused is not None})
+    first_alone = percentiles(alone.latencies_s, missing=math.nan)
+    first_loaded = percentiles(loaded.latencies_s, missing=math.nan)
+    theirs = percentiles([x for o in admitted for x in o.latencies_s], missing=math.nan)
     ratio = first_loaded["p95"] / first_alone["p95"]
-    saturated = sum(1 for _, status in probes if status == "saturated")
+    saturated = sum(body[:1] == "{" and orjson.loads(body).get("status") == "saturated"
+                    for _, _, body in answers)  # fmt: skip
+    probes = answers
     ok = ratio <= 1.3 and saturated > 0 and len(admitted) < joiners
     return Row(
         f"a real-time client alone, then with {joiners} real-time clients joining one a second",
@@ -402,7 +389,7 @@ async def attack_admission(server: ManagedServer, pcm: np.ndarray, joiners: int 
         f"first client final p95 {first_alone['p95']:.2f} s alone, "
         f"{first_loaded['p95']:.2f} s with the others ({ratio:.2f}x; p50 "
         f"{first_alone['p50']:.2f} / {first_loaded['p50']:.2f} s, "
-        f"{len(alone['latencies'])} / {len(loaded['latencies'])} finals); admitted "
+        f"{len(alone.latencies_s)} / {len(loaded.latencies_s)} finals); admitted "
         f"{len(admitted)}/{joiners} (their p95 "
         f"{theirs['p95']:.2f} s), refused {refused}; "
         f"/readyz saturated in {saturated}/{len(probes)} probes; "
@@ -416,7 +403,7 @@ async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 
     --max-input-messages-per-s), beside a real-time client: the total input budget keeps
     the loop for the real-time client and the probes."""
     seconds = pcm.size / 16000
-    alone = await realtime_client(server.url, pcm)
+    alone = await session(server.url, pcm, speed=1.0, partials=True)
     processes = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -430,26 +417,16 @@ async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 
         )  # fmt: skip
         for _ in range(flooders)
     ]
-    probes: dict[str, list[float]] = {"/readyz": [], "/healthz": []}
+    answers: dict[str, list[tuple[float, int, str]]] = {"/readyz": [], "/healthz": []}
     done = asyncio.Event()
-
-    async def probe(path: str) -> None:
-        while not done.is_set():
-            started = time.monotonic()
-            try:
-                status, _ = await asyncio.to_thread(http_get, f"{server.http_url}{path}", 10.0)
-            except Exception:  # no answer within 10 s
-                status = 0
-            probes[path].append(time.monotonic() - started if status in (200, 503) else 99.0)
-            await asyncio.sleep(0.5)
-
-    probers = [asyncio.create_task(probe(path)) for path in probes]
+    probers = [asyncio.create_task(probe(server.http_url + path, done, answers[path]))
+               for path in answers]  # fmt: skip
     deadline = time.monotonic() + 60  # the flooders' processes start (imports take seconds)
     while open_sessions(server) < flooders and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
     await asyncio.sleep(2.0)  # the floods are under way
     with PeakRss(server.pid or 0) as rss:
-        flooded = await realtime_client(server.url, pcm)
+        flooded = await session(server.url, pcm, speed=1.0, partials=True)
     done.set()
     await asyncio.gather(*probers)
     sent = 0
@@ -457,16 +434,18 @@ async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 
         out, _ = await asyncio.wait_for(process.communicate(), seconds + 60)
         sent += int(out or 0)
     paced = metric_value(server, "streamer_input_budget_paced_seconds_total")
+    probes = {path: [t if status in (200, 503) else 99.0 for t, status, _ in took]
+              for path, took in answers.items()}  # fmt: skip
     readyz_max = max(probes["/readyz"], default=99.0)
     healthz_max = max(probes["/healthz"], default=99.0)
-    p95_alone = percentiles(alone["latencies"], missing=math.nan)["p95"]
-    p95_flooded = percentiles(flooded["latencies"], missing=math.nan)["p95"]
-    ok = p95_flooded <= 1.5 and readyz_max < 1.0 and flooded["refused"] is None
+    p95_alone = percentiles(alone.latencies_s, missing=math.nan)["p95"]
+    p95_flooded = percentiles(flooded.latencies_s, missing=math.nan)["p95"]
+    ok = p95_flooded <= 1.5 and readyz_max < 1.0 and flooded.refused is None
     return Row(
         f"{flooders} clients sending 2-byte frames as fast as they can, beside a real-time client",
         "the real-time client's final p95 <= 1.5 s; /readyz answers within 1 s throughout",
         f"{sent} frames sent; real-time client final p95 {p95_alone:.2f} s alone, "
-        f"{p95_flooded:.2f} s flooded ({len(flooded['latencies'])} finals); /readyz max "
+        f"{p95_flooded:.2f} s flooded ({len(flooded.latencies_s)} finals); /readyz max "
         f"{readyz_max * 1000:.0f} ms, /healthz max {healthz_max * 1000:.0f} ms over "
         f"{len(probes['/readyz'])} probes each; budget paced {paced:.1f} s",
         ok,
@@ -541,9 +520,7 @@ async def attack_hung_decode(args: argparse.Namespace, log: Path, pcm: np.ndarra
 async def _hung_decode(server: ManagedServer, args: argparse.Namespace, pcm: np.ndarray) -> Row:
     assert server.process is not None
     with PeakRss(server.pid or 0) as rss:
-        sessions = [
-            asyncio.create_task(finals_of(server.url, pcm, ping=True, speed=4.0)) for _ in range(3)
-        ]
+        sessions = [asyncio.create_task(session(server.url, pcm, speed=4.0)) for _ in range(3)]
         hang_seen = time.monotonic()
         readyz = None
         for _ in range(int((args.decode_timeout_s + 30) * 10)):
@@ -559,7 +536,7 @@ async def _hung_decode(server: ManagedServer, args: argparse.Namespace, pcm: np.
     rc = server.process.poll()
     if rc is None:
         server.stop(signal.SIGKILL)
-    told = sum("model_stalled" in errs for _, _, errs in results)
+    told = sum("model_stalled" in r.errors for r in results)
     limit = args.decode_timeout_s + 5
     ok = rc not in (None, 0) and readyz is not None and told == len(results)
     ok = ok and exited_after <= limit + 2  # the hang starts about 2 decodes in
@@ -590,7 +567,7 @@ async def attack_kill_restart(args: argparse.Namespace, log: Path, pcm: np.ndarr
 
 
 async def _kill_restart(server: ManagedServer, model: list[str], log: Path, pcm: np.ndarray) -> Row:
-    reference = [f.text for f in (await finals_of(server.url, pcm, ping=False))[0] if f.text]
+    reference = (await session(server.url, pcm, ping=False)).texts
     first_final = asyncio.Event()
 
     def on_message(item: Received) -> None:
@@ -633,8 +610,8 @@ async def attack_finalize_spam(server: ManagedServer, pcm: np.ndarray, reference
     rows = []
     with PeakRss(server.pid or 0) as rss:
         for every_ms in (20, 40, 100, 320):
-            finals, end, _ = await finals_of(server.url, pcm, ping=True, finalize_every_ms=every_ms)
-            rows.append(([f.text for f in finals if f.text] == reference and end, every_ms))
+            got = await session(server.url, pcm, finalize_every_ms=every_ms)
+            rows.append((got.texts == reference and got.ended, every_ms))
     bad = [ms for ok, ms in rows if not ok]
     return Row(
         "finalize after every chunk (20, 40, 100, 320 ms)",
@@ -731,10 +708,8 @@ async def run(args: argparse.Namespace) -> list[Row]:
 
     with stress_server(flags, log) as server:
         # the reference: one client alone, the whole file
-        reference_finals, _, _ = await finals_of(server.url, long_pcm, ping=False)
-        short_reference = [
-            f.text for f in (await finals_of(server.url, short_pcm, ping=False))[0] if f.text
-        ]
+        reference_finals = (await session(server.url, long_pcm, ping=False)).finals
+        short_reference = (await session(server.url, short_pcm, ping=False)).texts
         await step("unpaced", lambda: attack_unpaced(server, args, len(reference_finals), long_pcm))
         await step("finalize", lambda: attack_finalize_spam(server, short_pcm, short_reference))
         await step("http", lambda: attack_http(server))
@@ -794,8 +769,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_injected()
     if argv[:1] == ["tiny-frames"]:
         return tiny_frames_client(argv[1], float(argv[2]), *map(int, argv[3:4]))
-    if argv[:1] == ["soak"]:  # the mixed soak (issue 32): bench/stress_soak.py
-        from bench.stress_soak import main as soak
+    if argv[:1] == ["soak"]:  # the mixed soak (issue 32)
+        from bench.stress.soak import main as soak
 
         return soak(argv[1:])
     p = argparse.ArgumentParser(
@@ -822,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", default="/tmp/stress-server.log")
     p.add_argument(
         "--results",
-        default=str(Path(__file__).parent / "RESULTS.md"),
+        default=str(Path(__file__).parents[1] / "RESULTS.md"),
         help="the table replaces the stress section of this file (or is appended)",
     )
     args = p.parse_args(argv)
