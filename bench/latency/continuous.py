@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import percentiles
+from streamer.audio_io import load_audio
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.client.timeline import SessionResult
@@ -107,13 +108,7 @@ def _recorded_speech(pcm: np.ndarray) -> np.ndarray:
 
 def _load_recorded(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A recorded clip trimmed to its speech (50 ms kept either side), and its truth."""
-    if path.suffix == ".raw":
-        pcm = np.fromfile(path, dtype="<i2")
-    else:
-        import soundfile as sf
-
-        pcm, rate = sf.read(path, dtype="int16")
-        assert rate == SAMPLE_RATE, path
+    pcm = load_audio(path, SAMPLE_RATE)
     speech = _recorded_speech(pcm)
     loud = np.flatnonzero(speech)
     keep = slice(max(0, loud[0] - 800), loud[-1] + 800) if loud.size else slice(0, 0)
