@@ -128,12 +128,21 @@ def machine_info() -> dict[str, Any]:
             info[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             info[package] = None
-    if shutil.which("nvidia-smi"):
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]
-            answer = subprocess.run(query, check=True, capture_output=True, text=True, timeout=5)
-            info["gpu"] = answer.stdout.strip() or None
+    info["gpu"] = "; ".join(", ".join(row) for row in nvidia_smi("name,memory.total")) or None
     return info
+
+
+def nvidia_smi(fields: str, units: bool = True) -> list[list[str]]:
+    """``nvidia-smi --query-gpu=FIELDS``: one row of cells per GPU; none without one."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    form = "csv,noheader" if units else "csv,noheader,nounits"
+    query = ["nvidia-smi", f"--query-gpu={fields}", f"--format={form}"]
+    try:
+        out = subprocess.run(query, check=True, capture_output=True, text=True, timeout=5).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [[cell.strip() for cell in line.split(",")] for line in out.strip().splitlines()]
 
 
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -180,17 +189,10 @@ def add_server_args(
     """``--model``, ``--quantize`` (``none`` for full precision), ``--device`` and the
     repeatable ``--server-arg ARG`` (passed to ``streamer serve`` verbatim)."""
     parser.add_argument("--model", default=model, help=f"default {model}")
-    parser.add_argument(
-        "--quantize", default=quantize or "none", help="int8 or none (default %(default)s)"
-    )
+    parser.add_argument("--quantize", default=quantize or "none", help="int8 or none [%(default)s]")
     parser.add_argument("--device", default=device, help="cpu, cuda, cuda:N")
-    parser.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="passed to streamer serve (repeatable), e.g. --server-arg=--threads --server-arg=2",
-    )
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="for streamer serve (repeat): --server-arg=--threads")  # fmt: skip
 
 
 def add_output_args(

@@ -171,7 +171,7 @@ class Uploader:
             except OSError:
                 pass
 
-    def upload(self, path: Path, *, stream: bool) -> Upload:
+    def upload(self, path: Path, *, stream: bool = True) -> Upload:
         body, content_type = multipart_body(path, stream)
         result = Upload(stream=stream, started=time.monotonic())
         conn = http.client.HTTPConnection(self.host, self.port, timeout=UPLOAD_TIMEOUT_S)

@@ -139,6 +139,8 @@ def merged(run_dirs: list[Path]) -> dict[str, Any]:
     """Earlier runs' results as one (the first run's options; several runs' variants are
     named ``RUN_DIR-NAME VARIANT``), e.g. run_on_gpu.sh's runs into its ``sweep.md``."""
     found = [d for d in run_dirs if (d / "results.json").exists()]  # a phase that timed out
+    if not found:
+        raise SystemExit(f"no results.json in {', '.join(map(str, run_dirs))}")
     runs = [(d, json.loads((d / "results.json").read_text())) for d in found]
     results = runs[0][1]
     if len(runs) > 1:

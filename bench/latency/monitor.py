@@ -11,14 +11,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
-import subprocess
 import time
 from typing import Any
 
 import psutil
 
-from bench.common import http_get, tree_rss_mb
+from bench.common import http_get, nvidia_smi, tree_rss_mb
 from bench.common import machine_info as machine_info  # where bench.latency.cli finds it
 from bench.latency import prom
 
@@ -52,25 +50,8 @@ def find_listening_pid(port: int) -> int | None:
 
 def gpu_sample() -> list[dict[str, float]] | None:
     """Utilization (%) and memory used (MiB) of each GPU via nvidia-smi; None without one."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=utilization.gpu,memory.used",
-                "--format=csv,noheader,nounits",
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
     rows = []
-    for line in out.strip().splitlines():
-        util, mem = (x.strip() for x in line.split(",")[:2])
+    for util, mem, *_ in nvidia_smi("utilization.gpu,memory.used", units=False):
         with contextlib.suppress(ValueError):
             rows.append({"util_pct": float(util), "mem_mib": float(mem)})
     return rows or None

@@ -37,10 +37,6 @@ class Variant:
     precision: str | None  # one of PRECISIONS; None for a given server (--url)
     partials: bool  # clients ask for partial results
 
-    @property
-    def server_key(self) -> str | None:
-        return self.precision
-
     def server_options(self, base: ServerOptions) -> ServerOptions:
         """``base`` with this variant's precision (--quantize / --dtype)."""
         if self.precision == "int8":
@@ -171,7 +167,7 @@ class Sweep:
     async def run(self) -> None:
         groups: dict[str | None, list[Variant]] = {}
         for variant in self.options.variants:
-            groups.setdefault(variant.server_key, []).append(variant)
+            groups.setdefault(variant.precision, []).append(variant)
         main = self.options.variants[0]
         for variant in self.options.variants:
             self._entry(variant)  # results list the variants in the order given
@@ -212,7 +208,7 @@ class Sweep:
                        DRAIN_WAIT_S)  # fmt: skip
         await asyncio.to_thread(target.server.stop)
         target.restarts += 1
-        variants = [v for v in self.options.variants if v.server_key == target.key]
+        variants = [v for v in self.options.variants if v.precision == target.key]
         await self._start_server(target, variants)
         return True
 
@@ -220,18 +216,10 @@ class Sweep:
         for entry in self.results["variants"]:
             if entry["name"] == variant.name:
                 return entry
-        server = (
-            {"url": self.options.url}
-            if self.options.url
-            else dataclasses.asdict(variant.server_options(self.options.server))
-        )
-        entry = {
-            "name": variant.name,
-            "partials": variant.partials,
-            "server": server,
-            "steps": [],
-            "carried_clients": None,
-        }
+        server = dataclasses.asdict(variant.server_options(self.options.server))
+        entry = {"name": variant.name, "partials": variant.partials, "steps": [],
+                 "server": {"url": self.options.url} if self.options.url else server,
+                 "carried_clients": None}  # fmt: skip
         self.results["variants"].append(entry)
         return entry
 

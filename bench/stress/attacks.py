@@ -404,19 +404,9 @@ async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 
     the loop for the real-time client and the probes."""
     seconds = pcm.size / 16000
     alone = await session(server.url, pcm, speed=1.0, partials=True)
-    processes = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.stress",
-            "tiny-frames",
-            server.url,
-            str(seconds + 10),
-            "2",
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
-        for _ in range(flooders)
-    ]
+    flood = [sys.executable, "-m", "bench.stress", "tiny-frames", server.url, str(seconds + 10)]
+    spawn = asyncio.create_subprocess_exec
+    processes = [await spawn(*flood, "2", stdout=subprocess.PIPE) for _ in range(flooders)]
     answers: dict[str, list[tuple[float, int, str]]] = {"/readyz": [], "/healthz": []}
     done = asyncio.Event()
     probers = [asyncio.create_task(probe(server.http_url + path, done, answers[path]))
