@@ -303,15 +303,12 @@ class ManagedServer:
     (also on exit) sends SIGINT, then SIGKILL after ``STOP_GRACE_S``.
     """
 
-    def __init__(
-        self, options: ServerOptions, log_path: Path, *, port: int = 0, append_log: bool = False
-    ) -> None:
+    def __init__(self, options: ServerOptions, log_path: Path) -> None:
         self.options = options
         self.log_path = log_path
-        self.append_log = append_log  # several servers of one run in one log (bench.stress)
-        self.command = options.command(port)
+        self.command = options.command(0)
         self.process: subprocess.Popen[bytes] | None = None
-        self.port: int | None = port or None  # a given port (a restart on the same one)
+        self.port: int | None = None  # read back once the server listens
         self.started_at: float | None = None  # time.monotonic() at the spawn
         self.load_s: float | None = None  # start to ready
 
@@ -334,8 +331,7 @@ class ManagedServer:
         if self.options.code_dir is not None:
             env["PYTHONPATH"] = str(self.options.code_dir)
             cwd = self.options.code_dir
-        mode = "ab" if self.append_log else "wb"
-        with self.log_path.open(mode) as log:  # the child holds its own descriptor
+        with self.log_path.open("wb") as log:  # the child holds its own descriptor
             self.started_at = time.monotonic()
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd

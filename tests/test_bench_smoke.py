@@ -76,12 +76,11 @@ def test_stress_runs_an_attack_and_writes_its_table(
     monkeypatch.setenv("STREAMER_CACHE_DIR", str(cache_dir))
     results = tmp_path / "RESULTS.md"
     results.write_text("# results\n\n<!-- stress:begin -->\nold\n<!-- stress:end -->\n")
-    argv = ["--attacks", "http", "--minutes", "0.05", "--admission-minutes", "0.05",
-            "--threads", "1", "--log", str(tmp_path / "server.log"),
-            "--results", str(results)]  # fmt: skip
+    argv = ["--attacks", "unpaced", "--clients", "2", "--minutes", "0.05", "--threads", "1",
+            "--log", str(tmp_path / "server.log"), "--results", str(results)]  # fmt: skip
     assert stress.main(argv) == 0
     text = results.read_text()
-    assert "| malformed and non-GET HTTP requests |" in text and "PASS" in text
+    assert "| 2 unpaced clients x 0.05 min (pings on for half) |" in text and "PASS" in text
     assert "old" not in text
 
 

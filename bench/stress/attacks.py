@@ -4,6 +4,13 @@
     python -m bench.stress --clients 8 --minutes 15 --model random:small --quantize int8
     python -m bench.stress soak --minutes 20        # the mixed soak (bench/stress/soak.py)
 
+Two attacks measure what the test suite cannot at real model size: ``unpaced`` (clients
+streaming long files unpaced: finals lost, the server's peak RSS against the documented
+per-session bound) and ``floods`` (8 processes flooding 2-byte frames beside a real-time
+client: its final p95, /readyz and /healthz times). The properties the other attacks of
+issue 9 checked (finalize spam, malformed HTTP, never-reading clients, SIGTERM, a hung
+decode, kill -9 and restart, admission) are asserted by tests; see bench/RESULTS.md.
+
 Every attack talks to 127.0.0.1 only, and every loop is bounded in count and time. Each
 row of the table says what was expected, what was observed, the verdict, how many finals
 were lost (of how many expected) and the server's peak RSS during the attack.
@@ -17,28 +24,22 @@ import contextlib
 import logging
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import orjson
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from bench import common
 from bench.common import ManagedServer, PeakRss, ServerOptions, http_get, percentiles
 from bench.latency import prom
 from bench.latency.monitor import scrape
-from streamer.client.connection import ClientOptions, Received, StreamingClient
-from streamer.client.streaming import stream_file
+from streamer.client.connection import ClientOptions, StreamingClient
 from streamer.core.protocol import Error, Final, StreamOptions
 from streamer.errors import ConnectionRefusedByServer
 from streamer.testkit import speech as synth
@@ -47,20 +48,7 @@ logger = logging.getLogger("bench.stress")
 
 READY_TIMEOUT_S = 900.0  # building random:small the first time takes minutes
 ATTACK_TIMEOUT_S = 1800.0  # no attack runs longer than this
-ATTACKS = (
-    "unpaced",
-    "finalize",
-    "http",
-    "flood",
-    "tiny",
-    "blocked",
-    "sigterm",
-    "hung",
-    "restart",
-    "admission",
-    "floods",
-)
-HANG_ENV = "STRESS_HANG_AFTER_DECODES"  # the injected recognizer hangs after N decodes
+ATTACKS = ("unpaced", "floods")
 
 
 # -- the server process --------------------------------------------------------
@@ -68,33 +56,21 @@ HANG_ENV = "STRESS_HANG_AFTER_DECODES"  # the injected recognizer hangs after N 
 
 @dataclass(frozen=True)
 class StressServerOptions(ServerOptions):
-    """``streamer serve`` with exactly ``args`` (the server's defaults for the rest), or,
-    with ``hang_after_decodes``, the injected recognizer that hangs (``serve-injected``)."""
+    """``streamer serve`` with exactly ``args`` (the server's defaults for the rest)."""
 
     args: tuple[str, ...] = ()
-    hang_after_decodes: int | None = None
     ready_timeout_s: float = READY_TIMEOUT_S
     ready_poll_s: float = 0.25
 
     def command(self, port: int) -> list[str]:
-        injected = self.hang_after_decodes is not None
-        command = [self.python, "-m", *(("bench.stress", "serve-injected") if injected else
-                                       ("streamer", "serve"))]  # fmt: skip
-        return command + ["--host", "127.0.0.1", "--port", str(port), *self.args]
+        return [self.python, "-m", "streamer", "serve", "--host", "127.0.0.1", "--port",
+                str(port), *self.args]  # fmt: skip
 
 
-def stress_server(
-    args: list[str], log: Path, *, port: int = 0, hang_after_decodes: int | None = None
-) -> ManagedServer:
-    """A stress server, not started yet (``with`` starts it and waits for /readyz); its
-    output is appended to ``log``, which every server of a run shares."""
-    env = [("PYTHONUNBUFFERED", "1")]
-    if hang_after_decodes is not None:
-        env.append((HANG_ENV, str(hang_after_decodes)))
-    options = StressServerOptions(
-        args=tuple(args), hang_after_decodes=hang_after_decodes, env=tuple(env)
-    )
-    return ManagedServer(options, log, port=port, append_log=True)
+def stress_server(args: list[str], log: Path) -> ManagedServer:
+    """A stress server, not started yet (``with`` starts it and waits for /readyz)."""
+    options = StressServerOptions(args=tuple(args), env=(("PYTHONUNBUFFERED", "1"),))
+    return ManagedServer(options, log)
 
 
 # -- results -------------------------------------------------------------------
@@ -158,12 +134,9 @@ async def session(
     *,
     ping: bool = True,
     speed: float | None = None,
-    finalize_every_ms: int | None = None,
     partials: bool = False,
-    connected: asyncio.Event | None = None,
 ) -> Session:
-    """One session, sent unpaced or at ``speed`` times real time in 100 ms chunks (or
-    ``finalize_every_ms`` chunks, each followed by a finalize)."""
+    """One session, sent unpaced or at ``speed`` times real time in 100 ms chunks."""
     options = ClientOptions(url=url, stream=StreamOptions(partials=partials),
                             ping_interval_s=20.0 if ping else None)  # fmt: skip
     result = Session()
@@ -172,9 +145,6 @@ async def session(
     except ConnectionRefusedByServer as refused:
         result.refused = refused.reason or str(refused.status)
         return result
-    finally:
-        if connected is not None:
-            connected.set()
     t0 = time.monotonic()
 
     async def read() -> None:
@@ -187,12 +157,10 @@ async def session(
                 result.errors.append(message.code)
 
     reader = asyncio.create_task(read())
-    step = 16 * (finalize_every_ms or 100)
+    step = 1600
     try:
         for i in range(0, pcm.size, step):
             await client.send_audio(pcm[i : i + step])
-            if finalize_every_ms is not None:
-                await client.finalize()
             if speed is not None:  # on the clock: chunk i + 1 is due then
                 await asyncio.sleep(max(0.0, t0 + (i + step) / 16000 / speed - time.monotonic()))
         await client.stop()
@@ -240,51 +208,6 @@ async def attack_unpaced(
     )
 
 
-async def never_reading(server: ManagedServer, **options: Any) -> ClientConnection:
-    """A client that never reads, its receive buffer 4 KiB, so the server's sends block."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", server.port))
-    sock.setblocking(False)
-    return await connect(server.url, sock=sock, ping_interval=None, max_queue=1, **options)
-
-
-async def attack_flood(server: ManagedServer, args: argparse.Namespace) -> Row:
-    """A never-reading client sending junk text frames as fast as it can."""
-    ws = await never_reading(server, max_size=None)
-    junk = "x" * 60000
-    sent = 0
-    started = time.monotonic()
-    closed_after = None
-    with PeakRss(server.pid or 0) as rss:
-        try:
-            while sent < args.flood_mb * 1e6 and time.monotonic() - started < 120:
-                await ws.send(junk)
-                sent += len(junk)
-        except Exception:
-            closed_after = time.monotonic() - started
-        for _ in range(200):  # wait for the slot to be freed, 20 s at most
-            if open_sessions(server) == 0:
-                break
-            await asyncio.sleep(0.1)
-        freed_after = time.monotonic() - started
-    ws.transport.abort()
-    growth = rss.peak_mb - rss.start_mb
-    limit = args.idle_timeout_s + 5.0
-    ok = growth < 50 and open_sessions(server) == 0 and freed_after < limit + 5
-    return Row(
-        f"never-reading client flooding {args.flood_mb} MB of junk text",
-        f"one error, closed by the idle timeout ({args.idle_timeout_s:g} s; junk is not input), "
-        "slot freed, RSS growth < 50 MB",
-        f"{sent / 1e6:.0f} MB sent; send failed after "
-        f"{'-' if closed_after is None else f'{closed_after:.1f} s'}; slot freed after "
-        f"{freed_after:.1f} s; RSS +{growth:.0f} MB",
-        ok,
-        None,
-        rss.peak_mb,
-    )
-
-
 def tiny_frames_client(url: str, seconds: float, frame_bytes: int = 1) -> int:
     """``python -m bench.stress tiny-frames URL SECONDS [BYTES]``: BYTES-byte (1) binary
     frames as fast as one process can send them (in its own process, so that it does not
@@ -310,92 +233,6 @@ def tiny_frames_client(url: str, seconds: float, frame_bytes: int = 1) -> int:
 
     sys.stdout.write(f"{asyncio.run(flood())}\n")
     return 0
-
-
-async def attack_tiny_frames(server: ManagedServer, pcm: np.ndarray, reference: list[str]) -> Row:
-    """A client sending 1-byte frames as fast as it can, beside a real-time client."""
-    seconds = pcm.size / 16000
-    flooder = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.stress", "tiny-frames", server.url, str(seconds),
-        stdout=subprocess.PIPE,
-    )  # fmt: skip
-    answers: list[tuple[float, int, str]] = []
-    done = asyncio.Event()
-    prober = asyncio.create_task(probe(f"{server.http_url}/readyz", done, answers))
-    with PeakRss(server.pid or 0) as rss:
-        client = await session(server.url, pcm, speed=1.0)
-        out, _ = await asyncio.wait_for(flooder.communicate(), seconds + 60)
-    done.set()
-    await prober
-    texts, end, errors = client.texts, client.ended, client.errors
-    paced = metric_value(server, "streamer_input_paced_seconds_total")
-    probes = [took if status == 200 else 99.0 for took, status, _ in answers]
-    readyz_max = max(probes, default=99.0)
-    ok = texts == reference and end and not errors and readyz_max < 1.0 and paced > 0
-    return Row(
-        f"a client sending 1-byte frames as fast as it can for {seconds:.0f} s, beside a "
-        "real-time client",
-        "the real-time client gets every final and its end; /readyz answers within 1 s; the "
-        "flooder is paced (--max-input-messages-per-s)",
-        f"{int(out or 0)} frames sent; finals {len(texts)}/{len(reference)}, end {end}, errors "
-        f"{errors or 'none'}; /readyz max {readyz_max * 1000:.0f} ms over {len(probes)} probes; "
-        f"paced {paced:.1f} s",
-        ok,
-        (max(0, len(reference) - len(texts)), len(reference)),
-        rss.peak_mb,
-    )
-
-
-async def attack_admission(server: ManagedServer, pcm: np.ndarray, joiners: int = 10) -> Row:
-    """A real-time client alone, then again while ``joiners`` real-time clients join:
-    those the server cannot serve are refused, /readyz says so, the first keeps its
-    latency."""
-    await asyncio.sleep(20.0)  # the reference runs' load leaves the capacity window
-    alone = await session(server.url, pcm, speed=1.0, partials=True)
-    answers: list[tuple[float, int, str]] = []
-    done = asyncio.Event()
-    prober = asyncio.create_task(probe(f"{server.http_url}/readyz", done, answers))
-    first_connected = asyncio.Event()
-    first = asyncio.create_task(
-        session(server.url, pcm, speed=1.0, partials=True, connected=first_connected)
-    )
-    await first_connected.wait()
-    await asyncio.sleep(5.0)  # the server is busy with the first client
-
-    async def join(i: int) -> Session:
-        await asyncio.sleep(i * 1.0)  # one a second
-        return await session(server.url, pcm[: pcm.size * 2 // 3], speed=1.0, partials=True)
-
-    interrupted = metric_value(server, "streamer_partials_interrupted_total")
-    others = await asyncio.gather(*[join(i) for i in range(joiners)])
-    loaded = await first
-    interrupted = metric_value(server, "streamer_partials_interrupted_total") - interrupted
-    done.set()
-    await prober
-    admitted = [o for o in others if o.refused is None]
-    refused = sorted({o.refused for o in others if o.refused is not None})
-    first_alone = percentiles(alone.latencies_s, missing=math.nan)
-    first_loaded = percentiles(loaded.latencies_s, missing=math.nan)
-    theirs = percentiles([x for o in admitted for x in o.latencies_s], missing=math.nan)
-    ratio = first_loaded["p95"] / first_alone["p95"]
-    saturated = sum(body[:1] == "{" and orjson.loads(body).get("status") == "saturated"
-                    for _, _, body in answers)  # fmt: skip
-    probes = answers
-    ok = ratio <= 1.3 and saturated > 0 and len(admitted) < joiners
-    return Row(
-        f"a real-time client alone, then with {joiners} real-time clients joining one a second",
-        "those it cannot serve refused (503 saturated); /readyz says saturated; the first "
-        "client's final p95 within 1.3x of alone",
-        f"first client final p95 {first_alone['p95']:.2f} s alone, "
-        f"{first_loaded['p95']:.2f} s with the others ({ratio:.2f}x; p50 "
-        f"{first_alone['p50']:.2f} / {first_loaded['p50']:.2f} s, "
-        f"{len(alone.latencies_s)} / {len(loaded.latencies_s)} finals); admitted "
-        f"{len(admitted)}/{joiners} (their p95 "
-        f"{theirs['p95']:.2f} s), refused {refused}; "
-        f"/readyz saturated in {saturated}/{len(probes)} probes; "
-        f"{interrupted:.0f} partial decodes stopped for a final",
-        ok,
-    )
 
 
 async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 8) -> Row:
@@ -449,213 +286,6 @@ def metric_value(server: ManagedServer, name: str) -> float:
     return prom.value(scrape(server.http_url), name) or 0.0
 
 
-async def attack_blocked_writer_then_sigterm(
-    server: ManagedServer, args: argparse.Namespace
-) -> Row:
-    """A client that never reads while making the server write, then SIGTERM."""
-    ws = await never_reading(server)
-    started = time.monotonic()
-    closed = False
-    with PeakRss(server.pid or 0) as rss:
-        try:
-            for _ in range(400000):  # each pair makes the server send one small error
-                await ws.send(b"\x00")
-                await ws.send("junk")
-                if time.monotonic() - started > args.write_timeout_s + 30:
-                    break
-        except Exception:
-            closed = True
-        closed_after = time.monotonic() - started
-    ws.transport.abort()
-    row = Row(
-        "never-reading client making the server write (1-byte audio + junk pairs)",
-        f"closed 1008 within the write timeout ({args.write_timeout_s:g} s) once sends block",
-        f"{'closed' if closed else 'still open'} after {closed_after:.1f} s",
-        closed,
-        None,
-        rss.peak_mb,
-    )
-    return row
-
-
-async def attack_sigterm_with_blocked_client(
-    server: ManagedServer, args: argparse.Namespace
-) -> Row:
-    ws = await never_reading(server)
-    with PeakRss(server.pid or 0) as rss:
-        for _ in range(3000):
-            await ws.send(b"\x00")
-            await ws.send("junk")
-        took = await asyncio.to_thread(server.stop, signal.SIGTERM, 60.0)
-    ws.transport.abort()
-    limit = args.drain_s + args.grace_s + 2  # the session is served while draining
-    return Row(
-        "SIGTERM with a never-reading client attached",
-        f"exit within drain + grace + 2 s ({limit:g} s)",
-        "had to be killed"
-        if took is None
-        else f"exited in {took:.1f} s (rc {server.process.returncode})",
-        took is not None and took <= limit,
-        None,
-        rss.peak_mb,
-    )
-
-
-async def attack_hung_decode(args: argparse.Namespace, log: Path, pcm: np.ndarray) -> Row:
-    flags = [*args.model_args, "--decode-timeout-s", str(args.decode_timeout_s), "--no-warmup"]
-    with stress_server(flags, log, hang_after_decodes=2) as server:
-        return await _hung_decode(server, args, pcm)
-
-
-async def _hung_decode(server: ManagedServer, args: argparse.Namespace, pcm: np.ndarray) -> Row:
-    assert server.process is not None
-    with PeakRss(server.pid or 0) as rss:
-        sessions = [asyncio.create_task(session(server.url, pcm, speed=4.0)) for _ in range(3)]
-        hang_seen = time.monotonic()
-        readyz = None
-        for _ in range(int((args.decode_timeout_s + 30) * 10)):
-            status, body = await asyncio.to_thread(http_get, f"{server.http_url}/readyz", 1.0)
-            if status == 503 and readyz is None:
-                readyz = orjson.loads(body).get("reason")
-                logger.info("readyz 503: %s", body[:200])
-            if server.process.poll() is not None:
-                break
-            await asyncio.sleep(0.1)
-        exited_after = time.monotonic() - hang_seen
-        results = await asyncio.gather(*sessions)
-    rc = server.process.poll()
-    if rc is None:
-        server.stop(signal.SIGKILL)
-    told = sum("model_stalled" in r.errors for r in results)
-    limit = args.decode_timeout_s + 5
-    ok = rc not in (None, 0) and readyz is not None and told == len(results)
-    ok = ok and exited_after <= limit + 2  # the hang starts about 2 decodes in
-    return Row(
-        "hung decode (injected recognizer hangs after 2 decodes)",
-        f"/readyz 503 with reason, every session told model_stalled, exit non-zero "
-        f"within --decode-timeout-s + 5 s ({limit:g} s)",
-        f"readyz reason {readyz!r}; {told}/{len(results)} told; rc {rc}; "
-        f"exited {exited_after:.1f} s after the first session began",
-        ok,
-        None,
-        rss.peak_mb,
-    )
-
-
-def tagged_clips(cache_dir: Path) -> np.ndarray:
-    """The two clips random:tagged decodes exactly, twice, with pauses."""
-    fox = synth.speak("the quick brown fox jumps over the lazy dog", "en", cache_dir=cache_dir)
-    hello = synth.speak("hello there", "en", cache_dir=cache_dir)
-    clips = [("en", "a", fox), ("en", "b", hello), ("en", "c", fox), ("en", "d", hello)]
-    return synth.join_with_silence(clips, 1500)[0]
-
-
-async def attack_kill_restart(args: argparse.Namespace, log: Path, pcm: np.ndarray) -> Row:
-    model = ["--model", "random:tagged", "--device", "cpu", "--threads", str(args.threads)]
-    with stress_server(model, log) as server:
-        return await _kill_restart(server, model, log, pcm)
-
-
-async def _kill_restart(server: ManagedServer, model: list[str], log: Path, pcm: np.ndarray) -> Row:
-    reference = (await session(server.url, pcm, ping=False)).texts
-    first_final = asyncio.Event()
-
-    def on_message(item: Received) -> None:
-        if isinstance(item.message, Final):
-            first_final.set()
-
-    options = ClientOptions(
-        url=server.url, stream=StreamOptions(partials=False), reconnect_timeout_s=READY_TIMEOUT_S
-    )
-    client = asyncio.create_task(
-        stream_file(options, pcm, sample_rate=16000, speed=2.0, on_message=on_message)
-    )
-    with PeakRss(server.pid or 0) as rss:
-        await asyncio.wait_for(first_final.wait(), 300)
-        server.stop(signal.SIGKILL)
-        # not waited for: the client reconnects on its own while the model loads
-        restarted = stress_server(model, log, port=server.port or 0).start()
-        started = time.monotonic()
-        try:
-            result = await asyncio.wait_for(client, ATTACK_TIMEOUT_S)
-        finally:
-            restarted.stop(signal.SIGTERM)
-        down_s = time.monotonic() - started
-    texts = [f.text for f in result.finals if f.text]
-    lost = sum(1 for a, b in zip(reference, texts, strict=False) if a != b) + abs(
-        len(reference) - len(texts)
-    )
-    return Row(
-        "kill -9 mid-file (random:tagged, paced x2), restart on the same port",
-        "transcript equals an uninterrupted run's",
-        f"{result.reconnects} reconnect(s); {'equal' if texts == reference else 'DIFFERENT'}; "
-        f"finished {down_s:.0f} s after the kill",
-        texts == reference,
-        (lost, len(reference)),
-        rss.peak_mb,
-    )
-
-
-async def attack_finalize_spam(server: ManagedServer, pcm: np.ndarray, reference: list[str]) -> Row:
-    rows = []
-    with PeakRss(server.pid or 0) as rss:
-        for every_ms in (20, 40, 100, 320):
-            got = await session(server.url, pcm, finalize_every_ms=every_ms)
-            rows.append((got.texts == reference and got.ended, every_ms))
-    bad = [ms for ok, ms in rows if not ok]
-    return Row(
-        "finalize after every chunk (20, 40, 100, 320 ms)",
-        "the same final texts as without finalize",
-        "all equal" if not bad else f"different at {bad} ms",
-        not bad,
-        None,
-        rss.peak_mb,
-    )
-
-
-def raw_http(port: int, request: bytes) -> int:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    return int(data.split(b" ", 2)[1]) if data else 0
-
-
-async def attack_http(server: ManagedServer) -> Row:
-    def req(line: str, *headers: str) -> bytes:
-        return "\r\n".join([line, "Host: x", *headers, "", ""]).encode("latin-1")
-
-    cases = [
-        (
-            "duplicate Authorization",
-            req("GET /v1/asr HTTP/1.1", "Authorization: a", "Authorization: b"),
-            400,
-        ),
-        ("path part > 255 bytes", req("GET /" + "a" * 300 + " HTTP/1.1"), 400),
-        ("NUL in path", req("GET /a\x00b HTTP/1.1"), 400),
-        ("POST", req("POST /healthz HTTP/1.1"), 405),
-        ("HEAD", req("HEAD /healthz HTTP/1.1"), 200),
-        ("unknown path", req("GET /nope HTTP/1.1"), 404),
-    ]
-    observed = []
-    ok = True
-    with PeakRss(server.pid or 0) as rss:
-        for name, request, expected in cases:
-            status = await asyncio.to_thread(raw_http, server.port, request)
-            observed.append(f"{name} {status}")
-            ok = ok and status == expected
-        status, _ = await asyncio.to_thread(http_get, f"{server.http_url}/readyz")
-    return Row(
-        "malformed and non-GET HTTP requests",
-        "400 / 405 / HEAD without body / 404, never 500",
-        "; ".join(observed),
-        ok,
-        None,
-        rss.peak_mb,
-    )
-
-
 def open_sessions(server: ManagedServer) -> int:
     """Sessions open, of every protocol."""
     return int(metric_value(server, "streamer_sessions_active"))
@@ -670,19 +300,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
     log = Path(args.log)
     log.unlink(missing_ok=True)
     long_pcm = long_speech(speech_cache, args.minutes)
-    short_pcm = long_speech(speech_cache, 0.5)
-    admission_pcm = long_speech(speech_cache, args.admission_minutes)
-    flags = [
-        *args.model_args,
-        "--idle-timeout-s",
-        str(args.idle_timeout_s),
-        "--write-timeout-s",
-        str(args.write_timeout_s),
-        "--shutdown-grace-s",
-        str(args.grace_s),
-        "--drain-s",
-        str(args.drain_s),
-    ]
+    flags = args.model_args
     rows: list[Row] = []
 
     async def step(name: str, make: Callable[[], Awaitable[Row]]) -> None:
@@ -699,20 +317,8 @@ async def run(args: argparse.Namespace) -> list[Row]:
     with stress_server(flags, log) as server:
         # the reference: one client alone, the whole file
         reference_finals = (await session(server.url, long_pcm, ping=False)).finals
-        short_reference = (await session(server.url, short_pcm, ping=False)).texts
         await step("unpaced", lambda: attack_unpaced(server, args, len(reference_finals), long_pcm))
-        await step("finalize", lambda: attack_finalize_spam(server, short_pcm, short_reference))
-        await step("http", lambda: attack_http(server))
-        await step("flood", lambda: attack_flood(server, args))
-        await step("tiny", lambda: attack_tiny_frames(server, short_pcm, short_reference))
-        await step("admission", lambda: attack_admission(server, admission_pcm))
         await step("floods", lambda: attack_floods(server, long_speech(speech_cache, 0.5)))
-        await step("blocked", lambda: attack_blocked_writer_then_sigterm(server, args))
-        await step("sigterm", lambda: attack_sigterm_with_blocked_client(server, args))
-        server.stop(signal.SIGTERM)  # the sigterm attack may have stopped it
-    await step("hung", lambda: attack_hung_decode(args, log, short_pcm))
-    clips = tagged_clips(speech_cache)
-    await step("restart", lambda: attack_kill_restart(args, log, clips))
     return rows
 
 
@@ -731,32 +337,8 @@ def write_section(path: Path, text: str) -> None:
     path.write_text(new)
 
 
-def serve_injected() -> int:
-    """``streamer serve`` whose recognizer hangs after $STRESS_HANG_AFTER_DECODES decode
-    calls: every backend decodes through ``CtcRecognizer.decode_jobs`` (the torch
-    backend and ONNX Runtime alike; patching one backend's class missed the other)."""
-    from streamer import cli
-    from streamer.model.decoding import CtcRecognizer
-
-    hang_after = int(os.environ[HANG_ENV])
-    real = CtcRecognizer.decode_jobs
-    calls = 0
-
-    def hanging(self, jobs):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        if calls > hang_after:
-            threading.Event().wait()  # a stuck native call, as far as Python can tell
-        return real(self, jobs)
-
-    CtcRecognizer.decode_jobs = hanging  # type: ignore[method-assign]
-    return cli.main(["serve", *sys.argv[2:]])
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve-injected"]:
-        return serve_injected()
     if argv[:1] == ["tiny-frames"]:
         return tiny_frames_client(argv[1], float(argv[2]), *map(int, argv[3:4]))
     if argv[:1] == ["soak"]:  # the mixed soak (issue 32)
@@ -772,18 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--minutes", type=float, default=2.0, help="length of each unpaced file")
-    p.add_argument("--flood-mb", type=int, default=300)
-    for timeout in ("idle-timeout-s", "write-timeout-s", "decode-timeout-s", "grace-s", "drain-s"):
-        p.add_argument(f"--{timeout}", type=float, default=5.0,
-                       help="for streamer serve (--grace-s: its --shutdown-grace-s)")  # fmt: skip
     p.add_argument("--session-bound-mb", type=float, default=6.0,
                    help="documented per-session memory bound (docs/protocol.md)")  # fmt: skip
     p.add_argument(
         "--attacks", nargs="*", default=[], choices=ATTACKS, help="run only these (default: all)"
     )
-    p.add_argument("--admission-minutes", type=float, default=2.0,
-                   help="the admission attack's first client speaks this long (the joiners "
-                   "2/3 of it): more finals make its p95 steadier")  # fmt: skip
     p.add_argument("--log", default="/tmp/stress-server.log")
     p.add_argument(
         "--results",
