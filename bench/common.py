@@ -42,7 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -76,7 +76,6 @@ __all__ = [
     "setup_logging",
     "started_server",
     "tree_rss_mb",
-    "wait_until",
     "write_results",
 ]
 
@@ -543,14 +542,3 @@ class PeakRss(Poller):
     @property
     def growth_mb(self) -> float:
         return self.peak_mb - self.start_mb
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1, what: str = ""
-) -> None:
-    """Poll ``predicate`` until it holds; TimeoutError (naming ``what``) after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what or 'the condition'} did not hold within {timeout_s:g} s")
-        time.sleep(interval_s)

@@ -1,19 +1,17 @@
 """A smoke run of each bench that no other test module runs whole: io_load, first_start,
-stress and its soak, diarization and web_file_captions, each for seconds on the tiny
+stress and its soak, and diarization, each for seconds on the tiny
 random model (``bench.latency``, ``bench.decode`` and ``bench.files`` have modules of their
 own)."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from bench.__main__ import benches
-from tests.timing import timeout_s
 
 SMOKED = {  # bench -> the test module that runs it
     "decode": "test_bench_decode.py",
@@ -23,7 +21,6 @@ SMOKED = {  # bench -> the test module that runs it
     "io_load": "test_bench_smoke.py",
     "latency": "test_bench_latency.py",
     "stress": "test_bench_smoke.py",
-    "web_file_captions": "test_bench_smoke.py",
 }
 
 
@@ -133,35 +130,3 @@ def test_diarization_scores_every_conversation_and_times_diarize_on_and_off(
     metrics = latency["server_metrics"]
     assert metrics["speaker_analyses"] > 0 and metrics["audio_s"] > 0
     assert latency["unlabelled_finals_on"] == 0
-
-
-@pytest.mark.browser
-def test_web_file_captions_times_the_upload_and_the_real_time_path(
-    cache_dir: Path,
-    tiny_model_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from bench import web_file_captions
-    from streamer.testkit import speech
-
-    pytest.importorskip("playwright.async_api")
-    if not (speech.tools_available() and Path(web_file_captions.CHROMIUM).exists()):
-        pytest.skip("needs espeak-ng, sox and /usr/bin/chromium")
-    monkeypatch.setenv("STREAMER_CACHE_DIR", str(cache_dir))
-    model = "--model random:tiny --device cpu --threads 1"
-    assert web_file_captions.main(["--seconds", "1", "--runs", "1", "--model-args", model]) == 0
-    printed = capsys.readouterr().out
-    file = re.search(r"^file: ([\d.]+) s of speech", printed, re.M)
-    assert file is not None, printed
-    duration_s = float(file[1])
-    uploaded = re.findall(r"^  ([\d.]+) s: speech\.wav: ([1-9]\d*) captions in .* \(uploaded\)$",
-                          printed, re.M)  # fmt: skip
-    streamed = re.findall(r"^  ([\d.]+) s: ended: ([1-9]\d*) segments, ([\d.]+) s of audio",
-                          printed, re.M)  # fmt: skip
-    assert len(uploaded) == 1 and len(streamed) == 1, printed
-    assert float(streamed[0][2]) == pytest.approx(duration_s, abs=0.15)  # the whole file played
-    # played at real time it takes the file's duration; uploaded, a fraction of it
-    assert float(streamed[0][0]) >= 0.9 * duration_s, printed
-    assert float(uploaded[0][0]) < timeout_s(duration_s / 2), printed
-    assert printed.count("share of the file's duration:") == 2
