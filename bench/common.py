@@ -54,6 +54,7 @@ import numpy as np
 
 __all__ = [
     "REPO",
+    "HealthProbes",
     "ManagedServer",
     "PeakRss",
     "Poller",
@@ -542,3 +543,29 @@ class PeakRss(Poller):
     @property
     def growth_mb(self) -> float:
         return self.peak_mb - self.start_mb
+
+
+class HealthProbes(Poller):
+    """``/healthz`` and ``/readyz`` in turn every interval, each on a new connection (as a
+    balancer's or a kubelet's probe comes): how long each took to answer, seconds."""
+
+    def __init__(self, port: int, interval_s: float = 0.1) -> None:
+        super().__init__(interval_s)
+        self.port = port
+        self.took_s: dict[str, list[float]] = {"/healthz": [], "/readyz": []}
+        self._turn = 0
+
+    def poll(self) -> None:
+        path = ("/healthz", "/readyz")[self._turn % 2]
+        self._turn += 1
+        started = time.perf_counter()
+        status, _ = http_get(f"http://127.0.0.1:{self.port}{path}", 10.0)
+        self.took_s[path].append(time.perf_counter() - started if status else 99.0)  # 99: none
+
+    def summary_ms(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for path, took in self.took_s.items():
+            values, name = [1000 * s for s in took] or [0.0], path.strip("/")
+            out |= {f"{name}_{q}_ms": v for q, v in percentiles(values, (50, 95)).items()}
+            out |= {f"{name}_max_ms": max(values), f"{name}_probes": len(took)}
+        return out

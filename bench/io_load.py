@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from bench.common import REPO, ManagedServer, Poller, ServerOptions, http_get, percentiles
+from bench.common import REPO, HealthProbes, ManagedServer, ServerOptions, percentiles
 from bench.latency import prom
 from bench.latency.monitor import scrape
 from streamer.model.interface import RecognizerBase
@@ -100,7 +100,7 @@ def _load_double(features: bool, progress: Any = None) -> Any:
     return FeatureRecognizer() if features else InstantRecognizer()
 
 
-async def _serve(port: int, workers: int, features: bool, model_process: bool) -> None:
+async def _serve(port: int, features: bool, model_process: bool) -> None:
     from functools import partial
 
     from streamer.core.capacity import CapacityOptions
@@ -122,7 +122,7 @@ async def _serve(port: int, workers: int, features: bool, model_process: bool) -
 
     pool = WorkerPool(
         factory,
-        [WorkerSlot(i, "cpu", 1) for i in range(workers)],
+        [WorkerSlot(0, "cpu", 1)],
         on_decoded=metrics.observe_worker_decode,
     )
     pool.start()
@@ -179,17 +179,15 @@ def _children(task: Path) -> list[str]:
 # -- the load generators --------------------------------------------------------------
 
 
-def _generate(args: tuple[str, int, int, int, float, float, bool]) -> dict[str, Any]:
+def _generate(args: tuple[str, int, int, int, float, float]) -> dict[str, Any]:
     """One generator process: ``count`` clients (indexes from ``first``) of ``total``."""
-    url, first, count, total, duration_s, stagger_s, partials = args
+    url, first, count, total, duration_s, stagger_s = args
     from bench.latency.audio import load_bench_audio
     from bench.latency.load import StepOptions, plan_clients, run_step
     from bench.latency.metrics import send_lags
 
     audio = load_bench_audio("auto", REPO / "bench" / "out" / "audio-cache")
-    options = StepOptions(
-        url=url, clients=total, duration_s=duration_s, stagger_s=stagger_s, partials=partials
-    )
+    options = StepOptions(url=url, clients=total, duration_s=duration_s, stagger_s=stagger_s)
     plans = plan_clients(options, audio)[first : first + count]
     started = time.process_time()
     records = asyncio.run(run_step(options, plans))
@@ -199,41 +197,15 @@ def _generate(args: tuple[str, int, int, int, float, float, bool]) -> dict[str, 
             "messages": sum(len(r.arrivals) for r in records), "send_late_s": lateness}  # fmt: skip
 
 
-class HealthProbes(Poller):
-    """``/healthz`` and ``/readyz`` in turn every interval, each on a new connection (as a
-    balancer's or a kubelet's probe comes): how long each took to answer, seconds."""
-
-    def __init__(self, port: int, interval_s: float = 0.1) -> None:
-        super().__init__(interval_s)
-        self.port = port
-        self.took_s: dict[str, list[float]] = {"/healthz": [], "/readyz": []}
-        self._turn = 0
-
-    def poll(self) -> None:
-        path = ("/healthz", "/readyz")[self._turn % 2]
-        self._turn += 1
-        started = time.perf_counter()
-        status, _ = http_get(f"http://127.0.0.1:{self.port}{path}", 10.0)
-        self.took_s[path].append(time.perf_counter() - started if status else 99.0)  # 99: none
-
-    def summary_ms(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for path, took in self.took_s.items():
-            values, name = [1000 * s for s in took] or [0.0], path.strip("/")
-            out |= {f"{name}_{q}_ms": v for q, v in percentiles(values, (50, 95)).items()}
-            out |= {f"{name}_max_ms": max(values), f"{name}_probes": len(took)}
-        return out
-
-
 def run_step(
-    port: int, pid: int, streams: int, duration_s: float, generators: int, partials: bool
+    port: int, pid: int, streams: int, duration_s: float, generators: int
 ) -> dict[str, Any]:
     url = f"ws://127.0.0.1:{port}/v1/asr"
     stagger_s = min(10.0, duration_s / 4)
     shares = [streams // generators + (i < streams % generators) for i in range(generators)]
     jobs, first = [], 0
     for share in shares:
-        jobs.append((url, first, share, streams, duration_s, stagger_s, partials))
+        jobs.append((url, first, share, streams, duration_s, stagger_s))
         first += share
     before_metrics = scrape(f"http://127.0.0.1:{port}")
     before = _thread_cpu_s(pid)
@@ -256,7 +228,6 @@ def run_step(
     return {
         "streams": streams,
         "generators": generators,
-        "partials": partials,
         "wall_s": wall_s,
         "stream_s": stream_s,
         "loop_cpu_s": loop_s,
@@ -284,13 +255,11 @@ def run_step(
 class DoubleServerOptions(ServerOptions):
     """This module's test-double server (``--serve``), started like ``streamer serve``."""
 
-    workers: int = 1
     features: bool = False
     model_process: bool = False
 
     def command(self, port: int) -> list[str]:
         command = [self.python, "-m", "bench.io_load", "--serve", str(port)]
-        command += ["--workers", str(self.workers)]
         return command + ["--features"] * self.features + ["--model-process"] * self.model_process
 
 
@@ -299,8 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", default="50,100,200", help="comma list of stream counts")
     p.add_argument("--duration-s", type=float, default=20.0, help="audio per stream")
     p.add_argument("--generators", type=int, default=2, help="load-generator processes")
-    p.add_argument("--workers", type=int, default=1, help="worker threads (test doubles)")
-    p.add_argument("--no-partials", action="store_true", help="clients ask for no partials")
     p.add_argument("--features", action="store_true",
                    help="the double computes each job's features (the feature cache)")  # fmt: skip
     p.add_argument("--model-process", action="store_true",
@@ -311,19 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         from streamer.loop import run
 
-        run(_serve(args.serve, args.workers, args.features, args.model_process), use_uvloop=True)
+        run(_serve(args.serve, args.features, args.model_process), use_uvloop=True)
         return 0
     logging.basicConfig(level=logging.WARNING)
     results: dict[str, Any] = {"steps": []}
-    double = DoubleServerOptions(
-        workers=args.workers, features=args.features, model_process=args.model_process
-    )
+    double = DoubleServerOptions(features=args.features, model_process=args.model_process)
     with ManagedServer(double, args.out / "server.log") as server:
         port, pid = server.port or 0, server.pid or 0
         for streams in (int(s) for s in args.streams.split(",")):
-            step = run_step(
-                port, pid, streams, args.duration_s, args.generators, not args.no_partials
-            )
+            step = run_step(port, pid, streams, args.duration_s, args.generators)
             results["steps"].append(step)
             print(  # noqa: T201
                 f"{streams:5d} streams: loop {step['loop_cpu_pct']:5.1f} % of a core, "

@@ -36,10 +36,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from bench import common
-from bench.common import ManagedServer, PeakRss, ServerOptions, http_get, percentiles
+from bench.common import HealthProbes, ManagedServer, PeakRss, ServerOptions, percentiles
 from bench.latency import prom
 from bench.latency.monitor import scrape
-from streamer.client.connection import ClientOptions, StreamingClient
+from streamer.client.connection import ClientOptions, Received, StreamingClient
+from streamer.client.streaming import run_session
 from streamer.core.protocol import Error, Final, StreamOptions
 from streamer.errors import ConnectionRefusedByServer
 from streamer.testkit import speech as synth
@@ -147,40 +148,23 @@ async def session(
         return result
     t0 = time.monotonic()
 
-    async def read() -> None:
-        async for message in client.messages():
-            if isinstance(message, Final):
-                result.finals.append(message)
-                due_s = t0 + message.end_ms / 1000 / (speed or math.inf)
-                result.latencies_s += [time.monotonic() - due_s] if message.text else []
-            elif isinstance(message, Error):
-                result.errors.append(message.code)
+    def on_message(item: Received) -> None:
+        message = item.message
+        if isinstance(message, Final):
+            result.finals.append(message)
+            due_s = t0 + message.end_ms / 1000 / (speed or math.inf)
+            result.latencies_s += [time.monotonic() - due_s] if message.text else []
+        elif isinstance(message, Error):
+            result.errors.append(message.code)
 
-    reader = asyncio.create_task(read())
-    step = 1600
     try:
-        for i in range(0, pcm.size, step):
-            await client.send_audio(pcm[i : i + step])
-            if speed is not None:  # on the clock: chunk i + 1 is due then
-                await asyncio.sleep(max(0.0, t0 + (i + step) / 16000 / speed - time.monotonic()))
-        await client.stop()
-        await asyncio.wait_for(reader, 120)
+        async with client:  # the package's own client loop: chunks of 100 ms, then stop
+            sending = run_session(client, pcm, 16000, on_message=on_message, speed=speed)
+            await asyncio.wait_for(sending, pcm.size / 16000 / (speed or math.inf) + 120)
     except Exception as exc:  # the row records it
         result.errors.append(f"{type(exc).__name__}: {exc}"[:80])
-        reader.cancel()
-    finally:
-        await client.close()
     result.ended = client.end is not None
     return result
-
-
-async def probe(url: str, done: asyncio.Event, answers: list[tuple[float, int, str]]) -> None:
-    """GET ``url`` every 0.5 s until ``done``: (seconds it took, status (0: none), body)."""
-    while not done.is_set():
-        started = time.monotonic()
-        status, body = await asyncio.to_thread(http_get, url, 10.0)
-        answers.append((time.monotonic() - started, status, body))
-        await asyncio.sleep(0.5)
 
 
 # -- attacks -----------------------------------------------------------------------
@@ -244,37 +228,30 @@ async def attack_floods(server: ManagedServer, pcm: np.ndarray, flooders: int = 
     flood = [sys.executable, "-m", "bench.stress", "tiny-frames", server.url, str(seconds + 10)]
     spawn = asyncio.create_subprocess_exec
     processes = [await spawn(*flood, "2", stdout=subprocess.PIPE) for _ in range(flooders)]
-    answers: dict[str, list[tuple[float, int, str]]] = {"/readyz": [], "/healthz": []}
-    done = asyncio.Event()
-    probers = [asyncio.create_task(probe(server.http_url + path, done, answers[path]))
-               for path in answers]  # fmt: skip
-    deadline = time.monotonic() + 60  # the flooders' processes start (imports take seconds)
-    while open_sessions(server) < flooders and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    await asyncio.sleep(2.0)  # the floods are under way
-    with PeakRss(server.pid or 0) as rss:
-        flooded = await session(server.url, pcm, speed=1.0, partials=True)
-    done.set()
-    await asyncio.gather(*probers)
+    with HealthProbes(server.port or 0, interval_s=0.25) as probes:  # each path every 0.5 s
+        deadline = time.monotonic() + 60  # the flooders' processes start (imports: seconds)
+        while open_sessions(server) < flooders and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2.0)  # the floods are under way
+        with PeakRss(server.pid or 0) as rss:
+            flooded = await session(server.url, pcm, speed=1.0, partials=True)
     sent = 0
     for process in processes:
         out, _ = await asyncio.wait_for(process.communicate(), seconds + 60)
         sent += int(out or 0)
     paced = metric_value(server, "streamer_input_budget_paced_seconds_total")
-    probes = {path: [t if status in (200, 503) else 99.0 for t, status, _ in took]
-              for path, took in answers.items()}  # fmt: skip
-    readyz_max = max(probes["/readyz"], default=99.0)
-    healthz_max = max(probes["/healthz"], default=99.0)
+    took = probes.summary_ms()  # a probe not answered counts 99 s
     p95_alone = percentiles(alone.latencies_s, missing=math.nan)["p95"]
     p95_flooded = percentiles(flooded.latencies_s, missing=math.nan)["p95"]
-    ok = p95_flooded <= 1.5 and readyz_max < 1.0 and flooded.refused is None
+    ok = p95_flooded <= 1.5 and 0 < took["readyz_probes"] and took["readyz_max_ms"] < 1000
+    ok = ok and flooded.refused is None
     return Row(
         f"{flooders} clients sending 2-byte frames as fast as they can, beside a real-time client",
         "the real-time client's final p95 <= 1.5 s; /readyz answers within 1 s throughout",
         f"{sent} frames sent; real-time client final p95 {p95_alone:.2f} s alone, "
         f"{p95_flooded:.2f} s flooded ({len(flooded.latencies_s)} finals); /readyz max "
-        f"{readyz_max * 1000:.0f} ms, /healthz max {healthz_max * 1000:.0f} ms over "
-        f"{len(probes['/readyz'])} probes each; budget paced {paced:.1f} s",
+        f"{took['readyz_max_ms']:.0f} ms, /healthz max {took['healthz_max_ms']:.0f} ms over "
+        f"{took['readyz_probes']:.0f} probes each; budget paced {paced:.1f} s",
         ok,
         None,
         rss.peak_mb,
