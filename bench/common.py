@@ -1,4 +1,4 @@
-"""What every bench shares: the server it starts, free ports, the CPU's name, arguments, results.
+"""What every bench shares: the server it starts, probes, the CPU's name, arguments, results.
 
 A bench that serves a model starts ``streamer serve`` (127.0.0.1 only) with
 :func:`started_server`; its command line takes the common server arguments from
@@ -35,7 +35,6 @@ import platform
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -63,7 +62,6 @@ __all__ = [
     "add_server_args",
     "command_line",
     "cpu_name",
-    "free_port",
     "http_base",
     "http_get",
     "int_list",
@@ -283,14 +281,6 @@ def multipart_form(
         "\r\nContent-Type: audio/wav\r\n\r\n"
     ).encode()
     return body + audio + f"\r\n--{boundary}--\r\n".encode()
-
-
-def free_port() -> int:
-    """A free 127.0.0.1 port, for the extra listeners (``--funasr-port``, ``--wyoming-port``)
-    whose port cannot be told apart from the main one when read back."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ManagedServer:

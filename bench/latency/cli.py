@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import logging
 import shlex
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,14 @@ from bench.latency.sweep import Sweep, SweepOptions, parse_clients, parse_varian
 logger = logging.getLogger("bench.latency")
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A free 127.0.0.1 port, for the extra listeners (``--funasr-port``, ``--wyoming-port``)
+    whose port cannot be told apart from the main one when read back."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,7 +177,7 @@ def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
         raise SystemExit(str(error)) from None
     out_dir: Path = args.out or REPO / "bench" / "out" / "latency-side-by-side"
     ports: dict[str, int] = {
-        p: common.free_port() for p in ("funasr", "wyoming") if p in options.protocols
+        p: free_port() for p in ("funasr", "wyoming") if p in options.protocols
     }
     if args.url and ports:
         raise SystemExit("funasr and wyoming need the server the bench starts (no --url)")
