@@ -419,6 +419,25 @@ async def test_a_handshake_of_another_websocket_version_is_told_ours(fake):
         assert json.loads(body)["error"] == "bad_handshake"
 
 
+def raw_answer(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s(5)) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+async def test_the_web_demo_s_page_is_the_same_at_every_request(fake):
+    """The port's headers go on a copy of the cached page (each request added one more
+    ``Server`` header to the cached answer)."""
+    server = fake()
+    answers = [await asyncio.to_thread(raw_answer, server.port, get("/")) for _ in range(3)]
+    assert answers[0].startswith(b"HTTP/1.1 200 ")
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0].count(b"\r\nServer: ") == 1
+
+
 async def test_only_get_and_head_are_served(fake):
     server = fake()
     for method in ("POST", "PUT", "DELETE", "OPTIONS", "PATCH"):

@@ -168,14 +168,18 @@ class StaticFiles:
         self._cache: dict[str, Response] = {}  # only files that exist: bounded by the folder
 
     def response(self, path: str) -> Response | None:
-        """The file at URL ``path`` ("/" is index.html), or None when there is none."""
+        """The file at URL ``path`` ("/" is index.html), or None when there is none: a
+        copy of the cached answer each time (the port adds its headers to what it sends,
+        which added one more ``Server`` header to the cached one at every request)."""
         name = "index.html" if path in ("", "/") else path.lstrip("/")
         cached = self._cache.get(name)
         if cached is None:
             cached = self._load(name)
-            if cached is not None:
-                self._cache[name] = cached
-        return cached
+            if cached is None:
+                return None
+            self._cache[name] = cached
+        headers = Headers(cached.headers.raw_items())
+        return Response(cached.status_code, cached.reason_phrase, headers, cached.body)
 
     def _load(self, name: str) -> Response | None:
         try:
