@@ -4,7 +4,8 @@ WebSockets are made (the main port's and FunASR's), so that the ports cannot dri
 A :class:`Port` binds with asyncio's own server and makes each connection's protocol: a
 :class:`~streamer.server.websocket.WebSocket` directly (the FunASR port), or a front of
 the port's own that hands the connection to one (the main port:
-:class:`~streamer.server.front.MainPortFront`). Every WebSocket it makes has the
+:class:`~streamer.server.front.MainPortFront`, which answers plain pages with
+:meth:`Port.answer`). Every WebSocket it makes has the
 options' settings: the largest frame, a queue of
 :data:`~streamer.server.options.WS_MAX_QUEUE_FRAMES` messages, the close timeout, the
 ``Server`` header, no compression (none is offered: PCM does not compress, deflate would
@@ -19,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
+
+from websockets.http11 import Request, Response
 
 from streamer.server.options import WS_MAX_QUEUE_FRAMES, ServerOptions
 from streamer.server.routes import Route, answering, final_response
@@ -51,6 +54,9 @@ class Port:
         self._server: asyncio.Server | None = None
         self.connections: set[WebSocket] = set()  # open WebSockets
         self.tasks: set[asyncio.Task[None]] = set()  # their handlers
+        # connections whose request head the front is still reading (nothing to answer
+        # yet: a shutdown drops them, as a WebSocket still in its handshake)
+        self.heads: set[asyncio.Transport] = set()
 
     @property
     def port(self) -> int:
@@ -77,6 +83,15 @@ class Port:
         ws.on_lost = self.connections.discard
         return ws
 
+    def answer(self, request: Request) -> Response | None:
+        """The port's answer to a plain request, as its WebSockets send it (the ``Server``
+        header, :func:`final_response`); None: a handshake that goes on."""
+        response = self._route(request)
+        if response is None:
+            return None
+        response.headers["Server"] = SERVER_HEADER
+        return final_response(request, response)
+
     def _protocol(self) -> asyncio.Protocol:
         return self._front(self) if self._front is not None else self.websocket()
 
@@ -100,11 +115,15 @@ class Port:
         """Drop every open WebSocket at once (the shutdown's grace period is over)."""
         for ws in list(self.connections):
             ws.transport.abort()
+        for transport in list(self.heads):
+            transport.abort()
 
     async def close(self) -> None:
         """Close what is still open (1001 going away) and wait for the handlers; the
         caller bounds the wait, and :meth:`abort_all` what is left."""
         self.stop_accepting()
+        for transport in list(self.heads):
+            transport.abort()
         for ws in list(self.connections):
             ws.close_soon(CLOSE_GOING_AWAY)
         if self.tasks:

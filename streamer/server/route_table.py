@@ -1,7 +1,8 @@
 """Every (method, path) the main port answers, in one table.
 
 Two dispatchers serve the port: :class:`~streamer.server.routes.Routes` (``GET``/``HEAD``,
-read by the WebSocket's parser: plain pages and upgrades) and
+read by h11 in :class:`~streamer.server.front.MainPortFront`, which tells a WebSocket
+endpoint's handshake from a plain page by this table) and
 :class:`~streamer.server.file_routes.FileRoutes` (requests with a body, read by h11). Both
 answer a method a path does not take from this table, with 405 and the same ``Allow``,
 so that a client is told the same thing whichever parser read its request.
@@ -25,7 +26,8 @@ class RouteTable:
 
     def __init__(self, websocket_paths: Iterable[str], upload_paths: Iterable[str]) -> None:
         methods: dict[str, set[str]] = {path: set(PLAIN) for path in PLAIN_PATHS}
-        for path in websocket_paths:
+        self.websocket_paths = frozenset(websocket_paths)
+        for path in self.websocket_paths:
             methods.setdefault(path, set()).update(UPGRADE)
         for path in upload_paths:
             methods.setdefault(path, set()).update(UPLOAD)
@@ -39,6 +41,10 @@ class RouteTable:
         if found is not None:
             return found
         return PLAIN  # /v1/models/{id} and the web demo's files
+
+    def is_websocket(self, path: str) -> bool:
+        """Whether ``path`` is a WebSocket endpoint's (its GET is a handshake)."""
+        return path in self.websocket_paths
 
     def is_known(self, path: str) -> bool:
         """Whether ``path`` is one of the table's (not a web demo file's)."""

@@ -194,7 +194,7 @@ class StreamingServer:
                 self._handle,
                 self.routes.route,
                 self.routes.select_subprotocol,
-                front=lambda port: MainPortFront(port, self.files.exchange),
+                front=lambda port: MainPortFront(port, self.files.exchange, self.routes.table),
             )
             await main.start(o.port, ssl_context)
             self._server = main
