@@ -203,3 +203,29 @@ def test_a_shutdown_drops_a_connection_still_sending_its_head(make_fake_server) 
 
     held, aborted, gone = server.call(run())
     assert held and aborted and gone
+
+
+def test_a_head_cut_by_the_client_s_eof_ends_as_before(make_fake_server) -> None:
+    """The client closes its side within a GET's head: websockets' parser reads the end
+    (nothing to answer), as when the WebSocket read every GET."""
+    server = make_fake_server(token=None)
+
+    async def run() -> tuple[bytes, bytes, bool]:
+        port = server.server._server
+        old = HandOverTransport()
+        ws = port.websocket()
+        old.protocol = ws
+        ws.connection_made(old)
+        ws.data_received(b"GET /healthz HTTP/1.1\r\nHo")
+        ws.eof_received()
+        front, new = _front(server)
+        front.data_received(b"GET /healthz HTTP/1.1\r\nHo")
+        front.eof_received()
+        handed = new.protocol is not front and new not in port.heads
+        for transport in (old, new):
+            transport.close()
+        await asyncio.sleep(0)
+        return bytes(old.written), bytes(new.written), handed
+
+    before, after, handed = server.call(run())
+    assert after == before and handed
