@@ -24,6 +24,8 @@ import asyncio
 import json
 import os
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,28 @@ def _metrics(http_base: str) -> dict[str, float]:
     return out
 
 
+_LOAD_MEMORY = """
+import json, os, sys
+from bench.common import rss_mb
+from streamer.model.speakers.layout import resolve_diarizer
+import streamer.model.speakers.models as m
+before = rss_mb(os.getpid())
+models = m.SpeakerModels(resolve_diarizer(sys.argv[1], sys.argv[2]))
+print(json.dumps({"rss_before": round(before, 1), "rss_after_load": round(rss_mb(os.getpid()), 1)}))
+"""
+
+
+def _load_memory_mb(directory: Path, cache_dir: str) -> dict[str, float]:
+    """The speaker models' resident cost, loaded in a fresh interpreter: in this process an
+    export or an earlier run may have left freed memory that the load reuses unseen."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_MEMORY, str(directory), str(cache_dir)],
+        capture_output=True, text=True, timeout=300, check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = common.parser(__doc__, prog="python -m bench.diarization")
     common.add_server_args(parser)
@@ -151,13 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     from streamer.model.speakers.models import SpeakerModels
 
     directory = kit.ensure_diarizer(args.cache_dir)
-    before = common.rss_mb(os.getpid())
     models = SpeakerModels(resolve_diarizer(str(directory), args.cache_dir))
-    loaded = common.rss_mb(os.getpid())
     results: dict[str, Any] = {"conversations": measure_der(models, out, args.turns)}
     results["memory_mb"] = {
-        "rss_before": round(before, 1),
-        "rss_after_load": round(loaded, 1),
+        **_load_memory_mb(directory, args.cache_dir),
         "rss_after_runs": round(common.rss_mb(os.getpid()), 1),
         "peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }

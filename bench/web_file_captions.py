@@ -12,7 +12,6 @@ plays the file into the WebSocket at real time (the path before issue 33).
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-realtime", action="store_true", help="skip the real-time run")
     args = parser.parse_args(argv)
-    cache = Path(os.environ.get("STREAMER_CACHE_DIR", ".cache")) / "tts"
+    cache = common.CACHE_DIR / "tts"
     with tempfile.TemporaryDirectory() as folder:
         wav, duration_s = speech_wav(args.seconds, Path(folder), cache)
         print(f"file: {duration_s:.1f} s of speech; serve {args.model_args}")

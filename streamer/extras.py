@@ -54,10 +54,15 @@ def install_hint(extra: str) -> str:
 
 def _checkout() -> Path | None:
     """The source directory this package was installed from (PEP 610), if it still is one."""
+    # the installed record (a .dist-info) has direct_url.json; a checkout's own
+    # .egg-info, found first where the checkout is on sys.path (python -m, pytest), has not
+    texts = (
+        d.read_text("direct_url.json") for d in importlib.metadata.distributions(name=DISTRIBUTION)
+    )
+    text = next((t for t in texts if t), None)
     try:
-        text = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
         origin = json.loads(text) if text else {}
-    except (importlib.metadata.PackageNotFoundError, ValueError):
+    except ValueError:
         return None
     url = origin.get("url", "") if isinstance(origin, dict) else ""
     if "dir_info" not in origin or not url.startswith("file://"):

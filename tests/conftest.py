@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -88,3 +89,12 @@ def speech16(speech_cache: Path):
     hello = synth.speak(TAGGED_TEXTS[1], "en", cache_dir=speech_cache)
     pcm, _ = synth.join_with_silence([("en", "fox", fox), ("en", "hello", hello)], 1500)
     return np.concatenate([pcm, np.zeros(16000, dtype=np.int16)])
+
+
+@pytest.fixture
+def no_tracebacks(caplog):
+    """Fails the test when the server logged an error (a traceback) meanwhile."""
+    caplog.set_level(logging.INFO)
+    yield caplog
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, [r.getMessage() for r in errors]

@@ -420,8 +420,14 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
     assert (await asyncio.to_thread(http_get, readyz))[0] == 200
     async with connect(server.url + "?partials=false") as ws:
         assert orjson.loads(await ws.recv())["type"] == "ready"
-        # two utterances: the first final is decoding (held), the second waits in the queue
-        await ws.send(speech(2).tobytes())
+        # two utterances: the first final is decoding (held), the second waits in the
+        # queue; sent at real time (a client sending faster waits behind real-time work by
+        # design, and its waiting finals are not lag: sent at once, whether they counted
+        # raced the rate's measurement)
+        audio = speech(2)
+        for start in range(0, audio.size, 1600):  # 100 ms
+            await ws.send(audio[start : start + 1600].tobytes())
+            await asyncio.sleep(0.1)
         deadline = time.monotonic() + timeout_s(10)
         while (status := await asyncio.to_thread(http_get, readyz))[0] == 200:
             assert time.monotonic() < deadline, f"never saturated: {status}"
@@ -475,22 +481,9 @@ async def test_a_second_real_time_client_is_admitted_beside_the_first(
         lambda: FakeRecognizer(delay_s=0.15), capacity=CapacityOptions(window_s=6)
     )
     admission = server.server.admission
-    chunk = 1600  # 100 ms
     audio = np.concatenate([speech_bursts(8), silence(300)])
 
-    async def first_client() -> list[dict]:
-        async with connect(server.url) as ws:
-            assert orjson.loads(await ws.recv())["type"] == "ready"
-            messages: list[dict] = []
-            reader = asyncio.create_task(collect(ws, messages))
-            for start in range(0, audio.size, chunk):  # real time
-                await ws.send(audio[start : start + chunk].tobytes())
-                await asyncio.sleep(0.1)
-            await ws.send('{"type":"stop"}')
-            await asyncio.wait_for(reader, timeout_s(20))
-            return messages
-
-    first = asyncio.create_task(first_client())
+    first = asyncio.create_task(stream_real_time(server.url, audio))
     await asyncio.sleep(5)  # about five utterances decoded
     capacity = admission.capacity.current
     assert capacity.projected_wait_ms > 100, capacity  # the old rule refused here
@@ -509,9 +502,40 @@ async def test_a_second_real_time_client_is_admitted_beside_the_first(
     assert b"streamer_final_latency_seconds_count 8.0" in metrics
 
 
+async def test_a_session_without_partials_counts_in_the_final_budget_only(
+    make_ports_server,  # noqa: F811  (the fixture)
+) -> None:
+    """Without partials an utterance's first text is its final, seconds after the
+    utterance began by design: counted as a time to first token, a few such sessions
+    (the soak's live clients) made the TTFT p95 5 s and every new session was refused."""
+    server = make_ports_server(lambda: FakeRecognizer(delay_s=0.02))
+    admission = server.server.admission
+    audio = np.concatenate([speech_bursts(3), silence(300)])
+    messages = await stream_real_time(server.url + "?partials=false", audio)
+    assert [m["type"] for m in messages].count("final") == 3
+    live = admission.metrics.live
+    assert sum(live.final.counts) == 3 and sum(live.ttft.counts) == 0
+
+
 def speech_bursts(n: int) -> np.ndarray:
     """``n`` utterances of 300 ms tone and 700 ms silence."""
     return np.concatenate([np.concatenate([tone(300), silence(700)]) for _ in range(n)])
+
+
+async def stream_real_time(url: str, audio: np.ndarray) -> list[dict]:
+    """A v1 client sending ``audio`` at real time in 100 ms chunks, then ``stop``: every
+    message it got."""
+    chunk = 1600  # 100 ms
+    async with connect(url) as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+        messages: list[dict] = []
+        reader = asyncio.create_task(collect(ws, messages))
+        for start in range(0, audio.size, chunk):
+            await ws.send(audio[start : start + chunk].tobytes())
+            await asyncio.sleep(0.1)
+        await ws.send('{"type":"stop"}')
+        await asyncio.wait_for(reader, timeout_s(20))
+        return messages
 
 
 async def collect(ws, messages: list[dict]) -> None:

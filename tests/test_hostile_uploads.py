@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import logging
 import socket
 import struct
 import threading
@@ -82,15 +81,6 @@ def post_both(port: int, audio: bytes) -> list[tuple[int, dict]]:
 def message(body: dict) -> str:
     """The error's text in either API's shape."""
     return body["error"]["message"] if "error" in body else body["err_msg"]
-
-
-@pytest.fixture
-def no_tracebacks(caplog):
-    """Fails the test when the server logged an error (a traceback) meanwhile."""
-    caplog.set_level(logging.INFO)
-    yield caplog
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
-    assert not errors, [r.getMessage() for r in errors]
 
 
 class Dripper:

@@ -58,11 +58,6 @@ def config_args(name: str) -> tuple[str, ...]:
     return flags + (("--workers", workers) if workers else ())
 
 
-def loadavg() -> float:
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
-
-
 def summary_row(step: dict[str, Any], clients: int) -> dict[str, Any]:
     """The figures one table row shows: admitted, refused, the admitted's latencies."""
     refused = [e for e in step["errors"] if "HTTP 503" in e]
@@ -105,14 +100,14 @@ async def run_config(
                         duration_s=args.duration_s,
                         stagger_s=args.start_every_s * clients,
                     )
-                    load_before = loadavg()
+                    load_before = os.getloadavg()[0]
                     records = await run_step(step, plan_clients(step, audio))
                     result = step_result(records, clients, {}, 0.1)
                     row = {
                         "config": config.name,
                         "hog": hog,
                         **summary_row(result, clients),
-                        "loadavg": [load_before, loadavg()],
+                        "loadavg": [load_before, os.getloadavg()[0]],
                     }
                     rows.append(row)
                     logger.info("%s", _line(row))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -119,12 +120,11 @@ def speaker_worker(args: argparse.Namespace, metrics: Any) -> Any:
     files are found (and fetched, for auto) now, so a wrong path fails in seconds."""
     if not args.diarize_model:
         return None
-    from streamer.model.speakers.layout import resolve_diarizer
     from streamer.model.speakers.models import SpeakerModels
     from streamer.model.speakers.worker import SpeakerWorker
 
     options = diarization_options(args)
-    files = resolve_diarizer(args.diarize_model, args.cache_dir or _default_cache_dir())
+    files = diarizer_files(args)
 
     def observed(job: Any, answer: Any, seconds: float) -> None:
         metrics.speaker_analysis_seconds.observe(seconds)
@@ -132,10 +132,19 @@ def speaker_worker(args: argparse.Namespace, metrics: Any) -> Any:
     return SpeakerWorker(lambda: SpeakerModels(files, options), on_analysed=observed)
 
 
-def _default_cache_dir() -> Path:
+def diarizer_files(args: argparse.Namespace) -> Any:
+    """--diarize-model's files, found (and for auto fetched, the manifest's checksums
+    read) once however many parts of the command need them."""
     from streamer.model.options import RecognizerOptions
 
-    return RecognizerOptions().cache_dir
+    return _resolve_diarizer(args.diarize_model, args.cache_dir or RecognizerOptions().cache_dir)
+
+
+@functools.cache
+def _resolve_diarizer(spec: str, cache_dir: Path) -> Any:
+    from streamer.model.speakers.layout import resolve_diarizer
+
+    return resolve_diarizer(spec, cache_dir)
 
 
 def known_speakers_from(args: argparse.Namespace) -> tuple[Any, ...]:
@@ -149,14 +158,12 @@ def known_speakers_from(args: argparse.Namespace) -> tuple[Any, ...]:
         raise ConfigError(f"--speakers {args.speakers}: not a directory")
     from streamer.audio_io import load_audio
     from streamer.core.session_speakers import known_speaker
-    from streamer.model.speakers.layout import resolve_diarizer
     from streamer.model.speakers.models import SpeakerModels
 
     files = sorted(p for p in args.speakers.iterdir() if p.is_file() and not p.name.startswith("."))
     if not files:
         raise ConfigError(f"--speakers {args.speakers}: no audio files")
-    cache = args.cache_dir or _default_cache_dir()
-    models = SpeakerModels(resolve_diarizer(args.diarize_model, cache), diarization_options(args))
+    models = SpeakerModels(diarizer_files(args), diarization_options(args))
     known = []
     for index, path in enumerate(files):
         name = " ".join(path.stem.replace("_", " ").split())[:64]

@@ -176,12 +176,10 @@ def _speaker_models(args: argparse.Namespace) -> Any:
     """transcribe --diarize-model: the speaker models, loaded here (None without it)."""
     if not args.diarize_model:
         return None
-    from streamer.model.options import RecognizerOptions
-    from streamer.model.speakers.layout import resolve_diarizer
+    from streamer.cli.diarizer import diarizer_files
     from streamer.model.speakers.models import SpeakerModels
 
-    cache = getattr(args, "cache_dir", None) or RecognizerOptions().cache_dir
-    return SpeakerModels(resolve_diarizer(args.diarize_model, cache))
+    return SpeakerModels(diarizer_files(args))
 
 
 # -- build-model -----------------------------------------------------------------

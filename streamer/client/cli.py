@@ -357,13 +357,13 @@ def _stream_options(args: argparse.Namespace) -> StreamOptions:
 def read_hotwords_argument(value: str) -> hotwords.Hotwords:
     """``--hotwords``: a file of one ``phrase`` or ``phrase:boost`` a line when ``value``
     names one, else a comma-separated list of them (ConfigError if malformed)."""
+    from streamer.cli.common import read_hotwords
+
     path = Path(value).expanduser()
+    if path.is_file():
+        return read_hotwords(path)
     try:
-        if path.is_file():
-            return hotwords.parse_file(path.read_text(encoding="utf-8"), name=str(path))
         return hotwords.parse_v1(value, strings=True)
-    except OSError as error:
-        raise ConfigError(f"--hotwords {value}: {error.strerror or error}") from None
     except InvalidHotwords as error:
         raise ConfigError(f"--hotwords: {error.message}") from None
 

@@ -30,7 +30,8 @@ SEGMENTATION_WINDOW_SAMPLES = 10 * SAMPLE_RATE  # the model's training chunk: 10
 LOCAL_SPEAKERS = 3  # per window
 # segmentation-3.0's 7 classes: nobody, each of 3 speakers alone, each pair
 POWERSET: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2))
-EMBEDDING_DIM = 192
+EMBEDDING_DIM = 192  # CAM++'s speaker embedding
+FBANK_BINS = 80  # CAM++'s input features per frame
 # a long local speaker is also embedded in windows, which catch a change of voice the
 # segmentation missed (two voices in one local speaker): 1.5 s every 0.75 s (end to end
 # windows cost half as much and found fewer changes: bench/RESULTS.md, "Speaker diarization")

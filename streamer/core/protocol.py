@@ -317,6 +317,14 @@ class Final:
 MAX_ERROR_MESSAGE_CHARS = 200  # longer messages are cut: errors never echo unbounded input
 
 
+def _cap_message(message: Error | Notice) -> None:
+    """A message's text cut to MAX_ERROR_MESSAGE_CHARS (its messages never echo unbounded
+    input)."""
+    if len(message.message) > MAX_ERROR_MESSAGE_CHARS:
+        cut = message.message[: MAX_ERROR_MESSAGE_CHARS - 3] + "..."
+        object.__setattr__(message, "message", cut)
+
+
 @dataclass(frozen=True)
 class Error:
     type: ClassVar[str] = "error"
@@ -326,9 +334,7 @@ class Error:
     suppressed: int = 0  # errors of this code not sent one by one since the last one
 
     def __post_init__(self) -> None:
-        if len(self.message) > MAX_ERROR_MESSAGE_CHARS:
-            cut = self.message[: MAX_ERROR_MESSAGE_CHARS - 3] + "..."
-            object.__setattr__(self, "message", cut)
+        _cap_message(self)
 
 
 @dataclass(frozen=True)
@@ -341,12 +347,11 @@ class Notice:
     message: str  # for people; counts and reasons, never the client's phrases
 
     def __post_init__(self) -> None:
-        if len(self.message) > MAX_ERROR_MESSAGE_CHARS:
-            cut = self.message[: MAX_ERROR_MESSAGE_CHARS - 3] + "..."
-            object.__setattr__(self, "message", cut)
+        _cap_message(self)
 
 
 NOTICE_HOTWORDS_UNUSED = "hotwords_unused"  # phrases the model's vocabulary cannot spell
+DIARIZE_UNAVAILABLE = "diarize_unavailable"  # diarize asked of a server without speaker models
 
 
 @dataclass(frozen=True)

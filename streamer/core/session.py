@@ -305,7 +305,7 @@ class Session:
             )
         )
         if self.stream.diarize and self.speakers is None:
-            self._non_fatal_code("diarize_unavailable", "this server has no speaker models")
+            self._non_fatal_code(protocol.DIARIZE_UNAVAILABLE, "this server has no speaker models")
 
     # -- audio -----------------------------------------------------------------
 
@@ -361,27 +361,27 @@ class Session:
             return
         self._submit_partial(position)
 
-    def _submit_partial(self, position: int, speculative: bool = False) -> None:
+    def _submit_partial(self, position: int, speculative: bool = False) -> DecodeJob:
         seg = self._open
         assert seg is not None
         self._partial_inflight = True
         seg.partial_submitted_end = max(position, seg.partial_submitted_end)
-        self._jobs.append(
-            DecodeJob(
-                session_id=self.session_id,
-                segment_id=seg.segment_id,
-                kind="partial",
-                pcm=self._buffer.slice(seg.start_sample, position),
-                start_sample=seg.start_sample,
-                end_sample=position,
-                language=self.stream.language,
-                itn=self.stream.itn,
-                hotwords=self._hotwords,
-                first=seg.revision == 0,
-                speculative=speculative,
-                background=self.background,
-            )
+        job = DecodeJob(
+            session_id=self.session_id,
+            segment_id=seg.segment_id,
+            kind="partial",
+            pcm=self._buffer.slice(seg.start_sample, position),
+            start_sample=seg.start_sample,
+            end_sample=position,
+            language=self.stream.language,
+            itn=self.stream.itn,
+            hotwords=self._hotwords,
+            first=seg.revision == 0,
+            speculative=speculative,
+            background=self.background,
         )
+        self._jobs.append(job)
+        return job
 
     def _maybe_speculate(self) -> None:
         """In a pause that holds the segment's whole end, decode what its final will be."""
@@ -397,9 +397,9 @@ class Session:
         if self._spec.range == (self._open.start_sample, end):
             return  # already submitted (or decoded) for this pause
         self._spec.reset((self._open.start_sample, end))
-        self._submit_partial(end, speculative=True)
-        if self.speakers is not None:  # and what its speakers will be
-            self.speakers.speculate(self._open, self._buffer.slice(self._open.start_sample, end))
+        job = self._submit_partial(end, speculative=True)
+        if self.speakers is not None:  # and what its speakers will be (the same audio)
+            self.speakers.speculate(self._open, job.pcm)
 
     def _end_segment(self, event: SegmentEnd) -> None:
         """Finish a closed segment: from its speculative decode when that covered it."""

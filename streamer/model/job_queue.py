@@ -150,7 +150,9 @@ class JobQueue:
         ]
         # a faster-than-real-time session's finals wait behind real-time work by design
         oldest = next((q.submitted for q in self.finals if q.job.realtime), None)
-        return min([*waiting, *([] if oldest is None else [oldest])], default=None)
+        if oldest is not None:
+            waiting.append(oldest)
+        return min(waiting, default=None)
 
     def retry_first(self, item: Queued) -> None:
         """A final the failed model did not decode: first in line of its class (live,
@@ -200,13 +202,13 @@ class JobQueue:
         # retried final, older than anything queued, comes first), first partials,
         # speculative decodes not late, refreshes
         slack_s = SPECULATIVE_SLACK_MS / 1000
-        speculative = [q for q in partials if q.job.speculative]
-        early = [q for q in speculative if now is not None and now - q.submitted < slack_s]
+        late: list[Queued] = []
+        early: list[Queued] = []
+        for q in partials:
+            if q.job.speculative:
+                (early if now is not None and now - q.submitted < slack_s else late).append(q)
         shown = [q for q in partials if not q.job.speculative]
-        queued = sorted(
-            [*self.finals, *(q for q in speculative if q not in early)],
-            key=lambda q: q.submitted,
-        )
+        queued = sorted([*self.finals, *late], key=lambda q: q.submitted)
         queued += [q for q in shown if q.job.first]
         queued += sorted(early, key=lambda q: q.submitted)
         queued += [q for q in shown if not q.job.first]

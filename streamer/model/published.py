@@ -23,6 +23,7 @@ import os
 import re
 import socket
 import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
 
 from streamer.errors import ModelError
@@ -58,18 +59,19 @@ def hub_cache(cache_dir: Path) -> Path:
 def fetch_published(model: str, cache_dir: Path) -> Path:
     """The local directory of published export ``model`` with :data:`PUBLISHED_FILES`,
     downloaded once and checked; ModelError saying what to do when it cannot be had."""
-    paths = [fetch_published_file(model, name, cache_dir) for name in PUBLISHED_FILES]
+    paths = fetch_published_files([(model, name) for name in PUBLISHED_FILES], cache_dir)
     directory = paths[0].parent
     logger.info("published model %s: %s", model, directory)
     return directory
 
 
-def fetch_published_file(model: str, filename: str, cache_dir: Path) -> Path:
-    """One file of Hugging Face repository ``model``, downloaded once into the cache and
-    checked against the hub's checksum (the diarizer's published graphs come this way)."""
+def fetch_published_files(files: Sequence[tuple[str, str]], cache_dir: Path) -> list[Path]:
+    """Each (Hugging Face repository, file name) of ``files``, downloaded once into the
+    cache and checked against the hub's checksum (the diarizer's published graphs come
+    this way too); the hub is asked once whether it can be reached."""
     if missing("huggingface_hub"):
         raise ModelError(
-            f"fetching {model} needs huggingface_hub: pip install huggingface-hub "
+            f"fetching {files[0][0]} needs huggingface_hub: pip install huggingface-hub "
             "(or download the files elsewhere and pass their directory)"
         )
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
@@ -78,29 +80,31 @@ def fetch_published_file(model: str, filename: str, cache_dir: Path) -> Path:
     cache = hub_cache(cache_dir)
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    if not offline:
-        # huggingface_hub retries an unreachable hub for about 25 s, once per file,
-        # before it says so (or falls back to the cache): ask once, quickly
-        unreachable = _unreachable(endpoint)
+    # huggingface_hub retries an unreachable hub for about 25 s, once per file, before
+    # it says so (or falls back to the cache): ask once, quickly
+    unreachable = None if offline else _unreachable(endpoint)
+    local_only = offline or unreachable is not None
+    paths = []
+    for model, filename in files:
         if unreachable is not None:
             if not isinstance(try_to_load_from_cache(model, filename, cache_dir=str(cache)), str):
                 raise ModelError(_offline_message(model, filename, f"{endpoint} {unreachable}"))
             logger.info("%s %s: using the cached %s", endpoint, unreachable, filename)
-            offline = True
-    try:
-        path = Path(
-            hf_hub_download(
-                model,
-                filename,
-                cache_dir=str(cache),
-                endpoint=endpoint,
-                local_files_only=offline,
+        try:
+            path = Path(
+                hf_hub_download(
+                    model,
+                    filename,
+                    cache_dir=str(cache),
+                    endpoint=endpoint,
+                    local_files_only=local_only,
+                )
             )
-        )
-    except Exception as error:  # huggingface_hub raises its own tree and httpx's
-        raise _fetch_error(model, filename, endpoint, offline, error) from None
-    _check(path, cache)
-    return path
+        except Exception as error:  # huggingface_hub raises its own tree and httpx's
+            raise _fetch_error(model, filename, endpoint, local_only, error) from None
+        _check(path, cache)
+        paths.append(path)
+    return paths
 
 
 def _unreachable(endpoint: str) -> str | None:

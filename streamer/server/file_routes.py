@@ -92,6 +92,15 @@ class OpenRequest:
         self.exchange.abort()
 
 
+def method_not_allowed(allowed: tuple[str, ...], message: str) -> HttpError:
+    """405 with ``Allow`` (the WebSocket side's is :func:`routes.method_not_allowed`)."""
+    return HttpError(
+        http.HTTPStatus.METHOD_NOT_ALLOWED,
+        {"error": "method_not_allowed", "message": message},
+        {"Allow": ", ".join(allowed)},
+    )
+
+
 class FileRoutes:
     """Every request with a body on the main port."""
 
@@ -146,11 +155,7 @@ class FileRoutes:
             if api is None:
                 self._not_served(request)
             elif request.method not in BODY_METHODS:
-                raise HttpError(
-                    http.HTTPStatus.METHOD_NOT_ALLOWED,
-                    {"error": "method_not_allowed", "message": f"{api.path} takes POST"},
-                    {"Allow": ", ".join(self.table.allowed(api.path))},
-                )
+                raise method_not_allowed(self.table.allowed(api.path), f"{api.path} takes POST")
             else:
                 metrics = self.admission.metrics
                 try:
@@ -166,11 +171,7 @@ class FileRoutes:
     def _not_served(self, request: HttpRequest) -> None:
         allowed = self.table.allowed(request.path)
         if self.table.is_known(request.path) and request.method not in allowed:
-            raise HttpError(
-                http.HTTPStatus.METHOD_NOT_ALLOWED,
-                {"error": "method_not_allowed", "message": f"this path takes {allowed[0]}"},
-                {"Allow": ", ".join(allowed)},
-            )
+            raise method_not_allowed(allowed, f"this path takes {allowed[0]}")
         refused = self.refused.get(request.path)
         if refused is not None:
             status, message = refused

@@ -150,12 +150,7 @@ class HttpExchange(asyncio.Protocol):
             if self._lingered > LINGER_BYTES:
                 self._close()
             return
-        if self._chunk_sizes is not None and self._body_error is None:
-            try:
-                self._chunk_sizes.feed(data)
-            except ChunkSizeError as error:
-                self._chunk_sizes = None
-                self._fail_body(error.status, error.message)
+        self._feed_chunk_sizes(data)
         try:
             self._h11.receive_data(data)
             self._process()
@@ -247,12 +242,18 @@ class HttpExchange(asyncio.Protocol):
         elif any("chunked" in v.lower() for v in headers.get_all("Transfer-Encoding")):
             # h11 never says a chunk's size: one too large to wait for is refused at once
             self._chunk_sizes = ChunkSizes(self.limits.max_body_bytes)
-            try:
-                self._chunk_sizes.feed(self._h11.trailing_data[0])  # the body so far
-            except ChunkSizeError as error:
-                self._chunk_sizes = None
-                self._fail_body(error.status, error.message)
+            self._feed_chunk_sizes(self._h11.trailing_data[0])  # the body so far
         self._task = self._loop.create_task(self._run(), name=f"http {self.request.path}")
+
+    def _feed_chunk_sizes(self, data: bytes) -> None:
+        """A chunked body's bytes to the size reader: a chunk too large is refused now."""
+        if self._chunk_sizes is None or self._body_error is not None:
+            return
+        try:
+            self._chunk_sizes.feed(data)
+        except ChunkSizeError as error:
+            self._chunk_sizes = None
+            self._fail_body(error.status, error.message)
 
     def _on_data(self, data: bytes) -> None:
         if self._body_error is not None:

@@ -47,7 +47,7 @@ def parse_data_url(url: str) -> bytes:
 
 
 async def known_speakers(
-    names: Sequence[str], references: Sequence[str], queue: SpeakerQueue | None
+    names: Sequence[str], references: Sequence[str], queue: SpeakerQueue
 ) -> list[KnownSpeaker]:
     """Each name's embedding from its reference (InvalidOption for a bad pair, a reference
     that is not audio or has no speech; UndecodableAudio passes through)."""
@@ -57,8 +57,6 @@ async def known_speakers(
         raise InvalidOption("known_speaker_names[] and known_speaker_references[] must pair up")
     if len(names) > MAX_KNOWN_SPEAKERS:
         raise InvalidOption(f"at most {MAX_KNOWN_SPEAKERS} known speakers")
-    if queue is None:
-        raise InvalidOption("known speakers need a server started with --diarize-model")
     out = []
     for index, (name, reference) in enumerate(zip(names, references, strict=True)):
         name = " ".join(name.split())[:64]

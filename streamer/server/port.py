@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 from websockets.http11 import Request, Response
 
+from streamer.server.http_exchange import SERVER_HEADER
 from streamer.server.options import WS_MAX_QUEUE_FRAMES, ServerOptions
 from streamer.server.routes import Route, answering, final_response
 from streamer.server.websocket import Handler, SubprotocolChoice, WebSocket
 
-SERVER_HEADER = "sensevoice-streamer"
 OPEN_TIMEOUT_S = 10.0  # a connection's handshake request within this (websockets' default)
 CLOSE_GOING_AWAY = 1001  # what open connections hear when the port closes
 

@@ -377,7 +377,12 @@ class SessionPump:
             if started is not None and message.text:
                 metrics.first_partial_seconds.observe(now - started[0])
                 del self._speech_started[message.segment_id]
-                self._observe_latency(metrics.live.ttft, metrics.ttft_seconds, started[1], now)
+                # without partials the first text is the final, a whole utterance after
+                # its start by design: the final's budget counts it, the TTFT's must not
+                # (a soak of partials-off sessions read TTFT p95 5 s and refused everyone)
+                if self.session.stream.partials:
+                    live = metrics.live
+                    self._observe_latency(live.ttft, metrics.ttft_seconds, started[1], now)
             if isinstance(message, Final):
                 self._speech_started.pop(message.segment_id, None)
                 metrics.segments(message.reason).inc()

@@ -191,9 +191,8 @@ async def _exchange(
     target: IO[bytes],
 ) -> str | None:
     connection = h11.Connection(h11.CLIENT)
-    host = url.host if url.port == DEFAULT_PORTS[url.scheme] else f"{url.host}:{url.port}"
-    if ":" in url.host:  # an IPv6 literal
-        host = f"[{url.host}]" + ("" if url.port == DEFAULT_PORTS[url.scheme] else f":{url.port}")
+    name = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 literal in brackets
+    host = name if url.port == DEFAULT_PORTS[url.scheme] else f"{name}:{url.port}"
     request = h11.Request(
         method="GET",
         target=url.target,

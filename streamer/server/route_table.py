@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from streamer.server import models_page
+
 PLAIN = ("GET", "HEAD")  # pages: health, readiness, metrics, models, the web demo
 UPGRADE = ("GET",)  # a WebSocket endpoint's handshake
 UPLOAD = ("POST", "OPTIONS")  # a file API (OPTIONS: a browser's CORS preflight)
-PLAIN_PATHS = ("/", "/healthz", "/readyz", "/metrics", "/v1/models")  # "/": the web demo
-PLAIN_PREFIXES = ("/v1/models/",)  # /v1/models/{id}
+PLAIN_PATHS = ("/", "/healthz", "/readyz", "/metrics", models_page.PATH)  # "/": the web demo
+PLAIN_PREFIXES = (models_page.PATH + "/",)  # /v1/models/{id}
 METHOD_ORDER = ("GET", "HEAD", "POST", "OPTIONS")
 
 

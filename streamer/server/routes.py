@@ -37,6 +37,7 @@ from streamer.server.http import (
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
+from streamer.server.route_table import PLAIN as SERVED_METHODS
 from streamer.server.route_table import RouteTable
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SERVED_METHODS = ("GET", "HEAD")
 SINGLE_HEADERS = ("Authorization", "Origin", "Host")  # a repeated one is a 400
 
 Route = Callable[[Request], Response | None]

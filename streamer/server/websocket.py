@@ -196,10 +196,10 @@ class WebSocket(asyncio.Protocol):
             elif isinstance(event, Frame):
                 self._on_frame(event)
         self._flush()
-        if not lost and self.protocol.close_expected() and self._close_timer is None:
+        if not lost and self.protocol.close_expected():
             # the close frames are exchanged (or the handshake refused): the peer should
             # close now; after close_timeout_s it is aborted
-            self._close_timer = self._loop.call_later(self.close_timeout_s, self.transport.abort)
+            self._arm_close_timer()
 
     def _on_frame(self, frame: Frame) -> None:
         if frame.opcode is Opcode.TEXT or frame.opcode is Opcode.BINARY:
@@ -313,12 +313,7 @@ class WebSocket(asyncio.Protocol):
         """The close handshake: our close frame, the peer's, the TCP close (the caller
         bounds the wait; :attr:`close_timeout_s` aborts a peer that does not close)."""
         if self.protocol.state is State.OPEN:
-            self.protocol.send_close(code, reason)
-            self._flush()
-            if self._close_timer is None and self.protocol.close_expected():
-                self._close_timer = self._loop.call_later(
-                    self.close_timeout_s, self.transport.abort
-                )
+            self.close_soon(code, reason)
         await self._lost.wait()
 
     async def wait_closed(self) -> None:
@@ -328,14 +323,16 @@ class WebSocket(asyncio.Protocol):
         """Start the close handshake without waiting (the port's shutdown); a connection
         still in its handshake is dropped."""
         if self.protocol.state is State.OPEN:
-            self.protocol.send_close(code, reason)
+            self.protocol.send_close(code, reason)  # a close is then expected
             self._flush()
-            if self._close_timer is None:
-                self._close_timer = self._loop.call_later(
-                    self.close_timeout_s, self.transport.abort
-                )
+            self._arm_close_timer()
         elif self.protocol.state is State.CONNECTING:
             self.transport.abort()
+
+    def _arm_close_timer(self) -> None:
+        """Abort the connection if the peer has not closed within close_timeout_s."""
+        if self._close_timer is None:
+            self._close_timer = self._loop.call_later(self.close_timeout_s, self.transport.abort)
 
     # -- the opening handshake -----------------------------------------------------------
 

@@ -40,6 +40,7 @@ from streamer.core.compat.audio import ENCODINGS, AudioDecoder
 from streamer.core.containers import AUTO, PCM, AudioInput, DecoderFactory
 from streamer.core.hotwords import parse_deepgram
 from streamer.core.protocol import (
+    DIARIZE_UNAVAILABLE,
     End,
     Error,
     Final,
@@ -507,9 +508,6 @@ def result_words(
                 word["speaker_confidence"] = turn_share(message, w.start_ms, w.end_ms, label)
         words.append(word)
     return words
-
-
-DIARIZE_UNAVAILABLE = "diarize_unavailable"  # the session's notice without speaker models
 
 
 class SpeakerIndex:

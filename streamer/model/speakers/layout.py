@@ -73,10 +73,7 @@ def _check_manifest(manifest: Path, directory: Path) -> None:
 
 
 def _published(cache_dir: Path) -> DiarizerFiles:
-    from streamer.model.published import fetch_published_file
+    from streamer.model.published import fetch_published_files
 
-    paths = [
-        fetch_published_file(repo, name, cache_dir)
-        for repo, name in (PUBLISHED_SEGMENTATION, PUBLISHED_EMBEDDING)
-    ]
+    paths = fetch_published_files((PUBLISHED_SEGMENTATION, PUBLISHED_EMBEDDING), cache_dir)
     return DiarizerFiles(segmentation=paths[0], embedding=paths[1])

@@ -18,8 +18,11 @@ import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import (
+    FBANK_BINS,
+    LOCAL_SPEAKERS,
     PIECE_STEP_SAMPLES,
     PIECE_WINDOW_SAMPLES,
+    POWERSET,
     SEGMENTATION_FRAME_SAMPLES,
     SEGMENTATION_WINDOW_SAMPLES,
     DiarizationOptions,
@@ -34,7 +37,6 @@ from streamer.model.speakers.layout import DiarizerFiles
 
 logger = logging.getLogger(__name__)
 
-FBANK_BINS = 80
 MIN_EMBED_SAMPLES = 400  # one 25 ms fbank frame
 MIN_WINDOW_SAMPLES = SAMPLE_RATE // 2  # a shorter last window joins the one before
 
@@ -67,7 +69,7 @@ class SpeakerModels:
 
     def _check_shapes(self) -> None:
         out = self._seg.run(None, {self._seg_input: np.zeros((1, 1, SAMPLE_RATE), np.float32)})
-        if out[0].ndim != 3 or out[0].shape[2] != 7:
+        if out[0].ndim != 3 or out[0].shape[2] != len(POWERSET):
             raise ModelError(f"segmentation graph gives {out[0].shape}, not (N, frames, 7)")
         emb = self.embed(np.zeros(SAMPLE_RATE, np.float32) + 1e-3)
         if emb.ndim != 1:
@@ -94,7 +96,7 @@ class SpeakerModels:
                     embedding = self.embed(np.concatenate([audio[a:b] for a, b in solo]))
                 speakers.append(
                     LocalSpeaker(
-                        index=window * 3 + slot,
+                        index=window * LOCAL_SPEAKERS + slot,
                         regions=tuple(regions),
                         solo_samples=solo_samples,
                         embedding=embedding,

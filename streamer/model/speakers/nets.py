@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from streamer.core.diarization import EMBEDDING_DIM, FBANK_BINS, POWERSET
+
 SINC_FILTERS = 80  # 40 cosine + 40 sine band-pass filters
 SINC_TAPS = 251
 SINC_STRIDE_SAMPLES = 10
 SINC_MIN_LOW_HZ = 50.0
 SINC_MIN_BAND_HZ = 50.0
-SEGMENTATION_CLASSES = 7  # powerset of 3 local speakers, at most 2 at once
-EMBEDDING_DIM = 192
-FBANK_BINS = 80
+SEGMENTATION_CLASSES = len(POWERSET)  # powerset of 3 local speakers, at most 2 at once
 
 
 def sinc_filters(state: dict[str, Any], sample_rate: int = 16000) -> np.ndarray:

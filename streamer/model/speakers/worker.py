@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import SpeakerAnalysis
 from streamer.core.session_speakers import SpeakerAnalyser, SpeakerJob
 
@@ -150,7 +151,7 @@ class SpeakerWorker:
                 self.stats.failed += 1
             else:
                 self.stats.analysed += 1
-            self.stats.audio_s += len(job.pcm) / 16000
+            self.stats.audio_s += len(job.pcm) / SAMPLE_RATE
             self.stats.busy_s += seconds
         if self._on_analysed is not None:
             self._on_analysed(job, answer, seconds)
