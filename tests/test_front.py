@@ -11,8 +11,10 @@ import re
 import pytest
 from websockets.http11 import Response
 
-from streamer.server.front import MainPortFront, serialize
+from streamer.server.front import PortFront, serialize
+from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import bytes_response, json_response
+from streamer.server.http_exchange import HttpExchange
 from tests.fakes import FakeTransport
 
 DATE = re.compile(rb"\r\nDate: [^\r]*")
@@ -63,10 +65,11 @@ class HandOverTransport(FakeTransport):
         return self.protocol
 
 
-async def _answers(server, request: bytes) -> tuple[bytes, bytes, int]:
+async def _answers(server, request: bytes, port=None) -> tuple[bytes, bytes, int]:
     """What the port's WebSocket answers ``request`` (as every GET was answered before),
-    what the front answers, and how many WebSockets the front made."""
-    port = server.server._server
+    what the front answers, and how many WebSockets the front made (the main port's, or
+    ``port``)."""
+    port = port or server.server._server
     old = HandOverTransport()
     ws = port.websocket()
     old.protocol = ws
@@ -83,7 +86,7 @@ async def _answers(server, request: bytes) -> tuple[bytes, bytes, int]:
     port.websocket = counted
     try:
         new = HandOverTransport()
-        front = MainPortFront(port, server.server.files.exchange, server.server.routes.table)
+        front = port._protocol()
         new.protocol = front
         front.connection_made(new)
         front.data_received(request)
@@ -117,7 +120,7 @@ def test_split_heads_and_pipelined_bytes(make_fake_server) -> None:
     async def run() -> tuple[bytes, bool]:
         port = server.server._server
         transport = HandOverTransport()
-        front = MainPortFront(port, server.server.files.exchange, server.server.routes.table)
+        front = PortFront(port, server.server.files.exchange, server.server.routes.table)
         transport.protocol = front
         front.connection_made(transport)
         for byte in head("/healthz", HOST):
@@ -153,10 +156,10 @@ def test_the_web_demo_s_cached_page_gains_no_header_per_request(make_fake_server
     assert answers[0].count(b"\r\nServer: ") == 1
 
 
-def _front(server) -> tuple[MainPortFront, HandOverTransport]:
+def _front(server) -> tuple[PortFront, HandOverTransport]:
     port = server.server._server
     transport = HandOverTransport()
-    front = MainPortFront(port, server.server.files.exchange, server.server.routes.table)
+    front = PortFront(port, server.server.files.exchange, server.server.routes.table)
     transport.protocol = front
     front.connection_made(transport)
     return front, transport
@@ -229,3 +232,52 @@ def test_a_head_cut_by_the_client_s_eof_ends_as_before(make_fake_server) -> None
 
     before, after, handed = server.call(run())
     assert after == before and handed
+
+
+FUNASR_CASES = [
+    (head("/healthz", HOST), True),  # 404: FunASR clients connect to /
+    (head("/healthz", HOST, method="HEAD"), True),  # 405 (GET only)
+    (head("/v1/models", HOST), True),  # the main port's pages are not FunASR's
+    (head("/x", HOST, method="POST"), True),  # 405, without a body
+    (head("/x", HOST, "Content-Length: 3", method="POST") + b"abc", False),
+    (head("/", HOST), False),  # the WebSocket endpoint: 426 from its handshake
+    (head("/", HOST, method="HEAD"), False),
+    (head("/", HOST, method="OPTIONS"), False),
+    (head("/healthz"), False),  # no Host
+    (b"\x16\x03\x01" + b"\x00" * 40 + b"\r\n\r\n", False),
+]
+
+
+@pytest.mark.parametrize(("request_bytes", "answered_here"), FUNASR_CASES)
+def test_the_funasr_port_has_the_same_front(
+    make_fake_server, request_bytes: bytes, answered_here: bool
+) -> None:
+    """FunASR's port reads its heads with the front too, and answers each as its
+    WebSocket answered every request before; it has no file APIs (a body: the WebSocket)."""
+    server = make_fake_server(token=None)
+    listener = FunAsrListener(server.server.admission, 0)
+    before, after, made = server.call(_answers(server, request_bytes, listener._port))
+    assert DATE.sub(b"", after) == DATE.sub(b"", before)
+    assert made == (0 if answered_here else 1)
+
+
+def test_a_request_with_a_body_is_parsed_once_by_the_front_s_h11(make_fake_server) -> None:
+    """A POST goes to the port's exchange with the connection's one h11 parser, which
+    parses the head where the front left it (the bytes are not read a second time)."""
+    server = make_fake_server(token=None)
+
+    async def run() -> tuple[object, object, str | None]:
+        front, transport = _front(server)
+        parser = front._h11
+        front.data_received(b"POST /v1/audio/trans")
+        exchange = transport.protocol
+        exchange.data_received(b"criptions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+        request = exchange.request
+        transport.abort()
+        exchange.connection_lost(None)
+        await asyncio.sleep(0)
+        return exchange, parser, request.path if request is not None else None
+
+    exchange, parser, path = server.call(run())
+    assert isinstance(exchange, HttpExchange) and exchange._h11 is parser
+    assert path == "/v1/audio/transcriptions"

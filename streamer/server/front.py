@@ -1,17 +1,21 @@
-"""The main port's connections: every request head parsed by h11, plain pages answered
-here, WebSocket handshakes handed to the server's WebSocket, requests with a body to
+"""Each port's connections: every request head parsed by one h11 connection, plain pages
+answered here, WebSocket handshakes handed to the port's WebSocket, requests with a body to
 :class:`~streamer.server.http_exchange.HttpExchange`.
 
-:class:`MainPortFront` is each connection's first protocol. It reads until the request's
-method is known. Any other method than ``GET`` or ``HEAD`` goes to an :class:`HttpExchange`
-of the port, which reads the body. A ``GET`` or ``HEAD`` head is read by h11 to its end
-and routed: a plain page of the port (``/healthz``, ``/readyz``, ``/metrics``,
-``/v1/models``, the web demo, a 404 or 405) is answered here, from the port's route, and
-the connection closes after it; a WebSocket endpoint's handshake goes to a
-:class:`~streamer.server.websocket.WebSocket`, which is given the exact bytes read (as
-uvicorn replays the head into websockets' sans-I/O protocol) and takes the transport
-(``transport.set_protocol``). So one port, one ``base_url``, serves the realtime and the
-file APIs, on public interfaces only.
+:class:`PortFront` is the first protocol of every connection of a
+:class:`~streamer.server.port.Port` (the main port and the FunASR port alike). It makes the
+connection's one h11 parser and feeds it every byte read. A method other than ``GET`` or
+``HEAD`` goes, with that parser, to an :class:`HttpExchange` of the port (the main port's
+file APIs), which parses the head where the front left it and reads the body: nothing is
+parsed twice. A ``GET`` or ``HEAD`` head is read by h11 to its end and routed: a plain
+page of the port (``/healthz``, ``/readyz``, ``/metrics``, ``/v1/models``, the web demo, a
+404 or 405) is answered here, from the port's route, and the connection closes after it; a
+WebSocket endpoint's handshake goes to a :class:`~streamer.server.websocket.WebSocket`,
+which is given the exact bytes read (as uvicorn replays the head into websockets' sans-I/O
+protocol) and takes the transport (``transport.set_protocol``). So one port, one
+``base_url``, serves the realtime and the file APIs, on public interfaces only. A port
+without file APIs (FunASR's) hands a request with a body to the WebSocket, whose route
+answers it (405), as before.
 
 What h11 and websockets' parser would answer differently is left to websockets, as
 before: a head h11 refuses, one that is not HTTP/1.1, one with a body, one with a line or
@@ -25,19 +29,22 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 import h11
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from streamer.server.http_exchange import MAX_HEAD_BYTES, HttpExchange
-from streamer.server.port import OPEN_TIMEOUT_S, Port
+from streamer.server.http_exchange import HttpExchange, new_h11
 from streamer.server.route_table import RouteTable
+
+if TYPE_CHECKING:  # the port makes its fronts (it imports this module)
+    from streamer.server.port import Port
 
 logger = logging.getLogger(__name__)
 
+OPEN_TIMEOUT_S = 10.0  # a connection's handshake request within this (websockets' default)
 WEBSOCKET_METHODS = (b"GET", b"HEAD")  # read here: plain pages and handshakes
 MAX_METHOD_BYTES = 16  # longer than any method: not HTTP, the WebSocket's parser refuses it
 # websockets' parser's bounds (websockets.http11: MAX_LINE_LENGTH, MAX_NUM_HEADERS): a
@@ -45,9 +52,9 @@ MAX_METHOD_BYTES = 16  # longer than any method: not HTTP, the WebSocket's parse
 WS_MAX_LINE_BYTES = 8192
 WS_MAX_HEADERS = 128
 
-# (peer, the loop time the connection was accepted) -> a fresh exchange; the head's
-# deadline counts from the accept, not from the hand-over
-ExchangeFactory = Callable[[str, float], HttpExchange]
+# (peer, the loop time the connection was accepted, the connection's h11 parser with the
+# bytes read so far) -> a fresh exchange; the head's deadline counts from the accept
+ExchangeFactory = Callable[[str, float, h11.Connection], HttpExchange]
 
 
 def serialize(response: Response) -> bytes:
@@ -58,17 +65,22 @@ def serialize(response: Response) -> bytes:
     return "".join(lines).encode() + response.body
 
 
-class MainPortFront(asyncio.Protocol):
-    """One main-port connection: its head read and routed (then handed over, or answered)."""
+class PortFront(asyncio.Protocol):
+    """One connection of a port: its head read and routed (then handed over, or answered)."""
 
-    def __init__(self, port: Port, exchange_factory: ExchangeFactory, table: RouteTable) -> None:
+    def __init__(
+        self, port: Port, exchange_factory: ExchangeFactory | None, table: RouteTable
+    ) -> None:
+        """``exchange_factory``: the port's file APIs (None: a request with a body goes to
+        the WebSocket, whose route refuses it)."""
         self._port = port
         self._table = table
         self._exchange_factory = exchange_factory
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._head = bytearray()  # every byte read (replayed into the next protocol)
-        self._h11: h11.Connection | None = None  # once the method is GET or HEAD
+        self._head = bytearray()  # every byte read (replayed into a WebSocket)
+        self._h11 = new_h11()  # the connection's one parser, fed every byte
+        self._method: bytes | None = None  # once it is GET or HEAD
         self._line_bytes = 0  # the head's line under way (websockets' bounds, read as they come)
         self._lines = 0  # complete lines
         self._accepted_at = 0.0
@@ -84,33 +96,36 @@ class MainPortFront(asyncio.Protocol):
         if self._transport is None:
             return  # answered: the rest is dropped
         self._head += data
-        head = self._head
-        if self._h11 is not None:
+        self._h11.receive_data(data)
+        if self._method is not None:
             self._read_head(data)
             return
+        head = self._head
         method, space, _ = head.partition(b" ")
         if not space and len(head) <= MAX_METHOD_BYTES:
             return  # the method is not complete yet
         if not space or len(method) > MAX_METHOD_BYTES:
             self._hand_over(self._port.websocket())  # not HTTP: websockets refuses it
-        elif method in WEBSOCKET_METHODS:
+        elif method in WEBSOCKET_METHODS or self._exchange_factory is None:
             # the head is due OPEN_TIMEOUT_S after its method (as the WebSocket's was)
             self._restart_timer()
-            self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+            self._method = bytes(method)
             self._read_head(bytes(head))
         else:
             transport = self._transport
             peername = transport.get_extra_info("peername")
             peer = str(peername[0]) if peername else "?"
-            self._hand_over(self._exchange_factory(peer, self._accepted_at))
+            exchange = self._exchange_factory(peer, self._accepted_at, self._h11)
+            self._release()
+            transport.set_protocol(exchange)
+            exchange.connection_made(transport)
+            exchange.read_buffered()
 
     def _read_head(self, data: bytes) -> None:
-        assert self._h11 is not None
         if self._past_websockets_bounds(data):
             self._hand_over(self._port.websocket())
             return
         try:
-            self._h11.receive_data(data)
             event = self._h11.next_event()
         except h11.RemoteProtocolError:
             self._hand_over(self._port.websocket())  # websockets' parser answers it
@@ -193,7 +208,7 @@ class MainPortFront(asyncio.Protocol):
             self._transport = None
 
     def eof_received(self) -> bool | None:
-        if self._h11 is not None and self._transport is not None:
+        if self._method is not None and self._transport is not None:
             # closed within a GET's head: websockets' parser ends it, as before
             ws = self._port.websocket()
             self._hand_over(ws)
@@ -215,7 +230,7 @@ class MainPortFront(asyncio.Protocol):
     def _timeout(self) -> None:
         self._timer = None
         if self._transport is not None:
-            if self._h11 is None:
+            if self._method is None:
                 logger.info("a connection sent no request method in %g s: closed", OPEN_TIMEOUT_S)
             else:
                 logger.info("no complete request head in %g s: closed", OPEN_TIMEOUT_S)

@@ -1,11 +1,12 @@
-"""Every (method, path) the main port answers, in one table.
+"""Every (method, path) a port answers, in one table.
 
-Two dispatchers serve the port: :class:`~streamer.server.routes.Routes` (``GET``/``HEAD``,
-read by h11 in :class:`~streamer.server.front.MainPortFront`, which tells a WebSocket
-endpoint's handshake from a plain page by this table) and
-:class:`~streamer.server.file_routes.FileRoutes` (requests with a body, read by h11). Both
-answer a method a path does not take from this table, with 405 and the same ``Allow``,
-so that a client is told the same thing whichever parser read its request.
+Two dispatchers serve the main port, both behind one h11 parser
+(:class:`~streamer.server.front.PortFront`): :class:`~streamer.server.routes.Routes`
+(``GET``/``HEAD``: the front tells a WebSocket endpoint's handshake from a plain page by
+this table) and :class:`~streamer.server.file_routes.FileRoutes` (requests with a body).
+Both answer a method a path does not take from this table, with 405 and the same
+``Allow``, so that a client is told the same thing whichever route answers it. The FunASR
+port's table has its one WebSocket endpoint and no pages.
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ class RouteTable:
     """The main port's paths and the methods each takes; any other path is the web
     demo's (``GET``, ``HEAD``; 404 when no such file)."""
 
-    def __init__(self, websocket_paths: Iterable[str], upload_paths: Iterable[str]) -> None:
-        methods: dict[str, set[str]] = {path: set(PLAIN) for path in PLAIN_PATHS}
+    def __init__(
+        self,
+        websocket_paths: Iterable[str],
+        upload_paths: Iterable[str],
+        *,
+        pages: bool = True,
+    ) -> None:
+        """``pages``: whether the port serves the plain pages (FunASR's port does not)."""
+        methods: dict[str, set[str]] = {path: set(PLAIN) for path in PLAIN_PATHS if pages}
         self.websocket_paths = frozenset(websocket_paths)
         for path in self.websocket_paths:
             methods.setdefault(path, set()).update(UPGRADE)
