@@ -34,6 +34,10 @@ def test_the_table_lists_every_endpoint() -> None:
     assert table.allowed("/healthz") == ("GET", "HEAD")
     assert table.allowed("/app.js") == ("GET", "HEAD") and not table.is_known("/app.js")
     assert table.is_known("/v1/models/any-id")
+    # a CORS preflight is answered where the table lists OPTIONS, with its upload methods
+    assert table.preflight_methods("/v1/listen") == ("POST", "OPTIONS")
+    assert table.preflight_methods("/v1/audio/transcriptions") == ("POST", "OPTIONS")
+    assert table.preflight_methods("/v1/asr") == table.preflight_methods("/healthz") == ()
 
 
 def test_every_method_on_every_path_answers_from_the_table(make_fake_server) -> None:

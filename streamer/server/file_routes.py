@@ -156,8 +156,9 @@ class FileRoutes:
                     http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": error.message}
                 ) from None
             api = self.apis.get(request.path)
-            if request.method == "OPTIONS" and (api is not None or request.path in self.refused):
-                await self.preflight(exchange)
+            preflight = self.table.preflight_methods(request.path)
+            if request.method == "OPTIONS" and preflight:
+                await self.preflight(exchange, preflight)
                 return
             if api is None:
                 self._not_served(request)
@@ -187,12 +188,13 @@ class FileRoutes:
             http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
         )
 
-    async def preflight(self, exchange: HttpExchange) -> None:
-        """A browser's CORS preflight for an upload from another origin."""
+    async def preflight(self, exchange: HttpExchange, methods: tuple[str, ...]) -> None:
+        """A browser's CORS preflight for an upload from another origin (``methods``:
+        what the port's table lets it send)."""
         request = exchange.request
         assert request is not None
         headers = {
-            "Access-Control-Allow-Methods": "POST, OPTIONS",
+            "Access-Control-Allow-Methods": ", ".join(methods),
             "Access-Control-Allow-Headers": "Authorization, Content-Type",
             "Access-Control-Max-Age": "600",
             **self.cors_headers(request),

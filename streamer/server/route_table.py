@@ -52,6 +52,13 @@ class RouteTable:
             return found
         return PLAIN  # /v1/models/{id} and the web demo's files
 
+    def preflight_methods(self, path: str) -> tuple[str, ...]:
+        """What a browser's CORS preflight (``OPTIONS``) on ``path`` is told it may send
+        (``Access-Control-Allow-Methods``): the path's file API methods; none: ``path``
+        takes no preflight."""
+        found = self.paths.get(path, ())
+        return tuple(m for m in found if m in UPLOAD) if "OPTIONS" in found else ()
+
     def is_websocket(self, path: str) -> bool:
         """Whether ``path`` is a WebSocket endpoint's (its GET is a handshake)."""
         return path in self.websocket_paths
