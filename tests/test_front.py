@@ -107,8 +107,7 @@ def test_every_get_and_head_is_answered_as_before(
 ) -> None:
     server = make_fake_server(token=None)
     before, after, made = server.call(_answers(server, request_bytes))
-    # a head websockets cannot parse is closed unanswered, as it always was
-    assert before.startswith(b"HTTP/1.1 ") or not answered_here, before[:80]
+    assert before.startswith(b"HTTP/1.1 "), before[:80]
     assert DATE.sub(b"", after) == DATE.sub(b"", before)
     assert made == (0 if answered_here else 1)
 
@@ -281,3 +280,34 @@ def test_a_request_with_a_body_is_parsed_once_by_the_front_s_h11(make_fake_serve
     exchange, parser, path = server.call(run())
     assert isinstance(exchange, HttpExchange) and exchange._h11 is parser
     assert path == "/v1/audio/transcriptions"
+
+
+MALFORMED = [
+    b"GET /healthz HTTP/1.1\nHost: x\n\n",  # bare LF
+    b"GET  /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Name: y\r\n\r\n",
+    b"GET /caf\xe9 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"\x16\x03\x01" + b"\x00" * 40 + b"\r\n\r\n",  # not HTTP (a TLS hello)
+]
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED)
+def test_a_head_nothing_can_parse_is_answered_400_and_closed(
+    make_fake_server, request_bytes: bytes
+) -> None:
+    """websockets ends such a connection unanswered; the port tells the client first."""
+    server = make_fake_server(token=None)
+
+    async def run() -> tuple[bytes, bool]:
+        front, transport = _front(server)
+        front.data_received(request_bytes)
+        await asyncio.sleep(0)
+        return bytes(transport.written), transport.closing
+
+    written, closing = server.call(run())
+    status, _, body = written.partition(b"\r\n")
+    assert status == b"HTTP/1.1 400 Bad Request" and closing
+    assert b"\r\nConnection: close\r\n" in body and b"\r\nServer: sensevoice-streamer" in body
+    assert body.endswith(b'{"error":"bad_request","message":"malformed HTTP request"}')

@@ -20,7 +20,9 @@ answers it (405), as before.
 What h11 and websockets' parser would answer differently is left to websockets, as
 before: a head h11 refuses, one that is not HTTP/1.1, one with a body, one with a line or
 a header count past websockets' bounds, and anything that is not HTTP at all go to the
-WebSocket with the bytes read, and it answers them (400) as it always has.
+WebSocket with the bytes read, and it answers them as it always has; what websockets
+cannot parse at all, which it closes unanswered, the port's WebSocket answers with a 400
+(:func:`~streamer.server.port.malformed_answer`) before the close.
 """
 
 from __future__ import annotations

@@ -19,11 +19,13 @@ and their handlers' tasks, which its shutdown walks.
 from __future__ import annotations
 
 import asyncio
+import http
 import ssl
 
 from websockets.http11 import Request, Response
 
-from streamer.server.front import OPEN_TIMEOUT_S, ExchangeFactory, PortFront
+from streamer.server.front import OPEN_TIMEOUT_S, ExchangeFactory, PortFront, serialize
+from streamer.server.http import json_response
 from streamer.server.http_exchange import SERVER_HEADER
 from streamer.server.options import WS_MAX_QUEUE_FRAMES, ServerOptions
 from streamer.server.route_table import RouteTable
@@ -31,6 +33,17 @@ from streamer.server.routes import Route, answering, final_response
 from streamer.server.websocket import Handler, SubprotocolChoice, WebSocket
 
 CLOSE_GOING_AWAY = 1001  # what open connections hear when the port closes
+
+
+def malformed_answer() -> bytes:
+    """The answer to a head nothing can parse (400, as the port's request checks say it)."""
+    response = json_response(
+        http.HTTPStatus.BAD_REQUEST,
+        {"error": "bad_request", "message": "malformed HTTP request"},
+    )
+    response.headers["Server"] = SERVER_HEADER
+    response.headers["Connection"] = "close"
+    return serialize(response)
 
 
 class Port:
@@ -82,6 +95,7 @@ class Port:
             open_timeout_s=OPEN_TIMEOUT_S,
             server_header=SERVER_HEADER,
             tasks=self.tasks,
+            malformed=malformed_answer,
         )
         self.connections.add(ws)
         ws.on_lost = self.connections.discard
