@@ -101,8 +101,8 @@ class FunAsrListener:
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
 
     def _route(self, request: Request) -> Response | None:
-        if request.method != "GET":
-            return method_not_allowed(("GET",), "WebSocket handshakes use GET")
+        if request.method not in TABLE.allowed(PATH):
+            return method_not_allowed(TABLE.allowed(PATH), "WebSocket handshakes use GET")
         url = check_request_line(request)  # raises BadRequest: a 400
         if url.path != PATH:
             return json_response(
