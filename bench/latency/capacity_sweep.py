@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.common import ManagedServer, ServerOptions
 from bench.latency.audio import AUDIO_CHOICES, BenchAudio, load_bench_audio
+from bench.latency.client_processes import run_step_in_processes
 from bench.latency.load import StepOptions, plan_clients, run_step, warm_up
 from bench.latency.sweep import _drained, step_result
 
@@ -101,7 +102,15 @@ async def run_config(
                         stagger_s=args.start_every_s * clients,
                     )
                     load_before = os.getloadavg()[0]
-                    records = await run_step(step, plan_clients(step, audio))
+                    if args.client_processes:  # each client a process of its own
+                        records = await asyncio.to_thread(
+                            run_step_in_processes,
+                            step,
+                            args.audio,
+                            out / f"clients-{config.name}-{clients}{'-hog' if hog else ''}",
+                        )
+                    else:
+                        records = await run_step(step, plan_clients(step, audio))
                     result = step_result(records, clients, {}, 0.1)
                     row = {
                         "config": config.name,
@@ -158,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-arg", action="append", default=[], help="for every server")
     p.add_argument("--pause-s", type=float, default=3.0)
     p.add_argument("--audio", choices=AUDIO_CHOICES, default="synth")
+    p.add_argument(
+        "--client-processes",
+        action="store_true",
+        help="each client a process of its own (bench/latency/client_processes.py)",
+    )
     p.add_argument("--out", type=Path)
     return p
 
