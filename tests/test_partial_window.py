@@ -85,12 +85,25 @@ def test_a_window_keeps_the_committed_prefix_and_drops_the_words_heard_again() -
     heard = [("w4", 0), ("x5", 540), ("x6", 1200), ("x7", 1800), ("x8", 3000)]
     text, words = window.view(transcript(heard, 3700), job(start, new_end))
     assert text == first_text + " x5 x6 x7 x8"
+    assert words[5].start_ms == 1000 + 2500 + 540  # x5, in the session's timeline
     assert text.startswith(first_text)  # the committed words stay the text's prefix
     assert [w.word for w in words][:5] == first_text.split()
     assert all(a.end_ms <= b.start_ms for a, b in zip(words, words[1:], strict=False))
     # and the window moves on: x5 ends (where x6 starts, 3700 ms) before 6200 - 2000 ms
     assert [w.word for w in window.committed][-2:] == ["w4", "x5"]
     assert window.start_sample() > start
+
+
+def test_a_word_heard_a_little_early_starts_where_the_committed_words_end() -> None:
+    window = PartialWindow(SEGMENT_START, OPTIONS)
+    end = SEGMENT_START + samples(5000)
+    window.view(transcript(every_600_ms(8), 5000), job(SEGMENT_START, end))
+    start = window.start_sample()  # 2500 ms in; the commit point is 3000 ms in
+    # frame 4 + 8 starts at 480 ms of the window: 2980 ms, 20 ms before the commit point
+    heard = [("w4", 0), ("x5", 480)]
+    text, words = window.view(transcript(heard, 1500), job(start, end + samples(1000)))
+    assert text == "w0 w1 w2 w3 w4 x5"
+    assert words[5].start_ms == words[4].end_ms == 1000 + 3000
 
 
 def test_a_whole_segment_decode_replaces_the_committed_words() -> None:

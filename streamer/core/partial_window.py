@@ -26,7 +26,7 @@ its segment is always decoded whole.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeJob, samples_ms
@@ -81,8 +81,10 @@ class PartialWindow:
             text, all_words = transcript.text, words
             self.committed = ()  # committed afresh from this decode
         else:
-            cut_ms = samples_ms(self.commit_sample) - FRAME_MS / 2
-            all_words = self.committed + tuple(w for w in words if w.start_ms >= cut_ms)
+            commit_ms = samples_ms(self.commit_sample)
+            kept = (w for w in words if w.start_ms >= commit_ms - FRAME_MS / 2)
+            # a word heard up to half a frame early starts where the committed ones end
+            all_words = self.committed + tuple(_not_before(w, commit_ms) for w in kept)
             text = join_words(all_words)
         self._commit(all_words, job.end_sample, bool(words) or not transcript.text)
         return text, all_words
@@ -102,6 +104,12 @@ class PartialWindow:
             self.commit_sample = round(words[n - 1].end_ms * SAMPLE_RATE / 1000)
         elif not self.committed:
             self.commit_sample = self.segment_start_sample
+
+
+def _not_before(word: Word, ms: float) -> Word:
+    if word.start_ms >= ms:
+        return word
+    return replace(word, start_ms=ms, end_ms=max(word.end_ms, ms))
 
 
 def raw_of(transcript: Transcript, text: str) -> str:
