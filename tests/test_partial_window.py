@@ -160,3 +160,45 @@ def test_a_speculative_decode_is_the_whole_segment_and_a_refresh_its_window() ->
     assert partial.text == "w0 w1 w2 w3 w4 x5" and partial.revision == 2
     assert partial.stable_text == "w0 w1 w2 w3 w4 "  # stable_prefix keeps the space
     assert partial.raw == "<|en|><|NEUTRAL|><|Speech|><|woitn|>w0 w1 w2 w3 w4 x5"
+
+
+def test_a_sessions_long_segment_refreshes_a_bounded_window_and_its_final_is_whole() -> None:
+    """Through a Session: 6.5 s of continuous speech answered by a decoder that times
+    a word every 300 ms; past 3 s the refreshes decode about 2.8 s, every partial's text
+    begins with the one before's committed words, and the final is the whole segment."""
+    from streamer.core.protocol import Final, Partial, StreamOptions
+    from streamer.core.session import Session, SessionOptions
+    from tests.fakes import loudness_classifier, silence, tone
+
+    session = Session("s", SessionOptions(), StreamOptions(), loudness_classifier())
+    session.start()
+    decoded: list[DecodeJob] = []
+    messages = []
+    pcm = np.concatenate([silence(300), tone(6500), silence(1500)]).tobytes()
+    for at in range(0, len(pcm), 1920):  # 60 ms frames
+        session.receive_audio(pcm[at : at + 1920])
+        while jobs := session.jobs_to_submit():
+            for j in jobs:
+                decoded.append(j)
+                audio_ms = j.pcm.size / 16
+                # a word every 300 ms of the job's audio, named by its session time
+                at_ms = [ms for ms in range(0, int(audio_ms) - 60, 300)]
+                words = [(f"t{round(j.start_sample / 16 + ms)}", ms) for ms in at_ms]
+                session.decode_finished(DecodeResult(job=j, transcript=transcript(words, audio_ms)))
+        messages += session.messages_to_send()
+    refreshes = [j for j in decoded if j.kind == "partial" and not j.speculative]
+    finals = [j for j in decoded if j.kind == "final" or j.speculative]
+    windowed = [j for j in refreshes if j.segment_start_sample is not None]
+    assert windowed, "no refresh of the long segment was a window"
+    assert max(j.pcm.size for j in windowed) <= samples(3500)
+    assert all(j.start_sample > j.segment_start_sample for j in windowed)
+    assert max(j.pcm.size for j in refreshes) < max(j.end_sample - j.start_sample for j in finals)
+    segment_start = refreshes[0].start_sample
+    assert all(j.start_sample == segment_start for j in finals)  # finals: the whole segment
+    partials = [m for m in messages if isinstance(m, Partial)]
+    assert all(p.start_ms == segment_start / 16 for p in partials)
+    # a window's own first word is named by its later start: the text keeps the segment's
+    first_word = partials[0].text.split()[0]
+    assert all(p.text.split()[0] == first_word for p in partials)
+    assert all(p.text.startswith(p.stable_text) for p in partials)
+    assert [m for m in messages if isinstance(m, Final)]
