@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.latency.audio import AUDIO_CHOICES, load_bench_audio
-from bench.latency.load import ClientRecord, StepOptions, plan_clients, run_client
+from bench.latency.load import ClientRecord, StepOptions, plan_clients, run_step
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = plan_clients(step, audio)[args.index]
     # the plan's delay counts from the shared start, not from this process's
     plan = replace(plan, delay_s=max(0.0, args.start_at + plan.delay_s - time.time()))
-    record = asyncio.run(run_client(plan, step, None))
+    (record,) = asyncio.run(run_step(step, [plan]))  # one client: this process's
     record.plan = replace(plan, delay_s=plan_clients(step, audio)[args.index].delay_s)
     with args.out.open("wb") as f:
         pickle.dump(record, f)
