@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -254,3 +255,27 @@ def test_forget_from_another_thread_while_decoding(frontend, audio) -> None:
         stop.set()
         thread.join()
     assert len(cache) <= 1
+
+
+def test_a_refresh_window_is_served_from_its_segments_frames(frontend, audio) -> None:
+    """A window of the segment starting on a hop (core/partial_window.py): bit for bit
+    the frontend's features of the window alone, its samples fed once, and the final
+    after it still reuses them."""
+    cache = FeatureCache(frontend)
+    check(cache, job(audio[:48_000]))
+    window = replace(job(audio[40_000:64_000], start=40_000), segment_start_sample=0)
+    check(cache, window)
+    assert cache.stats.computed_samples == 64_000  # only the 16 000 new samples fed
+    check(cache, job(audio[:80_000], kind="final"))
+    assert cache.stats.computed_samples == 80_000
+
+
+def test_a_window_the_cache_cannot_serve_is_computed_alone(frontend, audio) -> None:
+    cache = FeatureCache(frontend)
+    check(cache, job(audio[:20_000]))
+    gap = replace(job(audio[40_000:64_000], start=40_000), segment_start_sample=0)
+    check(cache, gap)  # past the samples fed: a gap
+    off_hop = replace(job(audio[10_001:30_000], start=10_001), segment_start_sample=0)
+    check(cache, off_hop)
+    check(cache, job(audio[:30_000], kind="final"))  # the segment's entry is intact
+    assert cache.stats.restarts == 0

@@ -28,8 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import ManagedServer, ServerOptions
+from bench.common import ManagedServer, ServerOptions, proc_status
 from bench.latency.audio import AUDIO_CHOICES, BenchAudio, load_bench_audio
+from bench.latency.client_processes import run_step_in_processes
 from bench.latency.load import StepOptions, plan_clients, run_step, warm_up
 from bench.latency.sweep import _drained, step_result
 
@@ -101,13 +102,29 @@ async def run_config(
                         stagger_s=args.start_every_s * clients,
                     )
                     load_before = os.getloadavg()[0]
-                    records = await run_step(step, plan_clients(step, audio))
+                    cpu_before = _cpu_s(server.pid)
+                    if args.client_processes:  # each client a process of its own
+                        records = await asyncio.to_thread(
+                            run_step_in_processes,
+                            step,
+                            args.audio,
+                            out / f"clients-{config.name}-{clients}{'-hog' if hog else ''}",
+                        )
+                    else:
+                        records = await run_step(step, plan_clients(step, audio))
                     result = step_result(records, clients, {}, 0.1)
                     row = {
                         "config": config.name,
                         "hog": hog,
                         **summary_row(result, clients),
                         "loadavg": [load_before, os.getloadavg()[0]],
+                        # the server's CPU time in the step (user + system), s: the work
+                        # the clients cost it, whatever else the machine ran
+                        "server_cpu_s": _cpu_s(server.pid) - cpu_before,
+                        # the server's peak resident memory so far (VmHWM), MiB
+                        "peak_rss_mb": proc_status(server.pid, "VmHWM") / 1024
+                        if server.pid
+                        else None,
                     }
                     rows.append(row)
                     logger.info("%s", _line(row))
@@ -123,19 +140,33 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f}"
 
 
+def _cpu_s(pid: int | None) -> float:
+    """A process's CPU time so far (user + system, its threads included), s."""
+    if not pid:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def _line(row: dict[str, Any]) -> str:
     return (
         f"| {row['config']} | {'hog' if row['hog'] else 'quiet'} | {row['clients']} | "
         f"{row['admitted']} | {_ms(row['ttft_p50_s'])} / {_ms(row['ttft_p95_s'])} | "
         f"{_ms(row['final_p50_s'])} / {_ms(row['final_p95_s'])} | "
-        f"{row['loadavg'][0]:.1f}-{row['loadavg'][1]:.1f} |"
+        f"{row['loadavg'][0]:.1f}-{row['loadavg'][1]:.1f} | {_mib(row.get('peak_rss_mb'))} | "
+        f"{row.get('server_cpu_s', 0):.0f} |"
     )
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| server | beside | clients | admitted | TTFT p50 / p95 (ms) | final p50 / p95 (ms) "
-        "| load avg |\n|---|---|---|---|---|---|---|\n"
+        "| load avg | server peak RSS (MiB) "
+        "| server CPU s |\n|---|---|---|---|---|---|---|---|---|\n"
     )
     return head + "\n".join(_line(r) for r in rows) + "\n"
 
@@ -158,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-arg", action="append", default=[], help="for every server")
     p.add_argument("--pause-s", type=float, default=3.0)
     p.add_argument("--audio", choices=AUDIO_CHOICES, default="synth")
+    p.add_argument(
+        "--client-processes",
+        action="store_true",
+        help="each client a process of its own (bench/latency/client_processes.py)",
+    )
     p.add_argument("--out", type=Path)
     return p
 

@@ -40,6 +40,10 @@ class DecodeJob:
     # False: its client sends faster than real time (a file streamed unpaced): its live
     # jobs go after every real-time session's, which it must not slow
     realtime: bool = True
+    # a partial of a trailing window of its segment (core/partial_window.py): where the
+    # segment itself starts (the model's feature cache reuses the segment's frames); None:
+    # pcm is the segment from its first sample
+    segment_start_sample: int | None = None
 
 
 class DecodeFailure(Enum):

@@ -27,7 +27,7 @@ from streamer.core.jobs import (
     final_of_speculation,
 )
 from streamer.core.jobs import samples_ms as _ms
-from streamer.core.open_segment import OpenSegment, Speculation
+from streamer.core.open_segment import OpenSegment, Speculation, window_job_fields
 from streamer.core.protocol import (
     ConfigMessage,
     End,
@@ -42,15 +42,12 @@ from streamer.core.protocol import (
     SpeechStart,
     StopMessage,
     StreamOptions,
-    Word,
 )
 from streamer.core.resample import StreamResampler
 from streamer.core.segmenter import SegmentEnd, Segmenter, SegmentEvent, SegmentStart
 from streamer.core.session_speakers import SpeakerAnalysis
 from streamer.core.session_state import SessionOptions, SessionStats, State
-from streamer.core.transcript import Transcript
 from streamer.core.vad import FrameClassifier, frame_energies
-from streamer.core.words import transcript_words
 from streamer.errors import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -328,7 +325,9 @@ class Session:
     def _handle_events(self, events: list[SegmentEvent]) -> None:
         for event in events:
             if isinstance(event, SegmentStart):
-                self._open = OpenSegment(event.segment_id, event.start_sample)
+                self._open = OpenSegment(
+                    event.segment_id, event.start_sample, self.options.partial_window
+                )
                 self._spec.reset()
                 self._emit(
                     SpeechStart(segment_id=event.segment_id, start_ms=_ms(event.start_sample))
@@ -366,13 +365,15 @@ class Session:
         assert seg is not None
         self._partial_inflight = True
         seg.partial_submitted_end = max(position, seg.partial_submitted_end)
+        start, segment_start = window_job_fields(seg, speculative)
         job = DecodeJob(
             session_id=self.session_id,
             segment_id=seg.segment_id,
             kind="partial",
-            pcm=self._buffer.slice(seg.start_sample, position),
-            start_sample=seg.start_sample,
+            pcm=self._buffer.slice(start, position),
+            start_sample=start,
             end_sample=position,
+            segment_start_sample=segment_start,
             language=self.stream.language,
             itn=self.stream.itn,
             hotwords=self._hotwords,
@@ -490,26 +491,9 @@ class Session:
             if not job.speculative:
                 self.stats.partials_skipped += 1
         elif self.stream.partials:  # with partials off, a speculative decode is not shown
-            text = result.transcript.text
-            if text != seg.last_partial_text:
-                seg.revision += 1
-                t = result.transcript
-                self._emit(
-                    Partial(
-                        segment_id=job.segment_id,
-                        revision=seg.revision,
-                        start_ms=_ms(job.start_sample),
-                        end_ms=_ms(job.end_sample),
-                        text=text,
-                        stable_text=protocol.stable_prefix(seg.last_partial_text, text),
-                        language=t.language,
-                        emotion=t.emotion,
-                        event=t.event,
-                        raw=t.raw,
-                        words=_words(t, job) if self.stream.words else None,
-                    )
-                )
-                seg.last_partial_text = text
+            partial = seg.partial_of(result, self.stream.words)
+            if partial is not None:
+                self._emit(partial)
         # catch up at once if audio arrived while this partial was decoding
         seg = self._open
         if self.stream.partials and seg is not None and self.state is State.STREAMING:
@@ -622,7 +606,3 @@ class Session:
         self.state = State.ENDED
         self.close_code = close_code_for(error)
         self.close_reason = error.code
-
-
-def _words(transcript: Transcript, job: DecodeJob) -> tuple[Word, ...]:
-    return transcript_words(transcript, _ms(job.start_sample), _ms(job.end_sample))

@@ -8,6 +8,7 @@ from enum import Enum
 
 from streamer.core import hotwords
 from streamer.core.diarization import DiarizationOptions
+from streamer.core.partial_window import PartialWindowOptions
 from streamer.core.protocol import StreamOptions
 from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session_speakers import KnownSpeaker, SessionSpeakers
@@ -21,6 +22,8 @@ class SessionOptions:
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)  # VAD timing
     # re-decode the open segment after this much new audio (its first partial: at onset)
     partial_interval_ms: int = 300
+    # a long segment's refreshes decode a bounded trailing window (core/partial_window.py)
+    partial_window: PartialWindowOptions = field(default_factory=PartialWindowOptions)
     speculative_finals: bool = True  # decode a pause's final before its endpoint is reached
     max_text_message_bytes: int = 65536  # larger control messages are rejected
     hotwords: hotwords.Hotwords = ()  # the server's (--hotwords), merged with each session's

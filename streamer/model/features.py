@@ -30,7 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamer.core.jobs import DecodeJob
-from streamer.model.frontend import WINDOW_SAMPLES, Frontend, OnlineFbank, fbank_frames
+from streamer.model.frontend import (
+    SHIFT_SAMPLES,
+    WINDOW_SAMPLES,
+    Frontend,
+    OnlineFbank,
+    fbank_frames,
+)
 from streamer.model.sensevoice import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
@@ -61,23 +67,30 @@ class _OpenSegment:
         self._frames = np.empty((0, n_mels), np.float32)
         self._count = 0  # frames ready in _frames
 
-    def continues(self, waveform: np.ndarray) -> bool:
-        """Whether ``waveform`` starts with the audio fed so far (checked at its last
-        sample; the session never rewrites a segment's samples, so this catches bugs)."""
-        if waveform.size < self.fed_samples:
-            return True  # a shorter final: its frames are a prefix of ours
-        return self.fed_samples == 0 or waveform[self.fed_samples - 1] == self._last_fed
+    def continues(self, waveform: np.ndarray, offset: int = 0) -> bool:
+        """Whether ``waveform`` (the segment's audio from sample ``offset``) holds the
+        audio fed so far where the two overlap (checked at the last sample fed; the
+        session never rewrites a segment's samples, so this catches bugs)."""
+        last = self.fed_samples - offset - 1  # the last sample fed, in waveform
+        if offset > self.fed_samples or offset % SHIFT_SAMPLES:
+            return False  # a gap, or a window off the filterbank's hops
+        if last < 0 or last >= waveform.size:
+            return True  # nothing fed yet, or a shorter final: a prefix of our frames
+        return bool(waveform[last] == self._last_fed)
 
-    def frames(self, waveform: np.ndarray) -> np.ndarray:
-        """The fbank frames of ``waveform`` (the segment from its first sample)."""
-        if waveform.size > self.fed_samples:
+    def frames(self, waveform: np.ndarray, offset: int = 0) -> np.ndarray:
+        """The fbank frames of ``waveform``: the segment from its first sample, or from
+        sample ``offset`` (on a hop: a refresh's window, core/partial_window.py)."""
+        end = offset + waveform.size
+        if end > self.fed_samples:
             self._computer.accept_waveform(
-                float(SAMPLE_RATE), waveform[self.fed_samples :] * np.float32(32768)
+                float(SAMPLE_RATE), waveform[self.fed_samples - offset :] * np.float32(32768)
             )
-            self.fed_samples = waveform.size
+            self.fed_samples = end
             self._last_fed = float(waveform[-1])
             self._collect()
-        return self._frames[: fbank_frames(waveform.size)]
+        first = offset // SHIFT_SAMPLES
+        return self._frames[first : first + fbank_frames(waveform.size)]
 
     def _collect(self) -> None:
         ready = self._computer.num_frames_ready
@@ -119,12 +132,22 @@ class FeatureCache:
         if waveform.size < WINDOW_SAMPLES:
             # the frontend shortens its window for audio shorter than one: from scratch
             return self.frontend(waveform)
-        segment = (job.segment_id, job.start_sample)
+        segment_start = job.start_sample
+        if job.segment_start_sample is not None:  # a window of the segment
+            segment_start = job.segment_start_sample
+        offset = job.start_sample - segment_start
+        segment = (job.segment_id, segment_start)
         with self._lock:
             entry = self._open.get(job.session_id)
             if entry is not None:
                 self._open.move_to_end(job.session_id)
-        if entry is not None and entry.segment == segment and not entry.continues(waveform):
+        if offset and (
+            entry is None or entry.segment != segment or not entry.continues(waveform, offset)
+        ):
+            # a window the cache cannot serve (the segment's start was not seen): once
+            self.stats.computed_samples += waveform.size
+            return self.frontend(waveform)
+        if entry is not None and entry.segment == segment and not entry.continues(waveform, offset):
             logger.warning(
                 "session %s segment %d: audio differs from what was decoded before; "
                 "recomputing its features",
@@ -138,10 +161,10 @@ class FeatureCache:
             fresh = True
         else:
             fresh = False
-        reused = min(entry.fed_samples, waveform.size)
+        reused = min(max(entry.fed_samples - offset, 0), waveform.size)
         self.stats.reused_samples += reused
         self.stats.computed_samples += waveform.size - reused
-        features = self.frontend.stack(entry.frames(waveform))
+        features = self.frontend.stack(entry.frames(waveform, offset))
         with self._lock:
             if job.kind == "final":  # a final ends its segment
                 if self._open.get(job.session_id) is entry:
