@@ -112,7 +112,7 @@ async def run_config(
                         )
                     else:
                         records = await run_step(step, plan_clients(step, audio))
-                    result = step_result(records, clients, {}, 0.1)
+                    result = step_result(records, clients, {})
                     row = {
                         "config": config.name,
                         "hog": hog,
