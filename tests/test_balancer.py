@@ -33,7 +33,7 @@ from streamer.core.protocol import End, Error, Final, SpeechStart, StreamOptions
 from streamer.testkit import speech as synth
 from tests.fakes import FakeRecognizer, loudness_classifier, tone
 from tests.server_fixtures import ServerThread, make_server, recognizer_loader  # noqa: F401
-from tests.test_readiness import on_loop
+from tests.support import on_loop
 from tests.timing import eventually, timeout_s
 
 REPO = Path(__file__).resolve().parent.parent

@@ -35,7 +35,7 @@ from streamer.model.process import ProcessRecognizer
 from streamer.model.worker import ModelWorker, WorkerOptions
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
-from tests.fakes import Answers, FakeRecognizer
+from tests.fakes import Answers, FakeRecognizer, load_slow_fake
 from tests.timing import eventually_sync, timeout_s
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -50,10 +50,6 @@ def _load_fake(progress: LoadProgress) -> FakeRecognizer:
     with progress.stage_of("load", "building a fake"):
         logging.getLogger("tests.child").warning("hello from the model process")
         return FakeRecognizer()
-
-
-def _load_slow_fake(delay_s: float, progress: LoadProgress) -> FakeRecognizer:
-    return FakeRecognizer(delay_s=delay_s)
 
 
 def _fail_model(progress: LoadProgress) -> FakeRecognizer:
@@ -178,7 +174,7 @@ NO_RESTARTS = WorkerOptions(max_restarts=0)
 def test_a_child_that_dies_fails_the_worker_and_every_job_is_answered() -> None:
     failures: list[str] = []
     worker = ModelWorker(
-        lambda: ProcessRecognizer(partial(_load_slow_fake, 5.0)),
+        lambda: ProcessRecognizer(partial(load_slow_fake, 5.0)),
         options=NO_RESTARTS,
         on_failure=failures.append,
     )
@@ -239,7 +235,7 @@ def test_stopping_a_worker_closes_its_child_cleanly() -> None:
 def test_a_stalled_child_is_killed_by_the_watchdog() -> None:
     failures: list[str] = []
     worker = ModelWorker(
-        lambda: ProcessRecognizer(partial(_load_slow_fake, 120.0)),
+        lambda: ProcessRecognizer(partial(load_slow_fake, 120.0)),
         options=WorkerOptions(decode_timeout_s=0.5, max_restarts=0),
         on_failure=failures.append,
     )
@@ -281,7 +277,7 @@ def _pid(worker: ModelWorker) -> int:
 def test_the_child_leaves_ctrl_c_and_sigterm_to_the_server() -> None:
     """A terminal's Ctrl-C (and systemd's stop) signals the whole process group: the
     child must go on decoding what the shutting-down server still owes its sessions."""
-    remote = ProcessRecognizer(partial(_load_slow_fake, 1.0))
+    remote = ProcessRecognizer(partial(load_slow_fake, 1.0))
     try:
         assert remote.pid is not None
         decoding = threading.Thread(target=lambda: results.append(remote.decode(pcm)))
@@ -314,7 +310,7 @@ def test_a_child_that_dies_while_idle_is_started_again() -> None:
 
 
 def test_the_final_a_child_died_on_is_decoded_again_and_queued_jobs_wait() -> None:
-    worker, failures = _restarting_worker(partial(_load_slow_fake, 1.0))
+    worker, failures = _restarting_worker(partial(load_slow_fake, 1.0))
     try:
         answers = Answers(guard_s=GUARD_S)
         worker.submit(job(np.zeros(1600, np.int16), session="a", kind="final"), answers)
@@ -528,11 +524,11 @@ PARENT = """
 import sys, time, numpy as np
 from functools import partial
 from streamer.model.process import ProcessRecognizer
-from tests.test_model_process import _load_slow_fake
+from tests.fakes import load_slow_fake
 import threading
 
 if __name__ == "__main__":
-    remote = ProcessRecognizer(partial(_load_slow_fake, 120.0))
+    remote = ProcessRecognizer(partial(load_slow_fake, 120.0))
     print(remote.pid, flush=True)
     # a decode that will not end: the child is inside it, not reading its pipe
     threading.Thread(target=remote.decode, args=(np.zeros(1600, np.int16),), daemon=True).start()

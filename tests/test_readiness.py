@@ -29,30 +29,15 @@ from streamer.errors import ConfigError
 from streamer.server.server import ServerOptions
 from tests.fakes import FakeRecognizer, silence, tone
 from tests.server_fixtures import messages_until_close
+from tests.support import http_get, on_loop
 from tests.timing import eventually, timeout_s
 
 HANG_GUARD_S = 60  # unscaled: pass it through timeout_s() or eventually()
 
 
-def http_get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
-            return response.status, orjson.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, orjson.loads(error.read())
-
-
 async def get(url: str) -> tuple[int, dict]:
-    return await asyncio.to_thread(http_get, url)
-
-
-def on_loop(thread, function) -> None:
-    """Call a server method on the server's own loop, as a signal handler would."""
-
-    async def call() -> None:
-        function()
-
-    thread.call(call())
+    reply = await asyncio.to_thread(http_get, url)
+    return reply.status, reply.json()
 
 
 def test_negative_drain_is_a_config_error() -> None:
@@ -151,7 +136,7 @@ def _free_port() -> int:
 
 def _readyz(port: int) -> str | None:
     try:
-        return http_get(f"http://127.0.0.1:{port}/readyz")[1]["status"]
+        return http_get(f"http://127.0.0.1:{port}/readyz").json()["status"]
     except (urllib.error.URLError, ConnectionError):
         return None  # not bound yet, or no longer
 
