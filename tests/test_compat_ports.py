@@ -161,7 +161,7 @@ async def test_funasr_error_mid_stream_delivers_the_speech_heard_first(make_port
     async with connect(funasr_uri(server)) as ws:
         await ws.send(json.dumps(FIRST))
         await ws.send(speech(1, lead_ms=300).tobytes())
-        await asyncio.sleep(0.3)
+        await eventually(lambda: server.worker.stats().finals_total == 1, what="the final decoded")
         await ws.send("{oops")
         messages, close_code = await funasr_drain(ws)
     assert [m["text"] for m in messages][0] == "audio 1100 ms"
@@ -209,7 +209,7 @@ async def test_a_wyoming_connection_that_sends_nothing_takes_no_session(
     monkeypatch.setattr(wyoming_server, "FIRST_BYTES_TIMEOUT_S", 1.0)
     server = make_ports_server(max_sessions=1)
     silent = [await Wyoming.open(server) for _ in range(3)]
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # time for a session to be taken, were one taken (an absence)
     assert server.server.session_count == 0
     pcm = speech(1, lead_ms=300)
     result = await transcribe(ClientOptions(url=server.url), pcm, 16000)  # admitted

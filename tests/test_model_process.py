@@ -186,7 +186,7 @@ def test_a_child_that_dies_fails_the_worker_and_every_job_is_answered() -> None:
         answers = Answers(guard_s=GUARD_S)
         worker.submit(job(np.zeros(1600, np.int16), kind="final"), answers)
         worker.submit(job(np.zeros(1600, np.int16), session="t", kind="final"), answers)
-        time.sleep(0.5)  # the first is being decoded in the child
+        eventually_sync(lambda: worker.stats().busy, what="the first job decoding in the child")
         os.kill(remote.pid, signal.SIGKILL)
         results = answers.wait(2)
         assert results[0].failure is DecodeFailure.DECODE_FAILED  # the decode it was in
@@ -316,8 +316,7 @@ def test_the_final_a_child_died_on_is_decoded_again_and_queued_jobs_wait() -> No
         worker.submit(job(np.zeros(1600, np.int16), session="a", kind="final"), answers)
         worker.submit(job(np.zeros(3200, np.int16), session="b", kind="final"), answers)
         worker.submit(job(np.zeros(4800, np.int16), session="c"), answers)  # a partial
-        time.sleep(0.4)  # a's final is being decoded
-        assert worker.stats().busy
+        eventually_sync(lambda: worker.stats().busy, what="a's final decoding")
         os.kill(_pid(worker), signal.SIGKILL)
         results = answers.wait(3)
         assert [(r.job.session_id, r.transcript.text) for r in results] == [

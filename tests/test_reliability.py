@@ -240,7 +240,7 @@ async def test_cutting_the_grace_short_aborts_what_shutdown_still_waits_for(fake
     await asyncio.wait_for(make_server_write(ws, server=server), timeout_s(BOUND_S))
     started = time.monotonic()
     server.loop.call_soon_threadsafe(server._stop.set)  # the graceful shutdown begins
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # time for the shutdown to end, were it not waiting (an absence)
     assert server._thread.is_alive()  # waiting on the blocked client
     server.loop.call_soon_threadsafe(server.server.cut_grace_short)
     await asyncio.to_thread(server._thread.join, timeout_s(BOUND_S))
