@@ -10,6 +10,7 @@ audio, the protocol-v1 and FunASR client drivers, and the browser's settings.
 from __future__ import annotations
 
 import asyncio
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -248,3 +249,22 @@ BROWSER_FLAGS = [
     "--use-fake-device-for-media-stream",
     "--autoplay-policy=no-user-gesture-required",
 ]
+
+
+# --- servers in other processes -------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback port free now, for a server started as a process (``--port`` must be
+    known before it starts; in-process servers bind port 0 instead)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def readyz_status(port: int) -> str | None:
+    """The ``status`` /readyz answers on ``port``; None while nothing answers there."""
+    try:
+        return str(http_get(f"http://127.0.0.1:{port}/readyz").json()["status"])
+    except OSError:  # URLError, a refused or reset connection, a timeout
+        return None  # not bound yet, or no longer

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -36,6 +35,7 @@ from streamer.model.worker import ModelWorker, WorkerOptions
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
 from tests.fakes import Answers, FakeRecognizer, load_slow_fake
+from tests.support import http_get
 from tests.timing import eventually_sync, timeout_s
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -391,14 +391,6 @@ def test_a_restart_that_hangs_fails_the_worker(tmp_path: Path, monkeypatch) -> N
         worker.stop()
 
 
-def _get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s(10)) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 @contextlib.asynccontextmanager
 async def _serving(load) -> AsyncIterator[tuple[StreamingServer, WorkerPool]]:
     """A ready loopback server whose one worker's recognizer ``load`` builds."""
@@ -422,8 +414,9 @@ async def test_a_server_is_unready_while_its_model_process_starts_again() -> Non
         deadline = time.monotonic() + timeout_s(GUARD_S)
         while time.monotonic() < deadline and (not seen or seen[-1][0] != 200):
             await asyncio.sleep(0.1)
-            status, body = await asyncio.to_thread(_get, f"{base}/readyz")
-            seen.append((status, body["status"]))
+            reply = await asyncio.to_thread(http_get, f"{base}/readyz")
+            body = reply.json()
+            seen.append((reply.status, body["status"]))
         # unready from the first look after the kill until the new process is up
         assert seen[0] == (503, "restarting") and seen[-1] == (200, "ready"), seen
         assert {answer for answer in seen[:-1]} == {(503, "restarting")}, seen

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -29,7 +28,7 @@ from streamer.errors import ConfigError
 from streamer.server.server import ServerOptions
 from tests.fakes import FakeRecognizer, silence, tone
 from tests.server_fixtures import messages_until_close
-from tests.support import http_get, on_loop
+from tests.support import free_port, http_get, on_loop, readyz_status
 from tests.timing import eventually, timeout_s
 
 HANG_GUARD_S = 60  # unscaled: pass it through timeout_s() or eventually()
@@ -128,23 +127,10 @@ async def test_stop_draining_admits_again(make_fake_server):
 # -- the signals of `streamer serve` ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _readyz(port: int) -> str | None:
-    try:
-        return http_get(f"http://127.0.0.1:{port}/readyz").json()["status"]
-    except (urllib.error.URLError, ConnectionError):
-        return None  # not bound yet, or no longer
-
-
 async def test_sigusr1_drains_sigusr2_admits_sigterm_drains_then_exits(cache_dir: Path):
     """The CLI's signals: USR1/USR2 toggle draining; TERM drains (an open session goes on
     and ends normally), then the process exits 0 as soon as no session is left."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "STREAMER_CACHE_DIR": str(cache_dir)}
     argv = [sys.executable, "-m", "streamer", "serve", "--model", "random:tiny", "--port",
             str(port), "--no-warmup", "--drain-s", "120"]  # fmt: skip
@@ -154,15 +140,15 @@ async def test_sigusr1_drains_sigusr2_admits_sigterm_drains_then_exits(cache_dir
     )  # fmt: skip
     url = f"ws://127.0.0.1:{port}/v1/asr"
     try:
-        await eventually(lambda: _readyz(port) == "ready", HANG_GUARD_S)
+        await eventually(lambda: readyz_status(port) == "ready", HANG_GUARD_S)
         process.send_signal(signal.SIGUSR1)
-        await eventually(lambda: _readyz(port) == "draining")
+        await eventually(lambda: readyz_status(port) == "draining")
         process.send_signal(signal.SIGUSR2)
-        await eventually(lambda: _readyz(port) == "ready")
+        await eventually(lambda: readyz_status(port) == "ready")
         options = ClientOptions(url=url, stream=StreamOptions(partials=False))
         async with await StreamingClient.connect(options) as client:
             process.send_signal(signal.SIGTERM)
-            await eventually(lambda: _readyz(port) == "draining")
+            await eventually(lambda: readyz_status(port) == "draining")
             assert (await get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
             with pytest.raises(InvalidStatus) as refused:
                 await connect(url)

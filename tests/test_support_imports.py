@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
+ONCE = {"http_get", "free_port", "readyz_status"}  # each had copies in several modules
 
 
 def imports_of_test_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -59,11 +60,12 @@ def test_no_module_of_the_tests_imports_a_test_module() -> None:
     assert not offenders, "move the shared helper into tests/support.py:\n" + "\n".join(offenders)
 
 
-def test_http_get_is_defined_once_in_the_tests() -> None:
+def test_the_shared_http_helpers_are_defined_once_in_the_tests() -> None:
     defined = [
-        path.name
+        (path.name, node.name.lstrip("_"))
         for path in sorted(TESTS.glob("*.py"))
         for node in ast.parse(path.read_text()).body
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "http_get"
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name.lstrip("_") in ONCE
     ]
-    assert defined == ["support.py"]
+    assert sorted(defined) == [("support.py", name) for name in sorted(ONCE)]
