@@ -31,7 +31,7 @@ from streamer.client.streaming import stream_file, transcribe
 from streamer.client.timeline import SessionResult
 from streamer.core.protocol import End, Error, Final, SpeechStart, StreamOptions
 from streamer.testkit import speech as synth
-from tests.fakes import FakeRecognizer, loudness_classifier, tone
+from tests.fakes import FakeRecognizer, tone
 from tests.server_fixtures import ServerThread, make_server, recognizer_loader  # noqa: F401
 from tests.support import free_port, on_loop
 from tests.timing import eventually, timeout_s
@@ -199,14 +199,6 @@ def haproxy_server_status(stats: Path) -> dict[str, str]:
 def rejected(server: ServerThread, reason: str) -> float:
     value = server.server.metrics.rejected_total.labels(reason, "v1")._value.get()
     return float(value)
-
-
-@pytest.fixture
-def make_fake_server(make_server):  # noqa: F811
-    def factory(load=FakeRecognizer, **options):
-        return make_server(load, classifier_factory=loudness_classifier, **options)
-
-    return factory
 
 
 async def _hold_session(url: str) -> StreamingClient:
