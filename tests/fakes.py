@@ -5,13 +5,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.model.interface import RecognizerBase
 from tests.timing import timeout_s
+
+if TYPE_CHECKING:
+    from streamer.model.loading import LoadProgress
+
+WORD_FRAMES = 8  # a word every 480 ms (an encoder frame is 60 ms; frames 0-3 are queries)
 
 
 def loudness_classifier(threshold: float = 500.0):
@@ -55,6 +62,39 @@ class FakeRecognizer(RecognizerBase):
         ms = pcm.size / 16
         raw = f"<|en|><|NEUTRAL|><|Speech|><|woitn|>audio {ms:.0f} ms"
         return Transcript.from_raw(raw, rich=raw, token_ids=(), audio_ms=ms, decode_ms=0.0)
+
+
+def load_slow_fake(delay_s: float, progress: LoadProgress) -> FakeRecognizer:
+    """A model process's loader (importable by name in the child) that answers slowly."""
+    return FakeRecognizer(delay_s=delay_s)
+
+
+def wordy(pcm: np.ndarray) -> Transcript:
+    """A transcript with one timed word per 480 ms of audio (w0 w1 ...)."""
+    count = max(1, pcm.size * 1000 // SAMPLE_RATE // (WORD_FRAMES * 60))
+    pieces = tuple(f"▁w{i}" for i in range(count))
+    raw = "<|en|><|NEUTRAL|><|Speech|><|woitn|>" + " ".join(p[1:] for p in pieces)
+    frames = tuple(4 + WORD_FRAMES * i for i in range(count))
+    return Transcript.from_raw(
+        raw,
+        rich=raw,
+        token_ids=tuple(range(count)),
+        audio_ms=pcm.size / 16,
+        decode_ms=0.0,
+        token_frames=frames,
+        token_confidences=(0.9,) * count,
+        token_end_frames=tuple(f + WORD_FRAMES - 1 for f in frames),
+        token_pieces=pieces,
+    )
+
+
+class WordyRecognizer(RecognizerBase):
+    """Answers one timed word per 480 ms of audio (for diarization: words to label)."""
+
+    name = "wordy"
+
+    def decode(self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True):
+        return wordy(pcm)
 
 
 class HangingRecognizer(FakeRecognizer):

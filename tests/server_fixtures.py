@@ -215,6 +215,16 @@ def make_fake_server(make_server):
     return factory
 
 
+@pytest.fixture
+def make_ports_server(make_fake_server):
+    """``make_fake_server``'s servers with the FunASR and Wyoming ports on as well."""
+
+    def factory(load=lambda: FakeRecognizer(delay_s=0.01), **options):
+        return make_fake_server(load, **({"funasr_port": 0, "wyoming_port": 0} | options))
+
+    return factory
+
+
 async def messages_until_close(ws, timeout_s: float = 20) -> tuple[list[dict], int | None]:
     """Every JSON message until the server closes, and its close code (None: no close frame).
 

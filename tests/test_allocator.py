@@ -15,6 +15,7 @@ import pytest
 from streamer.model import allocator, loading, onnx_backend
 from streamer.model.allocator import M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES, pin_mmap_threshold
 from streamer.model.options import RecognizerOptions
+from tests.timing import timeout_s
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +99,7 @@ def test_with_the_threshold_fixed_freed_blocks_leave_the_process() -> None:
             text=True,
             check=True,
             cwd=REPO_ROOT,
-            timeout=60,
+            timeout=timeout_s(60),
         )
         return int(done.stdout.strip())
 

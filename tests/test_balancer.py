@@ -31,9 +31,9 @@ from streamer.client.streaming import stream_file, transcribe
 from streamer.client.timeline import SessionResult
 from streamer.core.protocol import End, Error, Final, SpeechStart, StreamOptions
 from streamer.testkit import speech as synth
-from tests.fakes import FakeRecognizer, loudness_classifier, tone
+from tests.fakes import FakeRecognizer, tone
 from tests.server_fixtures import ServerThread, make_server, recognizer_loader  # noqa: F401
-from tests.test_readiness import on_loop
+from tests.support import free_port, on_loop
 from tests.timing import eventually, timeout_s
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,12 +51,6 @@ NGINX = _binary("nginx")
 HAPROXY = _binary("haproxy")
 needs_nginx = pytest.mark.skipif(NGINX is None, reason="needs nginx (apt install nginx)")
 needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason="needs haproxy (apt install haproxy)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_listening(port: int, process: subprocess.Popen, log: Path) -> None:
@@ -100,7 +94,7 @@ def nginx_config(upstream_ports: list[int], listen_port: int) -> str:
 def running_nginx(tmp_path: Path, upstream_ports: list[int]) -> Iterator[str]:
     """nginx in the foreground with deploy/nginx.conf; yields its ws:// base URL."""
     assert NGINX is not None
-    port = _free_port()
+    port = free_port()
     (tmp_path / "streamer.conf").write_text(nginx_config(upstream_ports, port))
     user = "user root;\n" if os.geteuid() == 0 else ""  # workers as root can read tmp_path
     main = f"""{user}worker_processes 1;
@@ -160,7 +154,7 @@ def haproxy_config(upstream_ports: list[int], listen_port: int, stats: Path) -> 
 def running_haproxy(tmp_path: Path, upstream_ports: list[int]) -> Iterator[tuple[str, Path]]:
     """HAProxy in the foreground with deploy/haproxy.cfg; yields its URL and stats socket."""
     assert HAPROXY is not None
-    port = _free_port()
+    port = free_port()
     stats = tmp_path / "haproxy.sock"
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(haproxy_config(upstream_ports, port, stats))
@@ -205,14 +199,6 @@ def haproxy_server_status(stats: Path) -> dict[str, str]:
 def rejected(server: ServerThread, reason: str) -> float:
     value = server.server.metrics.rejected_total.labels(reason, "v1")._value.get()
     return float(value)
-
-
-@pytest.fixture
-def make_fake_server(make_server):  # noqa: F811
-    def factory(load=FakeRecognizer, **options):
-        return make_server(load, classifier_factory=loudness_classifier, **options)
-
-    return factory
 
 
 async def _hold_session(url: str) -> StreamingClient:
@@ -276,7 +262,7 @@ def _debian_nginx(tmp_path: Path) -> list[str]:
 @needs_debian_nginx
 async def test_the_site_file_works_in_the_distributions_nginx(make_server, tmp_path: Path) -> None:  # noqa: F811
     server = make_server(FakeRecognizer, max_sessions=2)
-    port = _free_port()
+    port = free_port()
     argv = _debian_nginx(tmp_path)
     cp, ln, rm = _documented_steps()
     # without the last step, Debian's own site is a second default server on the port

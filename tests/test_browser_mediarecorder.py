@@ -17,7 +17,7 @@ import soundfile as sf
 
 from streamer.testkit import speech as synth
 from tests.server_fixtures import recognizer_loader
-from tests.test_web_demo import BROWSER_FLAGS, CHROMIUM, FOX, HELLO, TTS_CACHE
+from tests.support import BROWSER_FLAGS, CHROMIUM, FOX, HELLO, TTS_CACHE
 
 pytestmark = pytest.mark.browser
 

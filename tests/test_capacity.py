@@ -33,7 +33,7 @@ from streamer.core.live_latency import LatencyCounts
 from streamer.errors import ConfigError
 from tests.fakes import FakeRecognizer, silence, tone
 from tests.server_fixtures import messages_until_close
-from tests.test_compat_ports import Wyoming, make_ports_server, speech  # noqa: F401
+from tests.support import Wyoming, http_get, speech
 from tests.timing import timeout_s
 
 REPO = Path(__file__).resolve().parent.parent
@@ -403,14 +403,6 @@ def scraped(page: bytes, name: str) -> float:
     return float(value)
 
 
-def http_get(url: str) -> tuple[int, dict, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
-            return response.status, orjson.loads(response.read()), dict(response.headers)
-    except urllib.error.HTTPError as error:
-        return error.code, orjson.loads(error.read()), dict(error.headers)
-
-
 async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_up(
     make_ports_server,  # noqa: F811  (the fixture)
 ) -> None:
@@ -424,7 +416,7 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
         # queue; sent at real time (a client sending faster waits behind real-time work by
         # design, and its waiting finals are not lag: sent at once, whether they counted
         # raced the rate's measurement)
-        audio = speech(2)
+        audio = speech(2, lead_ms=300)
         for start in range(0, audio.size, 1600):  # 100 ms
             await ws.send(audio[start : start + 1600].tobytes())
             await asyncio.sleep(0.1)
@@ -432,7 +424,7 @@ async def test_a_server_whose_finals_wait_refuses_new_sessions_until_it_catches_
         while (status := await asyncio.to_thread(http_get, readyz))[0] == 200:
             assert time.monotonic() < deadline, f"never saturated: {status}"
             await asyncio.sleep(0.05)
-        code, body, headers = status
+        code, body, headers = status.status, status.json(), status.headers
         assert (code, body["status"], body["reason"]) == (503, "saturated", LAGGING)
         assert body["oldest_final_age_ms"] > 300 and headers["Retry-After"]
         with pytest.raises(InvalidStatus) as refused:
@@ -562,7 +554,7 @@ async def test_a_client_faster_than_real_time_is_named_in_the_refusal(
         while (status := await asyncio.to_thread(http_get, readyz))[0] == 200:
             assert time.monotonic() < deadline, f"never saturated: {status}"
             await asyncio.sleep(0.1)
-        code, body, _ = status
+        code, body = status.status, status.json()
         assert (code, body["status"], body["reason"]) == (503, "saturated", LOADED)
         assert body["fast_sessions"] == 1 and body["fast_rate"] > 2
         with pytest.raises(InvalidStatus) as refused:

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -29,27 +27,10 @@ from streamer.client.streaming import transcribe
 from streamer.errors import ServerClosed
 from tests.clips import LIBRIVOX, load_wav
 from tests.fakes import FakeRecognizer, silence, tone
+from tests.support import free_port, readyz_status
 from tests.timing import eventually_sync, timeout_s
 
 HANG_GUARD_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def readyz(port: int) -> str | None:
-    try:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/readyz", timeout=timeout_s(2)
-        ) as response:
-            return str(orjson.loads(response.read())["status"])
-    except urllib.error.HTTPError as error:
-        return str(orjson.loads(error.read())["status"])
-    except OSError:
-        return None
 
 
 def serve(port: int, cache_dir: Path, log: Path, *flags: str) -> subprocess.Popen:
@@ -73,7 +54,7 @@ def test_a_graceful_restart_mid_file_is_resumed_on_the_new_server(
     second = None
     client = None
     try:
-        eventually_sync(lambda: readyz(port) == "ready", HANG_GUARD_S, "the first server")
+        eventually_sync(lambda: readyz_status(port) == "ready", HANG_GUARD_S, "the first server")
         client = subprocess.Popen(
             [sys.executable, "-m", "streamer", "client", str(wav), "--no-pace",
              "--url", f"ws://127.0.0.1:{port}/v1/asr", "--json", "--reconnect-timeout-s", "60"],

@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 import soxr
 
-from streamer.client.connection import ClientOptions
-from streamer.client.streaming import transcribe
-from streamer.core.protocol import StreamOptions
 from tests import compat_clients as clients
+from tests.support import ulaw_encode, v1_texts
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +21,12 @@ def speech24(speech16) -> np.ndarray:
     return soxr.resample(speech16, 16000, 24000).astype(np.int16)
 
 
-async def v1_finals(url: str, pcm: np.ndarray, rate: int, **stream) -> list[str]:
-    options = ClientOptions(url=url, stream=StreamOptions(sample_rate=rate, **stream))
-    result = await transcribe(options, pcm, rate, speed=8.0)
-    return [f.text for f in result.finals if f.text]
-
-
 # what deepgram-sdk's query (clients.DEEPGRAM_QUERY) means for protocol v1
 DEEPGRAM_AS_V1 = dict(language="en", itn=True, partials=True, endpoint_ms=500)
 
 
 async def test_deepgram_sdk_async(tagged_server, speech16) -> None:
-    reference = await v1_finals(tagged_server.url, speech16, 16000, **DEEPGRAM_AS_V1)
+    reference = await v1_texts(tagged_server.url, speech16, 16000, **DEEPGRAM_AS_V1)
     assert len(reference) == 2 and reference[1].lower().startswith("hello")
     messages = await clients.deepgram_sdk_async(tagged_server.port, speech16.tobytes())
     assert clients.deepgram_finals(messages) == reference
@@ -46,7 +38,7 @@ async def test_deepgram_sdk_async(tagged_server, speech16) -> None:
 
 
 async def test_deepgram_sdk_sync(tagged_server, speech16) -> None:
-    reference = await v1_finals(tagged_server.url, speech16, 16000, **DEEPGRAM_AS_V1)
+    reference = await v1_texts(tagged_server.url, speech16, 16000, **DEEPGRAM_AS_V1)
     messages = await asyncio.to_thread(
         clients.deepgram_sdk_sync, tagged_server.port, speech16.tobytes()
     )
@@ -60,10 +52,8 @@ async def test_deepgram_sdk_sync(tagged_server, speech16) -> None:
 
 async def test_deepgram_sdk_telephony_mulaw(tagged_server, speech16) -> None:
     """8 kHz μ-law (Twilio's format) decodes like the same audio as linear16 at 8 kHz."""
-    from tests.test_compat_deepgram import ulaw_encode
-
     pcm8 = soxr.resample(speech16, 16000, 8000).astype(np.int16)
-    reference = await v1_finals(tagged_server.url, pcm8, 8000, **DEEPGRAM_AS_V1)
+    reference = await v1_texts(tagged_server.url, pcm8, 8000, **DEEPGRAM_AS_V1)
     ulaw = ulaw_encode(pcm8)
     mulaw = await clients.deepgram_sdk_async(
         tagged_server.port, ulaw, encoding="mulaw", sample_rate="8000"
@@ -72,7 +62,7 @@ async def test_deepgram_sdk_telephony_mulaw(tagged_server, speech16) -> None:
 
 
 async def test_openai_realtime_ga(tagged_server, speech24) -> None:
-    reference = await v1_finals(tagged_server.url, speech24, 24000, language="en")
+    reference = await v1_texts(tagged_server.url, speech24, 24000, language="en")
     events = await clients.openai_ga(tagged_server.port, speech24.tobytes(), len(reference))
     assert clients.openai_transcripts(events) == reference
     types = [e.type for e in events]
@@ -83,7 +73,7 @@ async def test_openai_realtime_ga(tagged_server, speech24) -> None:
 
 
 async def test_openai_realtime_beta(tagged_server, speech24) -> None:
-    reference = await v1_finals(tagged_server.url, speech24, 24000, language="en")
+    reference = await v1_texts(tagged_server.url, speech24, 24000, language="en")
     events = await clients.openai_beta(tagged_server.port, speech24.tobytes(), len(reference))
     assert clients.openai_transcripts(events) == reference
     types = [e.type for e in events]

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from streamer.core.compat import deepgram
-from streamer.core.compat.audio import ULAW_TO_S16
 from streamer.core.compat.deepgram import DeepgramAdapter, ListenOptions, parse_listen_query
 from streamer.core.protocol import Final, StreamOptions
 from streamer.core.wire import V1Adapter
 from streamer.errors import InvalidOption, UnsupportedSampleRate
 from tests.compat_harness import Harness, make_session
 from tests.fakes import silence, tone
+from tests.support import ulaw_encode
 
 # what each real client sends (../shared/compat-protocols.md, section 1)
 SDK_QUERY = {
@@ -291,15 +291,6 @@ def test_a_server_limit_sends_the_finals_then_the_error() -> None:
 
 
 # -- audio encodings -------------------------------------------------------------------------
-
-
-def ulaw_encode(pcm: np.ndarray) -> bytes:
-    """The nearest μ-law code of each sample (an encoder for the test only)."""
-    order = np.argsort(ULAW_TO_S16)
-    values = ULAW_TO_S16[order].astype(np.int32)
-    idx = np.clip(np.searchsorted(values, pcm.astype(np.int32)), 1, 255)
-    nearer = np.where(pcm - values[idx - 1] < values[idx] - pcm, idx - 1, idx)
-    return order[nearer].astype(np.uint8).tobytes()
 
 
 def final_spans(h: Harness) -> list[tuple[float, float]]:

@@ -15,7 +15,7 @@ from streamer.errors import InvalidOption
 from tests import compat_clients as clients
 from tests.compat_harness import Harness, make_session
 from tests.fakes import silence, tone
-from tests.test_compat_deepgram import ulaw_encode
+from tests.support import ulaw_encode
 
 # what the real clients send first (../shared/compat-protocols.md, section 2)
 GA_UPDATE = {"type": "session.update", "session": clients.GA_SESSION}

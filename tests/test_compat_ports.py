@@ -17,74 +17,21 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from streamer.client.connection import ClientOptions, StreamingClient
 from streamer.client.streaming import transcribe
-from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event
+from streamer.core.compat.wyoming import WyomingEvent, encode_event
 from streamer.core.protocol import StreamOptions
 from streamer.errors import ConfigError
 from streamer.server import wyoming as wyoming_server
 from streamer.server.server import ServerOptions
-from tests.fakes import FakeRecognizer, loudness_classifier, silence, tone
+from tests.fakes import FakeRecognizer, silence, tone
 from tests.server_fixtures import make_server  # noqa: F401  (fixture)
+from tests.support import AUDIO_FORMAT, Wyoming, speech
 from tests.timing import eventually, timeout_s
 
 FIRST = {"mode": "2pass", "wav_name": "t", "is_speaking": True, "audio_fs": 16000}
-AUDIO_FORMAT = {"rate": 16000, "width": 2, "channels": 1}
-
-
-@pytest.fixture
-def make_ports_server(make_server):  # noqa: F811
-    """Servers with both ports on and a loudness VAD, so tone bursts are exact utterances."""
-
-    def factory(load=lambda: FakeRecognizer(delay_s=0.01), **options):
-        options = {"funasr_port": 0, "wyoming_port": 0} | options
-        return make_server(load, classifier_factory=loudness_classifier, **options)
-
-    return factory
-
-
-def speech(n: int = 2) -> np.ndarray:
-    parts = [silence(300)]
-    for i in range(n):
-        parts += [tone(600 + 200 * i), silence(900)]
-    return np.concatenate(parts)
 
 
 def funasr_uri(server) -> str:
     return f"ws://127.0.0.1:{server.server.listeners['funasr'].port}/"
-
-
-class Wyoming:
-    """A raw Wyoming connection (the real client library is in test_compat_clients.py)."""
-
-    def __init__(self, reader, writer) -> None:
-        self.reader, self.writer, self.parser = reader, writer, EventParser()
-        self.pending: list[WyomingEvent] = []
-
-    @classmethod
-    async def open(cls, server) -> Wyoming:
-        port = server.server.listeners["wyoming"].port
-        return cls(*await asyncio.open_connection("127.0.0.1", port))
-
-    async def send(self, *events: WyomingEvent) -> None:
-        self.writer.write(b"".join(encode_event(e) for e in events))
-        await self.writer.drain()
-
-    async def audio(self, pcm: np.ndarray, chunk: int = 2048) -> None:
-        data = pcm.astype("<i2").tobytes()
-        await self.send(
-            WyomingEvent("audio-start", AUDIO_FORMAT),
-            *[
-                WyomingEvent("audio-chunk", AUDIO_FORMAT, data[i : i + chunk])
-                for i in range(0, len(data), chunk)
-            ],
-        )
-
-    async def events(self, timeout: float = 20) -> list[WyomingEvent]:
-        """Every event until the server closes the connection (``timeout`` unscaled)."""
-        async with asyncio.timeout(timeout_s(timeout)):
-            while data := await self.reader.read(65536):
-                self.pending += self.parser.feed(data)
-        self.writer.close()
-        return self.pending
 
 
 async def funasr_drain(ws, timeout: float = 20) -> tuple[list[dict], int | None]:
@@ -114,7 +61,7 @@ async def test_funasr_echoes_binary_and_needs_no_subprotocol(make_ports_server):
         async with connect(uri, subprotocols=offered) as ws:
             assert ws.subprotocol == expected
             await ws.send(json.dumps(FIRST))
-            await ws.send(speech(1).tobytes())
+            await ws.send(speech(1, lead_ms=300).tobytes())
             await ws.send('{"is_speaking": false}')
             (final,) = [m for m in await funasr_until_final(ws) if m["text"]]
             assert final["text"] == "audio 1100 ms"  # the fake's answer: the segment length
@@ -169,7 +116,7 @@ async def test_bad_input_in_each_protocol_gets_its_error_and_others_lose_nothing
     make_ports_server,
 ):
     server = make_ports_server()
-    pcm = speech(3)
+    pcm = speech(3, lead_ms=300)
     v1 = asyncio.create_task(
         transcribe(
             ClientOptions(url=server.url, stream=StreamOptions(partials=False)),
@@ -213,8 +160,8 @@ async def test_funasr_error_mid_stream_delivers_the_speech_heard_first(make_port
     server = make_ports_server()
     async with connect(funasr_uri(server)) as ws:
         await ws.send(json.dumps(FIRST))
-        await ws.send(speech(1).tobytes())
-        await asyncio.sleep(0.3)
+        await ws.send(speech(1, lead_ms=300).tobytes())
+        await eventually(lambda: server.worker.stats().finals_total == 1, what="the final decoded")
         await ws.send("{oops")
         messages, close_code = await funasr_drain(ws)
     assert [m["text"] for m in messages][0] == "audio 1100 ms"
@@ -234,7 +181,7 @@ async def test_wyoming_half_closed_after_audio_stop_still_gets_its_transcript(
 ):
     server = make_ports_server(load=lambda: FakeRecognizer(delay_s=0.2))
     wyoming = await Wyoming.open(server)
-    await wyoming.audio(speech(2))
+    await wyoming.audio(speech(2, lead_ms=300))
     await wyoming.send(WyomingEvent("audio-stop"))
     wyoming.writer.write_eof()  # like `nc -N`: done sending, still reading
     events = await wyoming.events()
@@ -248,7 +195,7 @@ async def test_wyoming_half_closed_without_audio_stop_still_gets_its_transcript(
     """Closing the sending side ends the audio like audio-stop: nothing heard is lost."""
     server = make_ports_server(load=lambda: FakeRecognizer(delay_s=0.2))
     wyoming = await Wyoming.open(server)
-    await wyoming.audio(speech(2))
+    await wyoming.audio(speech(2, lead_ms=300))
     wyoming.writer.write_eof()
     events = await wyoming.events()
     (transcript,) = [e for e in events if e.type == "transcript"]
@@ -262,16 +209,17 @@ async def test_a_wyoming_connection_that_sends_nothing_takes_no_session(
     monkeypatch.setattr(wyoming_server, "FIRST_BYTES_TIMEOUT_S", 1.0)
     server = make_ports_server(max_sessions=1)
     silent = [await Wyoming.open(server) for _ in range(3)]
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # time for a session to be taken, were one taken (an absence)
     assert server.server.session_count == 0
-    result = await transcribe(ClientOptions(url=server.url), speech(1), 16000)  # admitted
+    pcm = speech(1, lead_ms=300)
+    result = await transcribe(ClientOptions(url=server.url), pcm, 16000)  # admitted
     assert [f.text for f in result.finals] == ["audio 1100 ms"]
     # then closed, without a word: nothing was asked
     assert [await c.events(timeout=5) for c in silent] == [[], [], []]
     # a client that speaks once admitted gets its session as before
     wyoming = await Wyoming.open(server)
     await asyncio.sleep(0.2)
-    await wyoming.audio(speech(1))
+    await wyoming.audio(speech(1, lead_ms=300))
     await wyoming.send(WyomingEvent("audio-stop"))
     (transcript,) = [e for e in await wyoming.events() if e.type == "transcript"]
     assert transcript.data["text"] == "audio 1100 ms"
@@ -386,7 +334,7 @@ async def test_funasr_client_faster_than_the_model_is_back_pressured_not_killed(
         wyoming_port=None,
     )
     utterances = 8
-    pcm = speech(utterances).astype("<i2").tobytes()
+    pcm = speech(utterances, lead_ms=300).astype("<i2").tobytes()
     async with connect(funasr_uri(server), subprotocols=["binary"], ping_interval=None) as ws:
         await ws.send(json.dumps(FIRST | {"mode": "offline"}))
         for i in range(0, len(pcm), 3200):  # unpaced, as fast as the socket takes it

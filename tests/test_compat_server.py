@@ -132,7 +132,7 @@ async def test_deepgram_close_right_after_close_stream_is_a_normal_end(fake_serv
         async with connect(url) as ws:
             await ws.send(speech().tobytes()[:20000])
             await ws.send('{"type": "CloseStream"}')
-    await asyncio.sleep(0.3)
+    await eventually(lambda: fake_server.server.session_count == 0, what="the sessions closed")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     async with connect(url) as ws:  # and the server goes on serving
         await ws.send(speech().tobytes())

@@ -17,8 +17,6 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import yaml
@@ -28,6 +26,7 @@ from streamer.server.metrics import Metrics
 from streamer.server.server import ServerOptions
 from tests.fakes import FakeRecognizer
 from tests.server_fixtures import make_server  # noqa: F401  (fixture)
+from tests.support import http_get
 from tests.timing import timeout_s
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,21 +106,13 @@ def test_ports_agree_between_server_container_service_and_image() -> None:
     assert monitor["port"] == container_port["name"] and monitor["path"] == "/metrics"
 
 
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-
-
 async def test_probe_paths_are_answered_by_the_server(make_server) -> None:  # noqa: F811
     server = make_server(FakeRecognizer, max_sessions=1)
     readiness = CONTAINER["readinessProbe"]["httpGet"]
     liveness = CONTAINER["livenessProbe"]["httpGet"]
     assert readiness["port"] == liveness["port"] == CONTAINER["ports"][0]["name"]
-    assert await asyncio.to_thread(http_status, server.http_url + readiness["path"]) == 200
-    assert await asyncio.to_thread(http_status, server.http_url + liveness["path"]) == 200
+    assert (await asyncio.to_thread(http_get, server.http_url + readiness["path"])).status == 200
+    assert (await asyncio.to_thread(http_get, server.http_url + liveness["path"])).status == 200
     assert readiness["path"] == "/readyz" and liveness["path"] == "/healthz"
     # the image's HEALTHCHECK command, run here against the same server: it asks the
     # liveness path on the port of PID 1's command line (--port), else STREAMER_PORT, and

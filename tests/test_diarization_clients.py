@@ -17,8 +17,8 @@ from streamer.core.session import SessionOptions
 from streamer.model.speakers.worker import SpeakerWorker
 from tests.compat_clients import API_KEY as KEY  # the live helper sends it
 from tests.compat_clients import _deepgram_environment, deepgram_sdk_async
+from tests.fakes import WordyRecognizer
 from tests.server_fixtures import ServerThread, server_options
-from tests.test_diarization_server import WordyRecognizer
 from tests.timing import timeout_s
 
 

@@ -16,40 +16,11 @@ from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import DiarizationOptions, SpeakerAnalysis
 from streamer.core.protocol import Final
 from streamer.core.session import SessionOptions
-from streamer.core.transcript import Transcript
-from streamer.model.interface import RecognizerBase
 from streamer.model.speakers.worker import SpeakerWorker
 from streamer.server.server import ServerOptions
+from tests.fakes import WordyRecognizer
 from tests.server_fixtures import ServerThread, messages_until_close
 from tests.timing import timeout_s
-
-WORD_FRAMES = 8  # a word every 480 ms (an encoder frame is 60 ms; frames 0-3 are queries)
-
-
-def wordy(pcm: np.ndarray) -> Transcript:
-    """A transcript with one timed word per 480 ms of audio (w0 w1 ...)."""
-    count = max(1, pcm.size * 1000 // SAMPLE_RATE // (WORD_FRAMES * 60))
-    pieces = tuple(f"▁w{i}" for i in range(count))
-    raw = "<|en|><|NEUTRAL|><|Speech|><|woitn|>" + " ".join(p[1:] for p in pieces)
-    frames = tuple(4 + WORD_FRAMES * i for i in range(count))
-    return Transcript.from_raw(
-        raw,
-        rich=raw,
-        token_ids=tuple(range(count)),
-        audio_ms=pcm.size / 16,
-        decode_ms=0.0,
-        token_frames=frames,
-        token_confidences=(0.9,) * count,
-        token_end_frames=tuple(f + WORD_FRAMES - 1 for f in frames),
-        token_pieces=pieces,
-    )
-
-
-class WordyRecognizer(RecognizerBase):
-    name = "wordy"
-
-    def decode(self, pcm: np.ndarray, *, language: str = "auto", use_itn: bool = True):
-        return wordy(pcm)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from streamer.core.compat.common import join_texts
 from streamer.media.files import iter_pcm
 from tests.audio_files import write_audio
 from tests.server_fixtures import ServerThread, recognizer_loader, server_options
-from tests.test_compat_clients import v1_finals
+from tests.support import v1_texts
 from tests.timing import eventually_sync, timeout_s
 
 KEY = "sk-test"
@@ -55,7 +55,7 @@ def wav(tmp_path_factory, speech16) -> Path:
 def reference(files_server, speech16) -> list[str]:
     """Protocol v1's finals for the same samples (the file path's defaults)."""
     url = f"{files_server.url}?token={KEY}"
-    finals = asyncio.run(v1_finals(url, speech16, 16000, partials=False))
+    finals = asyncio.run(v1_texts(url, speech16, 16000, partials=False))
     assert len(finals) == 2 and finals[1].lower().startswith("hello")
     return finals
 
@@ -185,7 +185,7 @@ def test_compressed_uploads_equal_v1_finals_of_their_samples(
     with path.open("rb") as f:
         samples = np.frombuffer(b"".join(iter_pcm(f, max_duration_s=None)), dtype=np.int16)
     url = f"{files_server.url}?token={KEY}"
-    expected = asyncio.run(v1_finals(url, samples, 16000, partials=False))
+    expected = asyncio.run(v1_texts(url, samples, 16000, partials=False))
     assert expected, "the decoded samples give finals"
     with path.open("rb") as f:
         result = _openai(files_server).audio.transcriptions.create(
@@ -402,7 +402,7 @@ def test_a_real_48k_recording_equals_v1_at_its_own_rate(files_server, tmp_path) 
     assert rate == 48000
     padded = np.concatenate([samples, np.zeros(rate, dtype=np.int16)])
     url = f"{files_server.url}?token={KEY}"
-    expected = asyncio.run(v1_finals(url, padded, rate, partials=False))
+    expected = asyncio.run(v1_texts(url, padded, rate, partials=False))
     path = write_audio(padded, rate, "wav", tmp_path / "words.wav")
     with path.open("rb") as f:
         result = _openai(files_server).audio.transcriptions.create(

@@ -19,7 +19,7 @@ from streamer.core.protocol import StreamOptions
 from streamer.server.options import FileOptions
 from tests.audio_files import write_audio
 from tests.fakes import FakeRecognizer, HangingRecognizer, silence, tone
-from tests.test_server import self_signed_cert
+from tests.support import self_signed_cert
 from tests.timing import eventually_sync, timeout_s
 
 

@@ -289,7 +289,7 @@ def test_sigterm_during_slow_fetches_exits_within_drain_and_grace(
     eventually_sync(lambda: source.slow_open == 3, what="three slow fetches")
     started = time.monotonic()
     server.request_stop()
-    assert server.join(timeout=10)
+    assert server.join(timeout=timeout_s(10))
     assert time.monotonic() - started < timeout_s(1.0 + 1.0 + 3.0)
     eventually_sync(lambda: source.slow_open == 0, what="the remote connections closed")
 

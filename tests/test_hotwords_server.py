@@ -24,13 +24,10 @@ import pytest
 import soxr
 import websockets
 
-from streamer.client.connection import ClientOptions
-from streamer.client.streaming import transcribe
 from streamer.core.capacity import CapacityOptions
 from streamer.core.context_graph import ContextGraph
 from streamer.core.hotwords import Hotword
 from streamer.core.jobs import DecodeJob
-from streamer.core.protocol import StreamOptions
 from streamer.core.session import SessionOptions
 from streamer.model.ctc_beam import biased_ctc
 from streamer.model.decoding import (
@@ -47,6 +44,7 @@ from streamer.server.server import ServerOptions
 from streamer.testkit import speech as synth
 from tests import compat_clients as clients
 from tests.server_fixtures import ServerThread, recognizer_loader
+from tests.support import funasr_finals, spans, texts, v1_finals
 from tests.timing import timeout_s
 
 RECORDED = Path(
@@ -72,20 +70,6 @@ def server(tiny_model_dir: Path):
     thread = ServerThread(recognizer_loader(tiny_model_dir), options).start()
     yield thread
     thread.shutdown()
-
-
-async def v1_finals(url: str, pcm: np.ndarray, **stream) -> list[tuple[str, float, float]]:
-    options = ClientOptions(url=url, stream=StreamOptions(**stream))
-    result = await transcribe(options, pcm, 16000, speed=None)
-    return [(f.text, f.start_ms, f.end_ms) for f in result.finals]
-
-
-def texts(finals: list[tuple[str, float, float]]) -> list[str]:
-    return [text for text, _, _ in finals]
-
-
-def spans(finals: list[tuple[str, float, float]]) -> list[tuple[float, float]]:
-    return [(start, end) for _, start, end in finals]
 
 
 @pytest.fixture(scope="module")
@@ -351,24 +335,6 @@ async def test_deepgram_bad_keyword_is_a_400_at_the_handshake(server) -> None:
     assert refused.value.response.status_code == 400
     body = orjson.loads(refused.value.response.body)
     assert body["err_code"] == "INVALID_HOTWORDS"
-
-
-async def funasr_finals(server: ServerThread, pcm: np.ndarray, **config) -> list[str]:
-    from funasr_client import async_funasr_client
-
-    uri = f"ws://127.0.0.1:{server.server.listeners['funasr'].port}/"
-    got = []
-    async with async_funasr_client(
-        uri, mode="offline", wav_name="w", audio_fs=16000, blocking=True, **config
-    ) as client:
-        data = pcm.tobytes()
-        for i in range(0, len(data), 1920):
-            await client.send(data[i : i + 1920])
-        await client.signal_close()
-        async with asyncio.timeout(timeout_s(30)):
-            async for message in client.stream():
-                got.append(message["text"])
-    return got
 
 
 async def test_funasr_client_hotwords(server, speech) -> None:

@@ -21,7 +21,7 @@ from streamer.server.server import ServerOptions
 from streamer.testkit import speech as synth
 from tests import compat_clients as clients
 from tests.server_fixtures import ServerThread
-from tests.test_hotwords_server import funasr_finals, spans, texts, v1_finals
+from tests.support import funasr_finals, spans, texts, v1_finals
 
 PHRASE = "kubernetes"  # random:small's pieces spell it: ▁k u b er n e t es
 BOOST = 5.0

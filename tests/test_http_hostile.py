@@ -245,7 +245,7 @@ def test_an_upload_whose_client_closes_after_the_body_is_cancelled(make_fake_ser
         sock.shutdown(socket.SHUT_WR)  # the FIN a normal close sends
         eventually_sync(lambda: not jobs.active, timeout_s=5, what="the slot freed")
     calls = recognizer.calls
-    time.sleep(1.0)
+    time.sleep(1.0)  # the window in which no further decode may start (an absence: no state)
     assert recognizer.calls <= calls + 1  # at most the decode under way when cancelled
     assert calls < 30
 

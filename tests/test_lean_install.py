@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 from streamer.model.onnx_export import cached_export
 from streamer.testkit.onnx_layouts import sherpa_layout
 from streamer.testkit.speech import join_with_silence, speak
+from tests.support import free_port
 from tests.timing import timeout_s as scaled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -99,12 +99,6 @@ def test_a_missing_extra_is_one_line_naming_it(lean_python: Path, tmp_path: Path
         assert len(lines) == 1 and "-e '.[torch]'" in lines[0], args  # from the checkout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_ready(port: int, server: subprocess.Popen[str], timeout_s: float = 120) -> None:
     deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
@@ -134,7 +128,7 @@ def test_the_plain_install_serves_a_published_layout_export(
     audio = tmp_path / "hello.wav"
     soundfile.write(audio, np.asarray(signal), 16000, subtype="PCM_16")
     bin_dir = lean_python.parent
-    port = _free_port()
+    port = free_port()
     command = [str(bin_dir / "streamer"), "serve", "--model", str(model), "--device", "cpu"]
     command += ["--port", str(port), "--cache-dir", str(tmp_path / "cache")]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=_env())

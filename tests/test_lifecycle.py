@@ -7,8 +7,6 @@ real ``streamer serve`` process, are in ``test_readiness.py`` and ``test_restart
 from __future__ import annotations
 
 import asyncio
-import urllib.error
-import urllib.request
 
 import numpy as np
 import orjson
@@ -19,7 +17,8 @@ from websockets.exceptions import InvalidStatus
 from streamer.server.server import EXIT_MODEL_FAILED
 from tests.fakes import DyingRecognizer, FakeRecognizer, loudness_classifier, silence, tone
 from tests.server_fixtures import make_server, messages_until_close  # noqa: F401  (fixture)
-from tests.timing import eventually, timeout_s
+from tests.support import http_get
+from tests.timing import eventually
 
 BOUND_S = 20  # unscaled: every wait gives up after this (a failure, never a pass)
 LONG_S = 600  # a drain or grace period no test waits for: only a cut ends it in time
@@ -31,14 +30,6 @@ def running(make_server):  # noqa: F811
         return make_server(load, classifier_factory=loudness_classifier, lifecycle=True, **options)
 
     return factory
-
-
-def readyz(server) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(server.http_url + "/readyz", timeout=timeout_s(5)) as r:
-            return r.status, orjson.loads(r.read())
-    except urllib.error.HTTPError as error:
-        return error.code, orjson.loads(error.read())
 
 
 async def open_speaking(server) -> object:
@@ -55,8 +46,8 @@ async def test_a_stop_request_drains_serves_the_open_session_then_exits_0(runnin
     ws = await open_speaking(server)
     server.request_stop()  # SIGTERM
     await eventually(lambda: server.server.draining, BOUND_S, "the drain")
-    status, body = await asyncio.to_thread(readyz, server)
-    assert (status, body["status"]) == (503, "draining")
+    reply = await asyncio.to_thread(http_get, server.http_url + "/readyz")
+    assert (reply.status, reply.json()["status"]) == (503, "draining")
     with pytest.raises(InvalidStatus) as refused:
         await connect(server.url)
     assert refused.value.response.status_code == 503

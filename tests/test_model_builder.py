@@ -21,6 +21,7 @@ from streamer.testkit.models import (
     read_build_info,
 )
 from streamer.testkit.speech import speak
+from tests.timing import timeout_s
 
 MODEL_FILES = ("config.yaml", "model.pt", "bpe.model", "am.mvn", MARKER_FILE)
 
@@ -66,7 +67,7 @@ def test_ensure_reuses_the_built_directory(cache_dir: Path, tiny_model_dir: Path
     stamp = (tiny_model_dir / "model.pt").stat().st_mtime_ns
     started = time.perf_counter()
     assert ensure_random_model("tiny", cache_dir) == tiny_model_dir
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < timeout_s(1.0)  # a stat, not a build
     assert (tiny_model_dir / "model.pt").stat().st_mtime_ns == stamp
     assert f"v{model_builder.BUILDER_VERSION}" in tiny_model_dir.name
 

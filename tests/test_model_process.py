@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -35,7 +34,8 @@ from streamer.model.process import ProcessRecognizer
 from streamer.model.worker import ModelWorker, WorkerOptions
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
-from tests.fakes import Answers, FakeRecognizer
+from tests.fakes import Answers, FakeRecognizer, load_slow_fake
+from tests.support import http_get
 from tests.timing import eventually_sync, timeout_s
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -50,10 +50,6 @@ def _load_fake(progress: LoadProgress) -> FakeRecognizer:
     with progress.stage_of("load", "building a fake"):
         logging.getLogger("tests.child").warning("hello from the model process")
         return FakeRecognizer()
-
-
-def _load_slow_fake(delay_s: float, progress: LoadProgress) -> FakeRecognizer:
-    return FakeRecognizer(delay_s=delay_s)
 
 
 def _fail_model(progress: LoadProgress) -> FakeRecognizer:
@@ -178,7 +174,7 @@ NO_RESTARTS = WorkerOptions(max_restarts=0)
 def test_a_child_that_dies_fails_the_worker_and_every_job_is_answered() -> None:
     failures: list[str] = []
     worker = ModelWorker(
-        lambda: ProcessRecognizer(partial(_load_slow_fake, 5.0)),
+        lambda: ProcessRecognizer(partial(load_slow_fake, 5.0)),
         options=NO_RESTARTS,
         on_failure=failures.append,
     )
@@ -190,7 +186,7 @@ def test_a_child_that_dies_fails_the_worker_and_every_job_is_answered() -> None:
         answers = Answers(guard_s=GUARD_S)
         worker.submit(job(np.zeros(1600, np.int16), kind="final"), answers)
         worker.submit(job(np.zeros(1600, np.int16), session="t", kind="final"), answers)
-        time.sleep(0.5)  # the first is being decoded in the child
+        eventually_sync(lambda: worker.stats().busy, what="the first job decoding in the child")
         os.kill(remote.pid, signal.SIGKILL)
         results = answers.wait(2)
         assert results[0].failure is DecodeFailure.DECODE_FAILED  # the decode it was in
@@ -239,7 +235,7 @@ def test_stopping_a_worker_closes_its_child_cleanly() -> None:
 def test_a_stalled_child_is_killed_by_the_watchdog() -> None:
     failures: list[str] = []
     worker = ModelWorker(
-        lambda: ProcessRecognizer(partial(_load_slow_fake, 120.0)),
+        lambda: ProcessRecognizer(partial(load_slow_fake, 120.0)),
         options=WorkerOptions(decode_timeout_s=0.5, max_restarts=0),
         on_failure=failures.append,
     )
@@ -281,7 +277,7 @@ def _pid(worker: ModelWorker) -> int:
 def test_the_child_leaves_ctrl_c_and_sigterm_to_the_server() -> None:
     """A terminal's Ctrl-C (and systemd's stop) signals the whole process group: the
     child must go on decoding what the shutting-down server still owes its sessions."""
-    remote = ProcessRecognizer(partial(_load_slow_fake, 1.0))
+    remote = ProcessRecognizer(partial(load_slow_fake, 1.0))
     try:
         assert remote.pid is not None
         decoding = threading.Thread(target=lambda: results.append(remote.decode(pcm)))
@@ -314,14 +310,13 @@ def test_a_child_that_dies_while_idle_is_started_again() -> None:
 
 
 def test_the_final_a_child_died_on_is_decoded_again_and_queued_jobs_wait() -> None:
-    worker, failures = _restarting_worker(partial(_load_slow_fake, 1.0))
+    worker, failures = _restarting_worker(partial(load_slow_fake, 1.0))
     try:
         answers = Answers(guard_s=GUARD_S)
         worker.submit(job(np.zeros(1600, np.int16), session="a", kind="final"), answers)
         worker.submit(job(np.zeros(3200, np.int16), session="b", kind="final"), answers)
         worker.submit(job(np.zeros(4800, np.int16), session="c"), answers)  # a partial
-        time.sleep(0.4)  # a's final is being decoded
-        assert worker.stats().busy
+        eventually_sync(lambda: worker.stats().busy, what="a's final decoding")
         os.kill(_pid(worker), signal.SIGKILL)
         results = answers.wait(3)
         assert [(r.job.session_id, r.transcript.text) for r in results] == [
@@ -396,14 +391,6 @@ def test_a_restart_that_hangs_fails_the_worker(tmp_path: Path, monkeypatch) -> N
         worker.stop()
 
 
-def _get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s(10)) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 @contextlib.asynccontextmanager
 async def _serving(load) -> AsyncIterator[tuple[StreamingServer, WorkerPool]]:
     """A ready loopback server whose one worker's recognizer ``load`` builds."""
@@ -427,8 +414,9 @@ async def test_a_server_is_unready_while_its_model_process_starts_again() -> Non
         deadline = time.monotonic() + timeout_s(GUARD_S)
         while time.monotonic() < deadline and (not seen or seen[-1][0] != 200):
             await asyncio.sleep(0.1)
-            status, body = await asyncio.to_thread(_get, f"{base}/readyz")
-            seen.append((status, body["status"]))
+            reply = await asyncio.to_thread(http_get, f"{base}/readyz")
+            body = reply.json()
+            seen.append((reply.status, body["status"]))
         # unready from the first look after the kill until the new process is up
         assert seen[0] == (503, "restarting") and seen[-1] == (200, "ready"), seen
         assert {answer for answer in seen[:-1]} == {(503, "restarting")}, seen
@@ -528,11 +516,11 @@ PARENT = """
 import sys, time, numpy as np
 from functools import partial
 from streamer.model.process import ProcessRecognizer
-from tests.test_model_process import _load_slow_fake
+from tests.fakes import load_slow_fake
 import threading
 
 if __name__ == "__main__":
-    remote = ProcessRecognizer(partial(_load_slow_fake, 120.0))
+    remote = ProcessRecognizer(partial(load_slow_fake, 120.0))
     print(remote.pid, flush=True)
     # a decode that will not end: the child is inside it, not reading its pipe
     threading.Thread(target=remote.decode, args=(np.zeros(1600, np.int16),), daemon=True).start()

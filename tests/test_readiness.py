@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -29,30 +28,15 @@ from streamer.errors import ConfigError
 from streamer.server.server import ServerOptions
 from tests.fakes import FakeRecognizer, silence, tone
 from tests.server_fixtures import messages_until_close
+from tests.support import free_port, http_get, on_loop, readyz_status
 from tests.timing import eventually, timeout_s
 
 HANG_GUARD_S = 60  # unscaled: pass it through timeout_s() or eventually()
 
 
-def http_get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
-            return response.status, orjson.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, orjson.loads(error.read())
-
-
 async def get(url: str) -> tuple[int, dict]:
-    return await asyncio.to_thread(http_get, url)
-
-
-def on_loop(thread, function) -> None:
-    """Call a server method on the server's own loop, as a signal handler would."""
-
-    async def call() -> None:
-        function()
-
-    thread.call(call())
+    reply = await asyncio.to_thread(http_get, url)
+    return reply.status, reply.json()
 
 
 def test_negative_drain_is_a_config_error() -> None:
@@ -143,23 +127,10 @@ async def test_stop_draining_admits_again(make_fake_server):
 # -- the signals of `streamer serve` ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _readyz(port: int) -> str | None:
-    try:
-        return http_get(f"http://127.0.0.1:{port}/readyz")[1]["status"]
-    except (urllib.error.URLError, ConnectionError):
-        return None  # not bound yet, or no longer
-
-
 async def test_sigusr1_drains_sigusr2_admits_sigterm_drains_then_exits(cache_dir: Path):
     """The CLI's signals: USR1/USR2 toggle draining; TERM drains (an open session goes on
     and ends normally), then the process exits 0 as soon as no session is left."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "STREAMER_CACHE_DIR": str(cache_dir)}
     argv = [sys.executable, "-m", "streamer", "serve", "--model", "random:tiny", "--port",
             str(port), "--no-warmup", "--drain-s", "120"]  # fmt: skip
@@ -169,15 +140,15 @@ async def test_sigusr1_drains_sigusr2_admits_sigterm_drains_then_exits(cache_dir
     )  # fmt: skip
     url = f"ws://127.0.0.1:{port}/v1/asr"
     try:
-        await eventually(lambda: _readyz(port) == "ready", HANG_GUARD_S)
+        await eventually(lambda: readyz_status(port) == "ready", HANG_GUARD_S)
         process.send_signal(signal.SIGUSR1)
-        await eventually(lambda: _readyz(port) == "draining")
+        await eventually(lambda: readyz_status(port) == "draining")
         process.send_signal(signal.SIGUSR2)
-        await eventually(lambda: _readyz(port) == "ready")
+        await eventually(lambda: readyz_status(port) == "ready")
         options = ClientOptions(url=url, stream=StreamOptions(partials=False))
         async with await StreamingClient.connect(options) as client:
             process.send_signal(signal.SIGTERM)
-            await eventually(lambda: _readyz(port) == "draining")
+            await eventually(lambda: readyz_status(port) == "draining")
             assert (await get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
             with pytest.raises(InvalidStatus) as refused:
                 await connect(url)

@@ -34,7 +34,7 @@ from tests.server_fixtures import (
     make_server,  # noqa: F401  (fixture)
     messages_until_close,
 )
-from tests.test_server import http_get, recv_json, speech
+from tests.support import http_get, recv_json, speech
 from tests.timing import eventually, timeout_s
 
 BOUND_S = 20  # every wait below gives up after this, scaled (a failure, never a pass)
@@ -240,7 +240,7 @@ async def test_cutting_the_grace_short_aborts_what_shutdown_still_waits_for(fake
     await asyncio.wait_for(make_server_write(ws, server=server), timeout_s(BOUND_S))
     started = time.monotonic()
     server.loop.call_soon_threadsafe(server._stop.set)  # the graceful shutdown begins
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # time for the shutdown to end, were it not waiting (an absence)
     assert server._thread.is_alive()  # waiting on the blocked client
     server.loop.call_soon_threadsafe(server.server.cut_grace_short)
     await asyncio.to_thread(server._thread.join, timeout_s(BOUND_S))
@@ -278,7 +278,7 @@ async def test_a_stalled_model_tells_every_session_and_turns_unready(fake, recog
             told = {(m["code"], m["fatal"]) for m in messages if m["type"] == "error"}
             assert told in ({("model_stalled", True)}, {("model_stalled", False)}), told
             assert messages[-1]["type"] == "end"
-        status, body = await asyncio.to_thread(http_get, server.http_url + "/readyz")
+        status, body, _ = await asyncio.to_thread(http_get, server.http_url + "/readyz")
         assert status == 503 and orjson.loads(body)["status"] == "model_stalled"
         assert orjson.loads(body)["reason"]
         with pytest.raises(InvalidStatus) as refused:
@@ -455,12 +455,12 @@ async def test_only_get_and_head_are_served(fake):
 
 async def test_metrics_need_the_token_unless_public(fake):
     server = fake(token="s3cret")
-    status, _ = await asyncio.to_thread(http_get, server.http_url + "/metrics")
+    status, *_ = await asyncio.to_thread(http_get, server.http_url + "/metrics")
     assert status == 401
-    status, body = await asyncio.to_thread(http_get, server.http_url + "/metrics?token=s3cret")
+    status, body, _ = await asyncio.to_thread(http_get, server.http_url + "/metrics?token=s3cret")
     assert status == 200 and b"streamer_sessions_active" in body
     public = fake(token="s3cret", public_metrics=True)
-    status, _ = await asyncio.to_thread(http_get, public.http_url + "/metrics")
+    status, *_ = await asyncio.to_thread(http_get, public.http_url + "/metrics")
     assert status == 200
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -24,15 +23,10 @@ from streamer.client.connection import ClientOptions, Received
 from streamer.client.streaming import stream_file, transcribe
 from streamer.core.protocol import Final, StreamOptions
 from streamer.testkit import speech as synth
+from tests.support import free_port
 from tests.timing import timeout_s
 
 START_TIMEOUT_S = 180  # importing torch and loading the model on a loaded 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(port: int, cache_dir: Path, log: Path) -> subprocess.Popen:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import orjson
@@ -25,26 +23,8 @@ from streamer.core.protocol import End, Final, StreamOptions
 from streamer.errors import ConnectionRefusedByServer
 from tests.fakes import FakeRecognizer, silence, tone
 from tests.server_fixtures import messages_until_close
+from tests.support import http_get, recv_json, self_signed_cert, speech
 from tests.timing import eventually, timeout_s
-
-
-def speech(n_segments: int = 3) -> np.ndarray:
-    parts = [silence(400)]
-    for i in range(n_segments):
-        parts += [tone(600 + 200 * i), silence(900)]
-    return np.concatenate(parts)
-
-
-def http_get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s(5)) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
-async def recv_json(ws, timeout=10):
-    return orjson.loads(await asyncio.wait_for(ws.recv(), timeout_s(timeout)))
 
 
 @pytest.fixture
@@ -85,7 +65,7 @@ async def test_many_unpaced_clients_each_get_every_final_and_health_answers(make
     async def poll_health():
         for _ in range(10):
             started = time.perf_counter()
-            status, _ = await asyncio.to_thread(http_get, server.http_url + "/healthz")
+            status, *_ = await asyncio.to_thread(http_get, server.http_url + "/healthz")
             assert status == 200
             health_times.append(time.perf_counter() - started)
             await asyncio.sleep(0.05)
@@ -262,12 +242,12 @@ async def test_origin_allow_list(make_fake_server):
 
 async def test_http_routes(fake_server):
     base = fake_server.http_url
-    status, body = await asyncio.to_thread(http_get, base + "/healthz")
+    status, body, _ = await asyncio.to_thread(http_get, base + "/healthz")
     assert status == 200 and orjson.loads(body)["status"] == "ok"
-    status, body = await asyncio.to_thread(http_get, base + "/readyz")
+    status, body, _ = await asyncio.to_thread(http_get, base + "/readyz")
     assert status == 200
     await transcribe(ClientOptions(url=fake_server.url), speech(1), 16000)
-    status, body = await asyncio.to_thread(http_get, base + "/metrics")
+    status, body, _ = await asyncio.to_thread(http_get, base + "/metrics")
     text = body.decode()
     assert status == 200
     for name in (
@@ -280,11 +260,11 @@ async def test_http_routes(fake_server):
         'streamer_segments_total{reason="silence"}',
     ):
         assert name in text, name
-    status, body = await asyncio.to_thread(http_get, base + "/")
+    status, body, _ = await asyncio.to_thread(http_get, base + "/")
     assert status == 200 and b"<html" in body.lower()
-    status, _ = await asyncio.to_thread(http_get, base + "/../pyproject.toml")
+    status, *_ = await asyncio.to_thread(http_get, base + "/../pyproject.toml")
     assert status == 404
-    status, _ = await asyncio.to_thread(http_get, base + "/__init__.py")
+    status, *_ = await asyncio.to_thread(http_get, base + "/__init__.py")
     assert status == 404
 
 
@@ -298,7 +278,7 @@ async def test_readyz_503_while_loading(make_fake_server):
         return FakeRecognizer()
 
     server = make_fake_server(slow_load, wait_ready=False)
-    status, _ = await asyncio.to_thread(http_get, server.http_url + "/readyz")
+    status, *_ = await asyncio.to_thread(http_get, server.http_url + "/readyz")
     assert status == 503
     with pytest.raises(InvalidStatus) as refused:
         await connect(server.url)
@@ -307,7 +287,7 @@ async def test_readyz_503_while_loading(make_fake_server):
     await asyncio.wrap_future(
         asyncio.run_coroutine_threadsafe(server.server.wait_ready(), server.loop)
     )
-    status, _ = await asyncio.to_thread(http_get, server.http_url + "/readyz")
+    status, *_ = await asyncio.to_thread(http_get, server.http_url + "/readyz")
     assert status == 200
 
 
@@ -316,12 +296,11 @@ async def test_graceful_shutdown_delivers_open_segments(make_fake_server):
     async with connect(server.url + "?partials=false") as ws:
         await recv_json(ws)
         await ws.send(np.concatenate([silence(300), tone(1500)]).tobytes())
-        await asyncio.sleep(0.3)
+        assert (await recv_json(ws))["type"] == "speech_start"  # the segment is open
         await asyncio.to_thread(server.shutdown)
         messages, code = await messages_until_close(ws)
     assert code == 1001
-    kinds = [m["type"] for m in messages]
-    assert kinds[-2:] == ["final", "end"] and "speech_start" in kinds
+    assert [m["type"] for m in messages][-2:] == ["final", "end"]
     final = next(m for m in messages if m["type"] == "final")
     assert final["reason"] == "stop" and final["end_ms"] == pytest.approx(1800, abs=1)
 
@@ -364,40 +343,6 @@ async def test_stream_options_travel_as_query(fake_server):
         assert client.ready.sample_rate == 8000
 
 
-def self_signed_cert(folder):
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    certfile, keyfile = folder / "cert.pem", folder / "key.pem"
-    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyfile.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return certfile, keyfile
-
-
 async def test_tls_serves_wss(make_fake_server, tmp_path):
     certfile, keyfile = self_signed_cert(tmp_path)
     server = make_fake_server(certfile=certfile, keyfile=keyfile)
@@ -415,7 +360,7 @@ async def test_client_dropping_while_reading_is_paused_is_cleaned_up_at_once(mak
     ws = await connect(server.url + "?partials=false")
     await recv_json(ws)
     await ws.send(speech(4).tobytes())
-    await asyncio.sleep(0.5)
+    await eventually(lambda: server.worker.stats().busy, what="the first final decoding")
     assert server.server.session_count == 1
     ws.transport.abort()
     await eventually(lambda: server.server.session_count == 0, 1.5)

@@ -14,33 +14,7 @@ from streamer.client.streaming import transcribe
 from streamer.core.protocol import Final, Partial, StreamOptions
 from streamer.core.transcript import parse_tags
 from streamer.testkit import speech as synth
-
-ONSET_TOLERANCE_MS = 60  # webrtcvad finds starts within about 50 ms
-PRE_ROLL_MS = 300
-END_SLACK_MS = 700  # end pad + VAD hangover
-
-
-def five_languages(speech_cache: Path, gap_ms: int = 1200):
-    clips = [
-        ("en", synth.SENTENCES["en"][0]),
-        ("zh", synth.SENTENCES["zh"][0]),
-        ("yue", synth.SENTENCES["yue"][0]),
-        ("ja", synth.SENTENCES["ja"][0]),
-        ("ko", synth.SENTENCES["ko"][0]),
-    ]
-    spoken = [(lang, text, synth.speak(text, lang, cache_dir=speech_cache)) for lang, text in clips]
-    return synth.join_with_silence(spoken, gap_ms)
-
-
-def assert_boundaries(finals, truth):
-    """One final per utterance, starting just before it and ending just after it."""
-    assert len(finals) == len(truth), [(f.start_ms, f.end_ms) for f in finals]
-    for final, utterance in zip(finals, truth, strict=True):
-        start_ms, end_ms = utterance.start_sample / 16, utterance.end_sample / 16
-        assert start_ms - PRE_ROLL_MS - ONSET_TOLERANCE_MS <= final.start_ms
-        assert final.start_ms <= start_ms  # the first syllable is never clipped
-        assert end_ms - 60 <= final.end_ms <= end_ms + END_SLACK_MS
-        assert final.reason == "silence"
+from tests.support import ONSET_TOLERANCE_MS, assert_boundaries, five_languages
 
 
 async def test_five_languages_segment_at_known_silences(server_url, speech_cache):

@@ -34,7 +34,7 @@ from streamer.server.server import ServerOptions
 from streamer.testkit import speech as synth
 from tests.clips import LIBRIVOX, load_wav
 from tests.server_fixtures import ServerThread, recognizer_loader
-from tests.test_server_model import assert_boundaries, five_languages
+from tests.support import assert_boundaries, five_languages
 from tests.timing import timeout_s
 
 FRAME = 320  # the server's 20 ms frames

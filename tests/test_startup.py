@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support import free_port
 from tests.timing import timeout_s
 
 HANG_GUARD_S = 60
@@ -44,12 +45,6 @@ def _one_error_line(stderr: str) -> str:
     assert len(errors) == 1, stderr
     assert not any("listening on" in line for line in lines), stderr
     return errors[0]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_port_in_use_is_one_clear_line(cache_dir: Path) -> None:
@@ -98,7 +93,7 @@ def test_bad_certificate_path_is_one_clear_line(cache_dir: Path, tmp_path: Path)
         "--model",
         "random:tiny",
         "--port",
-        str(_free_port()),
+        str(free_port()),
         "--certfile",
         str(tmp_path / "missing.pem"),
         "--keyfile",
@@ -118,7 +113,7 @@ def test_readyz_reports_the_loading_stage_then_ready_and_sigint_exits(
 ) -> None:
     """Bound first, /readyz says which stage is loading, every stage is logged with its
     duration, and SIGINT with no session open ends the process at once."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "STREAMER_CACHE_DIR": str(cache_dir)}
     command = [sys.executable, "-m", "streamer", "serve", "--model", "random:tiny"]
     process = subprocess.Popen(

@@ -16,7 +16,7 @@ import soundfile
 from streamer.core.protocol import Final, Partial
 from streamer.errors import ConfigError
 from streamer.model.options import RecognizerOptions
-from tests.test_compat_clients import v1_finals
+from tests.support import v1_texts
 from tests.timing import timeout_s
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def transcriber(tagged_model_dir: Path, cache_dir: Path):
 
 
 def test_the_same_cuts_and_text_as_the_server(transcriber, tagged_server, speech16) -> None:
-    expected = asyncio.run(v1_finals(tagged_server.url, speech16, 16000, partials=False))
+    expected = asyncio.run(v1_texts(tagged_server.url, speech16, 16000, partials=False))
     assert len(expected) == 2 and expected[1].lower().startswith("hello")
     finals = transcriber.transcribe(speech16)
     assert [f.text for f in finals] == expected

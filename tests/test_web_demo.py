@@ -19,37 +19,19 @@ import pytest
 import soundfile as sf
 
 from streamer.testkit import speech as synth
+from tests.support import BROWSER_FLAGS, CHROMIUM, FOX, HELLO, REPO, TTS_CACHE
 from tests.timing import timeout_s
 
 pytestmark = pytest.mark.browser
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
-CHROMIUM = "/usr/bin/chromium"
-REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
-TTS_CACHE = REPO / ".cache" / "tts"
 
-FOX = "the quick brown fox jumps over the lazy dog"
-HELLO = "hello there"
 # What the tagged tiny model answers for each espeak clip: (emotion, event).
 TAGS = {FOX: ("NEUTRAL", "Speech"), HELLO: ("HAPPY", "Laughter")}
 EMOJI = {"HAPPY": "😊", "NEUTRAL": "😐", "SAD": "😢", "ANGRY": "😠"}
 EVENT_ICON = {"Laughter": "😀"}
-
-# Flags that work as root without network (see shared/browser-testing.md).
-BROWSER_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-]
 
 # Records, in the page, every text the open segment's partial shows and how many partial
 # elements exist at once (a partial must be replaced, never appended).

@@ -18,7 +18,7 @@ from websockets.uri import parse_uri
 
 from streamer.server.websocket import READ_SLICE_BYTES, WebSocket
 from tests.fakes import FakeTransport
-from tests.timing import timeout_s
+from tests.timing import eventually, timeout_s
 
 
 class Peer:
@@ -239,8 +239,7 @@ async def test_text_that_is_not_utf8_closes_with_1007() -> None:
 async def test_a_handshake_that_never_comes_is_dropped() -> None:
     ws, transport, peer, _ = open_connection(open_timeout_s=0.1)
     ws.data_received(b"GET / HTTP/1.1\r\n")
-    await asyncio.sleep(0.3)
-    assert transport.aborted
+    await eventually(lambda: transport.aborted, what="the connection dropped")
 
 
 async def test_a_lost_connection_ends_recv_and_the_handler() -> None:

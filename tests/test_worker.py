@@ -458,7 +458,7 @@ def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
     assert worker.stats().oldest_final_age_ms == 0.0  # a partial waits for nobody
     speculative = dataclasses.replace(job("a", "partial", 2), speculative=True)
     worker.submit(speculative, collect)
-    time.sleep(0.2)
+    time.sleep(0.2)  # the age under test: the speculative job waits this long
     worker.submit(job("b", "final", 3), collect)
     stats = worker.stats()
     assert stats.oldest_final_age_ms >= 200  # the speculative one, which came first

@@ -200,14 +200,21 @@ _SIMPLE_CLIENT_MESSAGES: dict[str, ClientMessage] = {
 }
 
 
-def parse_client_message(data: str | bytes) -> ClientMessage:
-    """Parse one client text frame; raises :class:`MalformedMessage` on anything else."""
+def json_object(data: str | bytes, carrying: str = "") -> dict[str, Any]:
+    """One client text frame's JSON object; :class:`MalformedMessage` on anything else
+    (``carrying``: what the object must hold, said when the frame is not an object)."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise MalformedMessage(f"text frames must be JSON objects: {exc}") from None
     if not isinstance(obj, dict):
-        raise MalformedMessage("text frames must be JSON objects with a 'type'")
+        raise MalformedMessage("text frames must be JSON objects" + carrying)
+    return obj
+
+
+def parse_client_message(data: str | bytes) -> ClientMessage:
+    """Parse one client text frame; raises :class:`MalformedMessage` on anything else."""
+    obj = json_object(data, carrying=" with a 'type'")
     kind = obj.get("type")
     if kind == "config":
         return ConfigMessage(params={k: v for k, v in obj.items() if k != "type"})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import http
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from urllib.parse import parse_qsl, urlsplit
 
@@ -33,15 +33,22 @@ def now_iso() -> str:
     return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _key_in(
+    presented_key: Callable[[str | None, Sequence[str]], str | None],
+) -> Callable[[Request, Mapping[str, str]], str | None]:
+    """An endpoint's ``presented_token``: where both protocols put the key, the
+    ``Authorization`` header or (a browser's) offered subprotocols, read by the protocol's
+    ``presented_key``."""
+
+    def presented_token(request: Request, query: Mapping[str, str]) -> str | None:
+        return presented_key(request.headers.get("Authorization"), offered_subprotocols(request))
+
+    return presented_token
+
+
 # -- Deepgram ---------------------------------------------------------------------------
 
 _DEEPGRAM_CODES = {"unauthorized": "INVALID_AUTH"}
-
-
-def _deepgram_key(request: Request, query: Mapping[str, str]) -> str | None:
-    return deepgram.presented_key(
-        request.headers.get("Authorization"), offered_subprotocols(request)
-    )
 
 
 def _deepgram_negotiate(
@@ -81,7 +88,7 @@ def _deepgram_refusal(status: http.HTTPStatus, code: str, message: str) -> Respo
 
 DEEPGRAM_ENDPOINT = Endpoint(
     name="deepgram",
-    presented_token=_deepgram_key,
+    presented_token=_key_in(deepgram.presented_key),
     auth_hint="a valid key is required (Authorization: Token KEY)",
     make_adapter=_deepgram_default_adapter,
     negotiate=_deepgram_negotiate,
@@ -93,12 +100,6 @@ DEEPGRAM_ENDPOINT = Endpoint(
 # -- OpenAI Realtime --------------------------------------------------------------------
 
 _OPENAI_CODES = {"unauthorized": "invalid_api_key"}
-
-
-def _openai_key(request: Request, query: Mapping[str, str]) -> str | None:
-    return openai_realtime.presented_key(
-        request.headers.get("Authorization"), offered_subprotocols(request)
-    )
 
 
 def _openai_negotiate(
@@ -128,7 +129,7 @@ def _openai_refusal(status: http.HTTPStatus, code: str, message: str) -> Respons
 
 OPENAI_ENDPOINT = Endpoint(
     name="openai",
-    presented_token=_openai_key,
+    presented_token=_key_in(openai_realtime.presented_key),
     auth_hint="a valid key is required (Authorization: Bearer KEY)",
     make_adapter=_openai_default_adapter,
     negotiate=_openai_negotiate,

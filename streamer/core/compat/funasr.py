@@ -357,12 +357,7 @@ class FunAsrAdapter(WireAdapter):
                     f"a text frame of {len(text)} bytes exceeds "
                     f"{self.session.options.max_text_message_bytes}"
                 )
-            try:
-                obj = orjson.loads(text)
-            except orjson.JSONDecodeError as exc:
-                raise MalformedMessage(f"text frames must be JSON objects: {exc}") from None
-            if not isinstance(obj, dict):
-                raise MalformedMessage("text frames must be JSON objects")
+            obj = protocol.json_object(text)
             if self.config is None:
                 self._wav_name = wav_name_of(obj)  # echoed in an error about the frame too
                 self._configure(parse_config(obj))
