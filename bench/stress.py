@@ -771,7 +771,7 @@ def serve_injected() -> int:
     calls: every backend decodes through ``CtcRecognizer.decode_jobs`` (the torch
     backend and ONNX Runtime alike; patching one backend's class missed the other)."""
     from streamer import cli
-    from streamer.model.decoding import CtcRecognizer
+    from streamer.model.decode.decoding import CtcRecognizer
 
     hang_after = int(os.environ[HANG_ENV])
     real = CtcRecognizer.decode_jobs

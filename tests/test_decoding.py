@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from streamer.errors import ModelError
-from streamer.model.decoding import (
+from streamer.model.decode.decoding import (
     PieceTableTokenizer,
     SentencePieceTokenizer,
     greedy_ctc,
@@ -17,7 +17,7 @@ from streamer.model.decoding import (
     read_tokens_txt,
     write_tokens_txt,
 )
-from streamer.model.frontend import Frontend, lfr, read_am_mvn
+from streamer.model.decode.frontend import Frontend, lfr, read_am_mvn
 from streamer.model.sensevoice import FRONTEND_CONF, KNOWN_SPECIAL_IDS, rich_text
 from streamer.testkit.speech import SAMPLE_RATE, speak
 from tests.clips import load_wav
@@ -26,7 +26,7 @@ FRONT_CENTER = Path("/usr/share/sounds/alsa/Front_Center.wav")
 
 
 def _funasr():
-    from streamer.model.funasr_quiet import import_funasr
+    from streamer.model.backends.funasr_quiet import import_funasr
 
     return import_funasr()
 

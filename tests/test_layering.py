@@ -206,7 +206,7 @@ def test_the_table_is_read_from_the_doc() -> None:
     assert core.internal == {"streamer.core", "streamer.errors"}
     assert {"numpy", "soxr", "webrtcvad", "orjson"} == core.third_party
     assert "torch" not in core.third_party  # named after the ';', as a ban
-    assert {"streamer.model.worker", "streamer.media"} <= server.internal
+    assert {"streamer.model.serving.worker", "streamer.media"} <= server.internal
     assert {"websockets", "h11", "multipart"} <= server.third_party
     assert table["testkit/"].anything and table["cli/"].anything
     assert server.version and not core.version

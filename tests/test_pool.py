@@ -22,9 +22,9 @@ from streamer.client.streaming import transcribe
 from streamer.core.jobs import DecodeFailure, DecodeJob
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
-from streamer.model import loading
+from streamer.model.backends import loading
 from streamer.model.interface import RecognizerBase
-from streamer.model.pool import (
+from streamer.model.serving.pool import (
     FILE_WORKER_NICE,
     WorkerHooks,
     WorkerPool,
@@ -32,7 +32,7 @@ from streamer.model.pool import (
     parse_devices,
     plan_slots,
 )
-from streamer.model.worker import ModelWorker, WorkerOptions
+from streamer.model.serving.worker import ModelWorker, WorkerOptions
 from streamer.server.metrics import Metrics
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth

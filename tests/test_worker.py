@@ -11,7 +11,7 @@ import pytest
 from streamer.core.capacity import WAIT_BINS_MS
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.errors import DecodeInterrupted
-from streamer.model.worker import ModelWorker
+from streamer.model.serving.worker import ModelWorker
 from tests.fakes import Answers, DyingRecognizer, FakeRecognizer, HangingRecognizer
 from tests.timing import timeout_s
 
@@ -108,7 +108,7 @@ def test_a_speculative_decode_goes_after_first_partials_until_it_is_late(gated, 
     sixteen clients behind finals and speculative decodes)."""
     import dataclasses
 
-    from streamer.model import job_queue
+    from streamer.model.serving import job_queue
 
     monkeypatch.setattr(job_queue, "SPECULATIVE_SLACK_MS", 60_000.0)  # none is late
     worker, recognizer, results, collect = gated
@@ -126,7 +126,7 @@ def test_a_speculative_decode_goes_after_first_partials_until_it_is_late(gated, 
 def test_late_speculative_decodes_go_with_the_finals_ahead_of_first_partials():
     import dataclasses
 
-    from streamer.model.job_queue import SPECULATIVE_SLACK_MS, JobQueue, Queued
+    from streamer.model.serving.job_queue import SPECULATIVE_SLACK_MS, JobQueue, Queued
 
     queue = JobQueue()
     slack_s = SPECULATIVE_SLACK_MS / 1000
@@ -304,7 +304,7 @@ def test_worker_thread_dying_of_a_base_exception_fails_loudly():
 def test_the_job_queue_keeps_its_discipline_without_a_thread():
     """The queue alone: finals, then first partials, then refreshes; one partial per
     session; a final drops its session's partial; a retried final goes alone, first."""
-    from streamer.model.job_queue import JobQueue, Queued
+    from streamer.model.serving.job_queue import JobQueue, Queued
 
     queue, answered = JobQueue(), []
 
@@ -340,7 +340,7 @@ def test_the_job_queue_keeps_its_discipline_without_a_thread():
 
 
 def _queue_and_take():
-    from streamer.model.job_queue import JobQueue, Queued
+    from streamer.model.serving.job_queue import JobQueue, Queued
 
     queue, answered = JobQueue(), []
 
@@ -416,7 +416,7 @@ def test_background_jobs_do_not_count_as_waiting_finals_and_are_dropped_and_clea
 
 
 def test_a_retried_background_final_goes_alone_first_among_background_after_live_work():
-    from streamer.model.job_queue import Queued
+    from streamer.model.serving.job_queue import Queued
 
     queue, push, take, answered = _queue_and_take()
     push(job("a", "final", 10, background=True))

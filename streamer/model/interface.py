@@ -4,8 +4,8 @@
 nothing); :class:`RecognizerBase` gives the defaults of a recognizer that runs in this
 process, decodes one utterance per call and keeps nothing per session, so a backend
 (``torch_backend.py``, ``onnx_backend.py``, both through
-:class:`~streamer.model.decoding.CtcRecognizer`), the model process
-(:class:`~streamer.model.process.ProcessRecognizer`) and a test double each say only
+:class:`~streamer.model.decode.decoding.CtcRecognizer`), the model process
+(:class:`~streamer.model.serving.process.ProcessRecognizer`) and a test double each say only
 what differs.
 """
 

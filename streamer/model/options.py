@@ -1,9 +1,9 @@
 """How to load the model: :class:`RecognizerOptions`, shared by every backend.
 
-:func:`streamer.model.loading.load_recognizer` reads them and builds the backend they name:
-the torch one (:mod:`streamer.model.torch_backend`) or ONNX Runtime
-(:mod:`streamer.model.onnx_backend`). They are frozen and picklable: a model process
-(:mod:`streamer.model.process`) gets them as they are.
+:func:`streamer.model.backends.loading.load_recognizer` reads them and builds the backend they name:
+the torch one (:mod:`streamer.model.backends.torch_backend`) or ONNX Runtime
+(:mod:`streamer.model.backends.onnx_backend`). They are frozen and picklable: a model process
+(:mod:`streamer.model.serving.process`) gets them as they are.
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ from pathlib import Path
 
 from streamer.core.hotwords import MAX_PHRASE_TOKENS
 from streamer.errors import ConfigError
-from streamer.model.ctc_beam import DEFAULT_BEAM, DEFAULT_PARTIAL_BEAM, MAX_BEAM
-from streamer.model.files import RANDOM_PREFIX, RandomModels, default_cache_dir, random_model
+from streamer.model.artifacts.files import (
+    RANDOM_PREFIX,
+    RandomModels,
+    default_cache_dir,
+    random_model,
+)
+from streamer.model.decode.ctc_beam import DEFAULT_BEAM, DEFAULT_PARTIAL_BEAM, MAX_BEAM
 
 __all__ = ["BACKENDS", "MAX_DEFAULT_THREADS", "RecognizerOptions", "default_threads"]
 

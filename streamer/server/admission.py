@@ -25,8 +25,8 @@ from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session
 from streamer.core.vad import FrameClassifier
 from streamer.errors import CLOSE_INTERNAL_ERROR, ProtocolError
-from streamer.model.pool import WorkerPool
-from streamer.model.worker import WorkerStats
+from streamer.model.serving.pool import WorkerPool
+from streamer.model.serving.worker import WorkerStats
 from streamer.server.http import Endpoint, single_header, token_matches
 from streamer.server.metrics import Metrics
 from streamer.server.options import ServerOptions

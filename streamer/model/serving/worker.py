@@ -18,12 +18,12 @@ measured no better (bench/RESULTS.md, "Dynamic batching").
 
 The queue discipline (live finals first, a segment's first partial before refreshes, one
 pending partial per session, then file uploads' background finals round robin among
-their sessions) and the batch selection are :mod:`streamer.model.job_queue`.
+their sessions) and the batch selection are :mod:`streamer.model.serving.job_queue`.
 
 A batch that raises is decoded again job by job, so only the job that fails gets an error.
 
 Watchdog: a decode (one batch) that runs longer than ``decode_timeout_s``, a worker thread
-that dies for any reason, or a model process (:mod:`streamer.model.process`) that dies,
+that dies for any reason, or a model process (:mod:`streamer.model.serving.process`) that dies,
 makes the worker *failed* for good (:attr:`ModelWorker.failure`
 says why): every job waiting or running is answered with ``DecodeFailure.MODEL_STALLED``,
 later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
@@ -53,9 +53,9 @@ from dataclasses import dataclass
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.errors import ConfigError, DecodeInterrupted, ModelError
-from streamer.model.decoding import PartialFailures, decode_job, decode_jobs, interrupted
+from streamer.model.decode.decoding import PartialFailures, decode_job, decode_jobs, interrupted
 from streamer.model.interface import SpeechRecognizer
-from streamer.model.job_queue import (
+from streamer.model.serving.job_queue import (
     JobQueue,
     Queued,
     ResultCallback,
@@ -64,7 +64,7 @@ from streamer.model.job_queue import (
     is_refresh,
     select_batch,
 )
-from streamer.model.live_load import LiveLoad
+from streamer.model.serving.live_load import LiveLoad
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ DEFAULT_MAX_PADDING_RATIO = 1.25
 # waits for all of it: bound a batch to one longest segment's audio (7 s)
 CPU_MAX_BATCH_AUDIO_S = 7.0
 # the recognizer in the worker's own thread; True: in a child process
-# (streamer.model.process, serve --model-process)
+# (streamer.model.serving.process, serve --model-process)
 DEFAULT_MODEL_PROCESS = False
 IDLE_CHECK_S = 1.0  # an idle worker looks this often whether its model process has died
 # a model process that dies or stalls is started again at most this often in
@@ -648,7 +648,7 @@ def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> i
 
 
 def _process_gone(recognizer: SpeechRecognizer | None) -> str | None:
-    """Why a model process (:class:`~streamer.model.process.ProcessRecognizer`) is gone;
+    """Why a model process (:class:`~streamer.model.serving.process.ProcessRecognizer`) is gone;
     None while it runs, and for a recognizer in this process."""
     failure = recognizer.failure if recognizer is not None else None
     return None if failure is None else str(failure)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.capacity import WAIT_BINS_MS
 from streamer.core.jobs import DecodeResult
-from streamer.model.job_queue import is_live_final, is_refresh
+from streamer.model.serving.job_queue import is_live_final, is_refresh
 
 
 @dataclass

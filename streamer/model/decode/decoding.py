@@ -1,10 +1,11 @@
 """What every backend shares: audio in, CTC logits from the backend, a transcript out.
 
-A backend (:mod:`streamer.model.torch_backend` for torch, :mod:`streamer.model.onnx_backend`
-for ONNX Runtime) only turns a batch of waveforms into CTC logits, one ``(frames, vocab)``
-array per utterance. Everything around that lives here, once: checking the audio and the
-options, greedy CTC decoding (argmax, repeats collapsed, blanks dropped) with each token's
-first encoder frame and posterior, the tokenizer, and the tagged transcript; and
+A backend (:mod:`streamer.model.backends.torch_backend` for torch,
+:mod:`streamer.model.backends.onnx_backend` for ONNX Runtime) only turns a batch of
+waveforms into CTC logits, one ``(frames, vocab)`` array per utterance. Everything around
+that lives here, once: checking the audio and the options, greedy CTC decoding (argmax,
+repeats collapsed, blanks dropped) with each token's first encoder frame and posterior,
+the tokenizer, and the tagged transcript; and
 :func:`decode_job`, the one path from a decode job to its result (the worker thread's and
 offline transcription's).
 
@@ -45,9 +46,9 @@ from streamer.model.sensevoice import (
 )
 
 if TYPE_CHECKING:
-    from streamer.model.features import FeatureCache
-    from streamer.model.frontend import Frontend
-    from streamer.model.hotword_graphs import CompiledHotwords, HotwordGraphs
+    from streamer.model.decode.features import FeatureCache
+    from streamer.model.decode.frontend import Frontend
+    from streamer.model.decode.hotword_graphs import CompiledHotwords, HotwordGraphs
     from streamer.model.interface import SpeechRecognizer
     from streamer.model.options import RecognizerOptions
 
@@ -386,7 +387,7 @@ class CtcRecognizer(RecognizerBase):
     def decode_jobs(self, jobs: Sequence[DecodeJob]) -> list[Transcript]:
         """:meth:`decode_batch` of the jobs' audio, with each segment's features computed
         incrementally: the filterbank of samples an earlier job of the same segment had
-        is reused (:class:`~streamer.model.features.FeatureCache`), bit for bit the same.
+        is reused (:class:`~streamer.model.decode.features.FeatureCache`), bit for bit the same.
         """
         started = time.perf_counter()
         cache = self.feature_cache
@@ -405,7 +406,7 @@ class CtcRecognizer(RecognizerBase):
         """``request`` with the job's phrase set compiled (once per set: cached)."""
         graphs = self._hotword_graphs
         if graphs is None:
-            from streamer.model.hotword_graphs import HotwordGraphs
+            from streamer.model.decode.hotword_graphs import HotwordGraphs
 
             graphs = HotwordGraphs(self.tokenizer, max_tokens=self.options.hotwords_max_tokens)
             self._hotword_graphs = graphs
@@ -417,7 +418,7 @@ class CtcRecognizer(RecognizerBase):
     def feature_cache(self) -> FeatureCache | None:
         """The open segments' features (None where the backend computes its own)."""
         if self._feature_cache is None and self.frontend is not None:
-            from streamer.model.features import FeatureCache
+            from streamer.model.decode.features import FeatureCache
 
             self._feature_cache = FeatureCache(self.frontend)
         return self._feature_cache
@@ -447,7 +448,7 @@ class CtcRecognizer(RecognizerBase):
             if hotwords is None or hotwords.graph is None:
                 tokens = greedy_ctc(logits[index], banned_ids=self.banned_ids)
             else:
-                from streamer.model.ctc_beam import biased_ctc
+                from streamer.model.decode.ctc_beam import biased_ctc
 
                 tokens = biased_ctc(
                     logits[index], hotwords.graph, beam=request.beam, banned_ids=self.banned_ids
@@ -501,7 +502,7 @@ class CtcRecognizer(RecognizerBase):
 def decode_jobs(recognizer: SpeechRecognizer, jobs: Sequence[DecodeJob]) -> list[Transcript]:
     """The transcripts of ``jobs``, in one model call where the recognizer batches.
 
-    A :class:`CtcRecognizer` (or a :class:`~streamer.model.process.ProcessRecognizer`)
+    A :class:`CtcRecognizer` (or a :class:`~streamer.model.serving.process.ProcessRecognizer`)
     gets the jobs themselves (its feature cache knows their segments); other recognizers
     (test doubles) get their audio. Raises what the
     recognizer raises.

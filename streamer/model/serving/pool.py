@@ -1,6 +1,6 @@
 """Several model workers behind the one worker interface: every device of a machine.
 
-A :class:`WorkerPool` owns N :class:`~streamer.model.worker.ModelWorker` objects, each
+A :class:`WorkerPool` owns N :class:`~streamer.model.serving.worker.ModelWorker` objects, each
 with its own thread and its own copy of the model, built by a factory from a
 :class:`WorkerSlot` (which device, how many threads). The server and its connections
 use the pool exactly as they used the one worker (``submit``, ``drop_session``,
@@ -17,7 +17,7 @@ forwards to that worker and unpins the session.
 Readiness and failure: :attr:`WorkerPool.ready` is set once every worker has loaded,
 or as soon as one fails to load (:attr:`WorkerPool.load_error` says which). A worker
 whose model process is being started again (``--model-process``; see
-:class:`~streamer.model.worker.ModelWorker`'s restarts) keeps its sessions, whose jobs
+:class:`~streamer.model.serving.worker.ModelWorker`'s restarts) keeps its sessions, whose jobs
 wait for it, but gets no new ones while another worker can take them;
 :attr:`WorkerPool.restarting` says why while none can. A worker
 that fails for good (its watchdog saw a stalled decode, or its thread died) fails the
@@ -41,8 +41,8 @@ from functools import partial
 
 from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.errors import ConfigError
+from streamer.model.serving.worker import ModelWorker, ResultCallback, WorkerStats
 from streamer.model.speakers.worker import SpeakerWorker
-from streamer.model.worker import ModelWorker, ResultCallback, WorkerStats
 
 logger = logging.getLogger(__name__)
 

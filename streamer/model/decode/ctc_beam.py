@@ -5,12 +5,12 @@ one ending in a blank and the best one ending in its last token, scored by the s
 their frames' log-probabilities (a max over alignments, not a sum: with no bonus the
 best prefix is then exactly the greedy path's, and each token keeps the frames of one
 alignment, so words keep their timings). A prefix's rank adds its context bonus
-(:class:`~streamer.core.context_graph.ContextGraph`): each emitted token that extends a
+(:class:`~streamer.model.decode.context_graph.ContextGraph`): each emitted token that extends a
 phrase earns the phrase's boost, a broken match gives its bonus back, and at the end an
 unfinished match is taken back too.
 
 SenseVoice's first four encoder frames are its query rows (language, emotion, event,
-ITN): they are decoded greedily, exactly as :func:`~streamer.model.decoding.greedy_ctc`
+ITN): they are decoded greedily, exactly as :func:`~streamer.model.decode.decoding.greedy_ctc`
 decodes them, and the search starts after them from that prefix (a token whose run
 crosses into the audio frames is continued, as greedy collapses it).
 
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from streamer.core.context_graph import ROOT, ContextGraph
-from streamer.model.decoding import CtcTokens, greedy_ctc
+from streamer.model.decode.context_graph import ROOT, ContextGraph
+from streamer.model.decode.decoding import CtcTokens, greedy_ctc
 from streamer.model.sensevoice import BLANK_ID, QUERY_FRAMES
 
 _NONE = -math.inf

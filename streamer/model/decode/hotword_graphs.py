@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streamer.core.context_graph import ContextGraph
 from streamer.core.hotwords import MAX_PHRASE_TOKENS, Hotwords, active
 from streamer.errors import ModelError
+from streamer.model.decode.context_graph import ContextGraph
 
 if TYPE_CHECKING:
-    from streamer.model.decoding import Tokenizer
+    from streamer.model.decode.decoding import Tokenizer
 
 logger = logging.getLogger(__name__)
 
