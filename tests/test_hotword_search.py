@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from streamer.model.decode.context_graph import ROOT, ContextGraph
+from streamer.model.decode.ctc import greedy_ctc
 from streamer.model.decode.ctc_beam import biased_ctc, log_probabilities
-from streamer.model.decode.decoding import greedy_ctc
 
 VOCAB = 8  # 0 is the blank
 

@@ -33,14 +33,9 @@ from streamer.core.protocol import StreamOptions
 from streamer.core.session import SessionOptions
 from streamer.model.backends.loading import load_recognizer
 from streamer.model.decode.context_graph import ContextGraph
+from streamer.model.decode.ctc import greedy_ctc
 from streamer.model.decode.ctc_beam import biased_ctc
-from streamer.model.decode.decoding import (
-    Utterance,
-    as_waveform,
-    greedy_ctc,
-    language_row,
-    textnorm_row,
-)
+from streamer.model.decode.decoding import Utterance, as_waveform, language_row, textnorm_row
 from streamer.model.options import RecognizerOptions
 from streamer.model.serving.process import ProcessRecognizer
 from streamer.server.server import ServerOptions

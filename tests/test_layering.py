@@ -266,6 +266,75 @@ def test_the_checks_see_a_lazy_testkit_import_in_the_model() -> None:
         probe.unlink()
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(folder: str) -> dict[str, set[str]]:
+    """The modules under ``folder`` and which of them each imports (at the top, inside a
+    function or for type checking alike); a package's ``__init__`` is not a node."""
+    modules = {_module_name(p): p for p in _modules(folder) if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in _imports(path):
+            while imported and imported not in modules:  # a name in a module: the module
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that import each other, directly or around a circle (the strongly
+    connected components of more than one module, Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_the_model_has_no_import_circle() -> None:
+    """Issue 35: each module of streamer/model/ sits above what it imports (``ctc_beam``
+    and ``decoding`` imported each other, with ``hotword_graphs`` and ``options``)."""
+    graph = import_graph("model")
+    assert len(graph) > 30 and graph["streamer.model.serving.worker"]
+    assert import_circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    """Not vacuous: a circle of three, with a module outside it, is found (only it)."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
 @pytest.mark.parametrize("path", _modules(), ids=_rel)
 def test_ffmpeg_only_in_media(path: Path) -> None:
     if path.relative_to(PACKAGE).parts[0] == "media":

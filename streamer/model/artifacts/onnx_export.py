@@ -38,8 +38,8 @@ from streamer.errors import ConfigError, ModelError
 from streamer.model.artifacts.export_process import export_in_child
 from streamer.model.artifacts.files import ModelFiles, file_sha256, model_files
 from streamer.model.artifacts.onnx_trace import DATA_SUFFIX, ONNX_OPSET
-from streamer.model.decode.decoding import SentencePieceTokenizer, write_tokens_txt
 from streamer.model.decode.frontend import read_am_mvn
+from streamer.model.decode.tokenizer import SentencePieceTokenizer, write_tokens_txt
 from streamer.model.sensevoice import LFR_M, LFR_N, LID_ROWS, TEXTNORM_ROWS
 
 logger = logging.getLogger(__name__)

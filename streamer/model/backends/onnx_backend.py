@@ -53,17 +53,15 @@ from streamer.model.artifacts.published import (
     fetch_published,
     is_published,
 )
-from streamer.model.decode.decoding import (
-    CtcRecognizer,
+from streamer.model.decode.decoding import CtcRecognizer, Utterance, padded_features
+from streamer.model.decode.frontend import Cmvn, Frontend, read_am_mvn
+from streamer.model.decode.tokenizer import (
     PieceTableTokenizer,
     SentencePieceTokenizer,
     Tokenizer,
-    Utterance,
-    padded_features,
     read_tokens_json,
     read_tokens_txt,
 )
-from streamer.model.decode.frontend import Cmvn, Frontend, read_am_mvn
 from streamer.model.sensevoice import FEATURE_DIM, LID_ROWS, QUERY_FRAMES, TEXTNORM_ROWS
 
 if TYPE_CHECKING:

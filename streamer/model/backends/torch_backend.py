@@ -40,7 +40,6 @@ from streamer.model.artifacts.published import AUTO_MODEL, DEFAULT_TORCH_MODEL
 from streamer.model.backends.funasr_quiet import import_funasr, quiet_funasr
 from streamer.model.decode.decoding import (
     CtcRecognizer,
-    SentencePieceTokenizer,
     Utterance,
     as_int16,
     as_waveform,
@@ -49,6 +48,7 @@ from streamer.model.decode.decoding import (
     padded_features,
 )
 from streamer.model.decode.frontend import Cmvn, Frontend
+from streamer.model.decode.tokenizer import SentencePieceTokenizer
 from streamer.model.options import RecognizerOptions, default_threads
 from streamer.model.sensevoice import (
     EMO_UNKNOWN_ID,

@@ -10,7 +10,7 @@ phrase earns the phrase's boost, a broken match gives its bonus back, and at the
 unfinished match is taken back too.
 
 SenseVoice's first four encoder frames are its query rows (language, emotion, event,
-ITN): they are decoded greedily, exactly as :func:`~streamer.model.decode.decoding.greedy_ctc`
+ITN): they are decoded greedily, exactly as :func:`~streamer.model.decode.ctc.greedy_ctc`
 decodes them, and the search starts after them from that prefix (a token whose run
 crosses into the audio frames is continued, as greedy collapses it).
 
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from streamer.model.decode.context_graph import ROOT, ContextGraph
-from streamer.model.decode.decoding import CtcTokens, greedy_ctc
+from streamer.model.decode.ctc import CtcTokens, greedy_ctc
 from streamer.model.sensevoice import BLANK_ID, QUERY_FRAMES
 
 _NONE = -math.inf

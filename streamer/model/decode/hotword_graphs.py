@@ -27,7 +27,7 @@ from streamer.errors import ModelError
 from streamer.model.decode.context_graph import ContextGraph
 
 if TYPE_CHECKING:
-    from streamer.model.decode.decoding import Tokenizer
+    from streamer.model.decode.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +107,8 @@ class HotwordGraphs:
     def _encodings(self, phrase: str) -> list[list[int]]:
         """The phrase's token ids with its word-start ``▁`` (first) and without it;
         empty when it cannot be encoded."""
-        encode = getattr(self._tokenizer, "encode", None)
-        if encode is None:
-            return []
         try:
-            ids = [int(i) for i in encode(phrase)]
+            ids = [int(i) for i in self._tokenizer.encode(phrase)]
             pieces = self._piece_table()
         except ModelError as error:
             logger.debug("hotwords cannot be encoded: %s", error)
