@@ -107,8 +107,19 @@ def biased_ctc(
     if frames <= query_frames:
         return query
     logp = log_probabilities(logits, banned_ids)
-    audio = logp[query_frames:]
-    bonus = graph.bonus_vector(logp.shape[1])
+    search = _Search(graph, blank_id)
+    hyps = [search.start(query, query_frames)]
+    candidates = _candidates(logp[query_frames:], graph, beam, blank_id)
+    for offset, frame_candidates in enumerate(candidates):
+        hyps = search.frame(hyps, logp, query_frames + offset, frame_candidates, beam)
+    best = max(hyps, key=lambda h: h.rank() + graph.finish(h.state))
+    return _tokens(best, query, logp)
+
+
+def _candidates(audio: np.ndarray, graph: ContextGraph, beam: int, blank_id: int) -> np.ndarray:
+    """Per audio frame, the tokens every prefix may extend by: the ``beam + 1`` most
+    likely, and the ``beam + 1`` most likely once each token's largest bonus is added."""
+    bonus = graph.bonus_vector(audio.shape[1])
     bonus[blank_id] = 0.0
     plain = _top(audio, beam + 1)
     boosted_ids = np.flatnonzero(bonus)  # only the phrases' tokens gain from a bonus
@@ -117,91 +128,128 @@ def biased_ctc(
         boosted = boosted_ids[ranks]
     else:
         boosted = np.broadcast_to(boosted_ids, (audio.shape[0], boosted_ids.size))
-    candidates = np.concatenate([plain, boosted], axis=1)
+    return np.concatenate([plain, boosted], axis=1)
 
-    # the prefix trie: (parent key, token) -> key
-    keys: dict[tuple[int, int], int] = {}
-    rec: _Record | None = None
-    end = 0
-    key = 0
-    for token, start, stop in zip(query.ids, query.frames, query.end_frames, strict=True):
-        rec = (token, start, end, rec)
-        end = stop
-        key = keys.setdefault((key, token), len(keys) + 1)
-    first = _Prefix(key, query.ids[-1] if query.ids else blank_id, ROOT, 0.0)
-    if query.ids and query.end_frames[-1] == query_frames:  # the run may go on
-        first.token, first.token_rec, first.token_end = 0.0, rec, end
-    else:
-        first.blank, first.blank_rec, first.blank_end = 0.0, rec, end
-    hyps = [first]
 
-    for offset in range(audio.shape[0]):
-        t = query_frames + offset
-        tokens = set(candidates[offset].tolist())
-        tokens.discard(blank_id)
-        # only the log-probabilities this frame can use, as Python floats (a whole row
-        # of the real vocabulary is 25,055 of them)
-        needed = tokens | {blank_id} | {h.last for h in hyps}
-        for h in hyps:
-            if h.state != ROOT:
-                needed.update(graph.children(h.state))
-        wanted = list(needed)
-        row_list = dict(zip(wanted, logp[t, wanted].tolist(), strict=True))
-        p_blank = row_list[blank_id]
+class _Search:
+    """The search's state across frames: the prefix trie and the graph it scores by."""
+
+    def __init__(self, graph: ContextGraph, blank_id: int) -> None:
+        self.graph = graph
+        self.blank_id = blank_id
+        self.keys: dict[tuple[int, int], int] = {}  # the trie: (parent key, token) -> key
+
+    def key(self, parent: int, token: int) -> int:
+        key = self.keys.get((parent, token))
+        if key is None:
+            key = self.keys[(parent, token)] = len(self.keys) + 1
+        return key
+
+    def start(self, query: CtcTokens, query_frames: int) -> _Prefix:
+        """The one prefix the search starts from: the query rows' greedy tokens."""
+        rec: _Record | None = None
+        end = 0
+        key = 0
+        for token, start, stop in zip(query.ids, query.frames, query.end_frames, strict=True):
+            rec = (token, start, end, rec)
+            end = stop
+            key = self.key(key, token)
+        first = _Prefix(key, query.ids[-1] if query.ids else self.blank_id, ROOT, 0.0)
+        if query.ids and query.end_frames[-1] == query_frames:  # the run may go on
+            first.token, first.token_rec, first.token_end = 0.0, rec, end
+        else:
+            first.blank, first.blank_rec, first.blank_end = 0.0, rec, end
+        return first
+
+    def frame(
+        self, hyps: list[_Prefix], logp: np.ndarray, t: int, candidates: np.ndarray, beam: int
+    ) -> list[_Prefix]:
+        """The ``beam`` best prefixes after frame ``t``."""
+        tokens = set(candidates.tolist())
+        tokens.discard(self.blank_id)
+        row = self._row(hyps, logp, t, tokens)
         out: dict[int, _Prefix] = {}
         for h in hyps:
-            # blank: the prefix stays
-            same = out.get(h.key)
-            if same is None:
-                same = out[h.key] = _Prefix(h.key, h.last, h.state, h.bonus)
-            if h.blank + p_blank > same.blank:
-                same.blank = h.blank + p_blank
-                same.blank_rec, same.blank_end = h.blank_rec, h.blank_end
-            if h.token + p_blank > same.blank:
-                same.blank = h.token + p_blank
-                same.blank_rec, same.blank_end = h.token_rec, h.token_end
-            # the last token again: its run goes on
-            if h.token > _NONE and h.last != blank_id:
-                score = h.token + row_list[h.last]
-                if score > same.token:
-                    same.token, same.token_rec, same.token_end = score, h.token_rec, t + 1
-            # a new token
-            extra = tokens
-            if h.state != ROOT:
-                nexts = graph.children(h.state)
-                if len(nexts) > _MATCH_CANDIDATES:
-                    nexts = sorted(nexts, key=row_list.__getitem__, reverse=True)
-                    nexts = nexts[:_MATCH_CANDIDATES]
-                extra = tokens.union(nexts)
-            best_from_blank = h.blank >= h.token
-            for c in extra:
-                if c == h.last:
-                    if h.blank == _NONE:
-                        continue
-                    base, src_rec, src_end = h.blank, h.blank_rec, h.blank_end
-                elif best_from_blank:
-                    base, src_rec, src_end = h.blank, h.blank_rec, h.blank_end
-                else:
-                    base, src_rec, src_end = h.token, h.token_rec, h.token_end
-                score = base + row_list[c]
-                if score == _NONE:
-                    continue
-                child_key = keys.get((h.key, c))
-                if child_key is None:
-                    child_key = keys[(h.key, c)] = len(keys) + 1
-                target = out.get(child_key)
-                if target is None:
-                    gain, state = graph.step(h.state, c)
-                    target = out[child_key] = _Prefix(child_key, c, state, h.bonus + gain)
-                if score > target.token:
-                    target.token, target.token_end = score, t + 1
-                    target.token_rec = (c, t, src_end, src_rec)
+            self._stay(h, out, row, t)
+            self._extend(h, out, row, t, self._new_tokens(h, tokens, row))
         if len(out) <= beam:
-            hyps = list(out.values())
-        else:
-            hyps = sorted(out.values(), key=_Prefix.rank, reverse=True)[:beam]
+            return list(out.values())
+        return sorted(out.values(), key=_Prefix.rank, reverse=True)[:beam]
 
-    best = max(hyps, key=lambda h: h.rank() + graph.finish(h.state))
+    def _row(
+        self, hyps: list[_Prefix], logp: np.ndarray, t: int, tokens: set[int]
+    ) -> dict[int, float]:
+        """Only the log-probabilities frame ``t`` can use, as Python floats (a whole row
+        of the real vocabulary is 25,055 of them)."""
+        needed = tokens | {self.blank_id} | {h.last for h in hyps}
+        for h in hyps:
+            if h.state != ROOT:
+                needed.update(self.graph.children(h.state))
+        wanted = list(needed)
+        return dict(zip(wanted, logp[t, wanted].tolist(), strict=True))
+
+    def _stay(self, h: _Prefix, out: dict[int, _Prefix], row: dict[int, float], t: int) -> None:
+        """``h`` unchanged into ``out``: through a blank, or its last token's run going on."""
+        p_blank = row[self.blank_id]
+        same = out.get(h.key)
+        if same is None:
+            same = out[h.key] = _Prefix(h.key, h.last, h.state, h.bonus)
+        if h.blank + p_blank > same.blank:
+            same.blank = h.blank + p_blank
+            same.blank_rec, same.blank_end = h.blank_rec, h.blank_end
+        if h.token + p_blank > same.blank:
+            same.blank = h.token + p_blank
+            same.blank_rec, same.blank_end = h.token_rec, h.token_end
+        if h.token > _NONE and h.last != self.blank_id:
+            score = h.token + row[h.last]
+            if score > same.token:
+                same.token, same.token_rec, same.token_end = score, h.token_rec, t + 1
+
+    def _new_tokens(self, h: _Prefix, tokens: set[int], row: dict[int, float]) -> set[int]:
+        """The frame's candidates, and the likeliest tokens continuing ``h``'s open match."""
+        if h.state == ROOT:
+            return tokens
+        nexts = self.graph.children(h.state)
+        if len(nexts) > _MATCH_CANDIDATES:
+            nexts = sorted(nexts, key=row.__getitem__, reverse=True)[:_MATCH_CANDIDATES]
+        return tokens.union(nexts)
+
+    def _extend(
+        self,
+        h: _Prefix,
+        out: dict[int, _Prefix],
+        row: dict[int, float],
+        t: int,
+        tokens: set[int],
+    ) -> None:
+        """``h`` extended by each of ``tokens`` into ``out`` (a repeat of its last token
+        only after a blank), each new prefix scored with the graph's step."""
+        best_from_blank = h.blank >= h.token
+        for c in tokens:
+            if c == h.last:
+                if h.blank == _NONE:
+                    continue
+                base, src_rec, src_end = h.blank, h.blank_rec, h.blank_end
+            elif best_from_blank:
+                base, src_rec, src_end = h.blank, h.blank_rec, h.blank_end
+            else:
+                base, src_rec, src_end = h.token, h.token_rec, h.token_end
+            score = base + row[c]
+            if score == _NONE:
+                continue
+            child_key = self.key(h.key, c)
+            target = out.get(child_key)
+            if target is None:
+                gain, state = self.graph.step(h.state, c)
+                target = out[child_key] = _Prefix(child_key, c, state, h.bonus + gain)
+            if score > target.token:
+                target.token, target.token_end = score, t + 1
+                target.token_rec = (c, t, src_end, src_rec)
+
+
+def _tokens(best: _Prefix, query: CtcTokens, logp: np.ndarray) -> CtcTokens:
+    """``best``'s tokens read back from its records, the query's greedy confidences kept
+    and each audio token's posterior at its first frame."""
     if best.token >= best.blank:
         rec, end = best.token_rec, best.token_end
     else:
