@@ -29,7 +29,7 @@ from streamer.core.protocol import Final
 from streamer.errors import ConfigError, DecodeError, ModelError
 from streamer.model.backends.loading import LoadProgress, load_recognizer
 from streamer.model.options import RecognizerOptions
-from streamer.model.serving import worker as worker_module
+from streamer.model.serving import supervision
 from streamer.model.serving.pool import WorkerPool, WorkerSlot
 from streamer.model.serving.process import ProcessRecognizer
 from streamer.model.serving.worker import ModelWorker, WorkerOptions
@@ -378,7 +378,7 @@ def _load_then_hang(marker: str, progress: LoadProgress) -> FakeRecognizer:
 
 
 def test_a_restart_that_hangs_fails_the_worker(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(worker_module, "RESTART_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(supervision, "RESTART_TIMEOUT_S", 1.0)
     loader = partial(_load_then_hang, str(tmp_path / "loaded"))
     worker, failures = _restarting_worker(loader, decode_timeout_s=5.0)
     try:

@@ -32,11 +32,8 @@ logger = logging.getLogger(__name__)
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from streamer.model.serving import pool
-    from streamer.model.serving.worker import (
-        DEFAULT_DECODE_TIMEOUT_S,
-        DEFAULT_MAX_RESTARTS,
-        DEFAULT_MODEL_PROCESS,
-    )
+    from streamer.model.serving.supervision import DEFAULT_MAX_RESTARTS
+    from streamer.model.serving.worker import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL_PROCESS
     from streamer.server.server import ServerOptions
 
     server = ServerOptions()  # the flags' defaults are its fields' (and its options')
