@@ -126,11 +126,21 @@ def may_import_table(text: str | None = None) -> dict[str, MayImport]:
 
 
 def _row_for(path: Path, table: dict[str, MayImport]) -> tuple[MayImport | None, str]:
-    """The row covering ``path`` and the dotted name its own imports start with."""
+    """The row covering ``path`` (its deepest folder's that has one) and the dotted name its
+    own imports start with: that folder's, or the module's own where the folder is split
+    into rows of its own (``model/``: its top modules may import only what their row names,
+    not every sub-folder's)."""
     rel = path.relative_to(PACKAGE)
     if len(rel.parts) == 1:
         return table.get(rel.name), f"streamer.{rel.stem}"
-    return table.get(rel.parts[0] + "/"), f"streamer.{rel.parts[0]}"
+    folders = rel.parts[:-1]
+    for depth in range(len(folders), 0, -1):
+        key = "/".join(folders[:depth]) + "/"
+        if key in table:
+            split = any(other != key and other.startswith(key) for other in table)
+            own = folders[:depth] + ((rel.stem,) if split and depth == len(folders) else ())
+            return table[key], "streamer." + ".".join(own)
+    return None, "streamer." + ".".join(folders)
 
 
 def _modules(folder: str | None = None) -> list[Path]:
@@ -211,6 +221,29 @@ def test_the_table_is_read_from_the_doc() -> None:
     assert table["testkit/"].anything and table["cli/"].anything
     assert server.version and not core.version
     assert not table["errors.py"].internal and not table["errors.py"].third_party
+    model = PACKAGE / "model"
+    subfolders = {f"model/{p.name}/" for p in model.iterdir() if (p / "__init__.py").exists()}
+    assert subfolders <= set(table), f"model/ folders without a row: {subfolders - set(table)}"
+    assert "streamer.model.serving" not in table["model/decode/"].internal
+
+
+def test_a_model_folder_may_import_only_what_its_own_row_names() -> None:
+    """The model's folders are checked row by row: decoding that imports the worker, or a
+    top module of model/ that imports a backend, fails."""
+    decode_probe = PACKAGE / "model" / "decode" / "_probe_for_layering_test.py"
+    top_probe = PACKAGE / "model" / "_probe_for_layering_test.py"
+    decode_probe.write_text("from streamer.model.serving.worker import ModelWorker\n")
+    top_probe.write_text("from streamer.model.backends.loading import LoadProgress\n")
+    try:
+        with pytest.raises(AssertionError, match=r"streamer\.model\.serving\.worker"):
+            test_every_module_imports_only_what_its_row_of_the_architecture_table_names(
+                decode_probe
+            )
+        with pytest.raises(AssertionError, match=r"streamer\.model\.backends\.loading"):
+            test_every_module_imports_only_what_its_row_of_the_architecture_table_names(top_probe)
+    finally:
+        decode_probe.unlink()
+        top_probe.unlink()
 
 
 def test_the_table_check_catches_an_import_its_row_does_not_name() -> None:

@@ -24,12 +24,12 @@ from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
 from streamer.model.backends import loading
 from streamer.model.interface import RecognizerBase
+from streamer.model.options import parse_devices
 from streamer.model.serving.pool import (
     FILE_WORKER_NICE,
     WorkerHooks,
     WorkerPool,
     WorkerSlot,
-    parse_devices,
     plan_slots,
 )
 from streamer.model.serving.worker import ModelWorker, WorkerOptions

@@ -34,7 +34,7 @@ from streamer.model.artifacts.published import (
 )
 from streamer.model.backends.torch_backend import Recognizer
 from streamer.model.decode.decoding import CtcRecognizer
-from streamer.model.options import RecognizerOptions
+from streamer.model.options import RecognizerOptions, parse_devices
 
 logger = logging.getLogger(__name__)
 
@@ -157,8 +157,6 @@ def resolve_devices(spec: str) -> tuple[str, ...]:
     or device it fails at once, without importing torch. Check each device with
     :func:`preflight` afterwards.
     """
-    from streamer.model.serving.pool import parse_devices
-
     devices = parse_devices(spec)
     if devices != ("cuda:all",):
         return devices

@@ -104,25 +104,6 @@ class WorkerLoad:
         return "ready" if self.ready else "loading"
 
 
-def parse_devices(spec: str) -> tuple[str, ...]:
-    """``"cuda:0,cuda:1"`` -> ``("cuda:0", "cuda:1")``; ``cuda:all`` stays as it is.
-
-    Raises :class:`ConfigError` for empty items, repeats, and ``auto``/``cuda:all`` in a
-    list. Each item is validated further by the recognizer's options.
-    """
-    items = tuple(part.strip() for part in spec.split(","))
-    if any(not item for item in items):
-        raise ConfigError(f"--device {spec!r}: an empty item in the device list")
-    if len(items) > 1:
-        for special in ("auto", "cuda:all"):
-            if special in items:
-                raise ConfigError(f"--device {spec!r}: {special} cannot be part of a list")
-        normalized = [("cuda:0" if item == "cuda" else item) for item in items]
-        if len(set(normalized)) != len(normalized):
-            raise ConfigError(f"--device {spec!r} names a device twice; use --workers for more")
-    return items
-
-
 def plan_slots(
     devices: Sequence[str],
     *,
