@@ -152,7 +152,7 @@ def test_background_jobs_are_summed_counted_and_labelled_apart() -> None:
         for segment in range(3):
             pool.submit(replace(job("file", segment=segment), background=True), answers)
         stats = pool.stats()
-        assert (stats.queued_background, stats.queued_finals, stats.oldest_final_age_ms) == (
+        assert (stats.queued_background, stats.queued_finals, stats.live.oldest_final_age_ms) == (
             3,
             0,
             0.0,

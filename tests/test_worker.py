@@ -438,12 +438,12 @@ def test_worker_stats_report_background_jobs_apart_from_live_finals(gated):
         worker.submit(job("file", "final", tag, background=True), collect)
     stats = worker.stats()
     assert (stats.queued_background, stats.queued_finals, stats.queued_partials) == (2, 0, 0)
-    assert stats.oldest_final_age_ms == 0.0
+    assert stats.live.oldest_final_age_ms == 0.0
     release_all(recognizer, worker, 3)
     stats = worker.stats()
     assert stats.queued_background == 0 and len(results) == 3
     assert all(r.transcript is not None for r in results)
-    assert stats.final_decode_ms_total == 0.0  # background decodes are not live load
+    assert stats.live.final_decode_ms_total == 0.0  # background decodes are not live load
 
 
 def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
@@ -455,27 +455,30 @@ def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
     assert recognizer.started.wait(timeout_s(5))
-    assert worker.stats().oldest_final_age_ms == 0.0  # a partial waits for nobody
+    assert worker.stats().live.oldest_final_age_ms == 0.0  # a partial waits for nobody
     speculative = dataclasses.replace(job("a", "partial", 2), speculative=True)
     worker.submit(speculative, collect)
     time.sleep(0.2)
     worker.submit(job("b", "final", 3), collect)
     stats = worker.stats()
-    assert stats.oldest_final_age_ms >= 200  # the speculative one, which came first
-    assert stats.final_decode_ms_total == 0.0
+    assert stats.live.oldest_final_age_ms >= 200  # the speculative one, which came first
+    assert stats.live.final_decode_ms_total == 0.0
     release_all(recognizer, worker, 3)
     stats = worker.stats()
-    assert stats.oldest_final_age_ms == 0.0
+    assert stats.live.oldest_final_age_ms == 0.0
     decoded = [r for r in results if r.job.kind == "final" or r.job.speculative]
     assert len(decoded) == 2
-    assert stats.final_decode_ms_total == pytest.approx(sum(r.decode_ms for r in decoded))
+    assert stats.live.final_decode_ms_total == pytest.approx(sum(r.decode_ms for r in decoded))
     # and what the wait projection needs: how many, their audio, their times squared
-    assert stats.finals_total == 2 and stats.final_audio_ms_total == pytest.approx(200)
+    assert stats.live.finals_total == 2 and stats.live.final_audio_ms_total == pytest.approx(200)
     squares = sum(r.decode_ms**2 for r in decoded)
-    assert stats.final_decode_sq_ms_total == pytest.approx(squares)
-    assert stats.partial_decode_ms_total == pytest.approx(results[0].decode_ms)  # "busy"
+    assert stats.live.final_decode_sq_ms_total == pytest.approx(squares)
+    assert stats.live.partial_decode_ms_total == pytest.approx(results[0].decode_ms)  # "busy"
     # and what they waited, per bin: the speculative one over 200 ms
-    assert sum(stats.final_waits) == 2 and sum(stats.final_waits[WAIT_BINS_MS.index(200) :]) >= 1
+    assert (
+        sum(stats.live.final_waits) == 2
+        and sum(stats.live.final_waits[WAIT_BINS_MS.index(200) :]) >= 1
+    )
 
 
 def test_a_burst_of_failing_partials_is_logged_once_without_a_traceback(caplog):
@@ -558,8 +561,8 @@ def test_a_final_stops_a_partial_being_decoded_where_the_model_can(interruptible
     final = next(r for r in results if r.job.kind == "final")
     assert final.transcript is not None
     stats = worker.stats()
-    assert stats.interruptible and stats.partials_interrupted == 1
-    assert stats.partial_decode_ms_total > 0  # the time the stopped partial took
+    assert stats.live.interruptible and stats.live.partials_interrupted == 1
+    assert stats.live.partial_decode_ms_total > 0  # the time the stopped partial took
 
 
 def test_a_first_partial_stops_a_refresh_but_never_another_first_partial(interruptible):
@@ -579,7 +582,7 @@ def test_a_first_partial_stops_a_refresh_but_never_another_first_partial(interru
     worker.submit(job("d", "partial", 4, first=True), collect)
     release_all(recognizer, worker, 2)
     assert [tag for _, tag, _ in recognizer.order] == [2, 3, 4]
-    assert recognizer.asked == 1 and worker.stats().partials_interrupted == 1
+    assert recognizer.asked == 1 and worker.stats().live.partials_interrupted == 1
 
 
 @pytest.mark.parametrize("running", ["final", "speculative", "background"])
@@ -599,7 +602,7 @@ def test_a_final_never_stops_a_final_a_speculative_decode_or_a_files_job(
     worker.submit(job("b", "final", 2), collect)
     release_all(recognizer, worker, 2)
     assert [tag for _, tag, _ in recognizer.order] == [1, 2]
-    assert recognizer.asked == 0 and worker.stats().partials_interrupted == 0
+    assert recognizer.asked == 0 and worker.stats().live.partials_interrupted == 0
     assert all(r.transcript is not None for r in results)
 
 
@@ -611,7 +614,7 @@ def test_a_partial_queued_stops_nothing_and_a_model_that_cannot_stop_is_not_aske
     worker.submit(job("c", "final", 3), collect)  # GatedRecognizer cannot stop a decode
     release_all(recognizer, worker, 3)
     assert [tag for _, tag, _ in recognizer.order] == [1, 3, 2]
-    assert not worker.stats().interruptible and worker.stats().partials_interrupted == 0
+    assert not worker.stats().live.interruptible and worker.stats().live.partials_interrupted == 0
 
 
 def test_a_session_faster_than_real_time_goes_after_every_real_time_sessions_work():

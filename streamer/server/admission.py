@@ -195,15 +195,9 @@ class Admission:
         live = self.metrics.live
         sample = LoadSample(
             now_s,
-            stats.final_decode_ms_total,
-            stats.oldest_final_age_ms,
             len(self.connections),
+            stats.live,
             max(1, sum(not slot.background for slot in self.worker.slots)),  # live ones
-            final_audio_ms_total=stats.final_audio_ms_total,
-            final_decode_sq_ms_total=stats.final_decode_sq_ms_total,
-            partial_decode_ms_total=stats.partial_decode_ms_total,
-            interruptible=stats.interruptible,
-            final_waits=stats.final_waits,
             final_latencies=live.final.snapshot(),
             ttft_latencies=live.ttft.snapshot(),
             fast_sessions=len(live.fast),

@@ -12,35 +12,40 @@ lock around every call.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 from streamer.core.audio import SAMPLE_RATE
-from streamer.core.capacity import WAIT_BINS_MS
+from streamer.core.capacity import WAIT_BINS_MS, LiveFigures
 from streamer.core.jobs import DecodeResult
 from streamer.model.serving.job_queue import is_live_final, is_refresh
 
 
-@dataclass
 class LiveLoad:
-    """Cumulative figures of one worker's live decodes."""
+    """Counts one worker's live decodes into its :class:`LiveFigures` (cumulative)."""
 
-    final_decode_ms_total: float = 0.0
-    finals_total: int = 0
-    final_audio_ms_total: float = 0.0
-    final_decode_sq_ms_total: float = 0.0
-    partial_decode_ms_total: float = 0.0
-    partials_interrupted: int = 0  # partial decodes stopped so that a final went first
-    final_waits: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BINS_MS) + 1))
+    def __init__(self) -> None:
+        self.figures = LiveFigures(interruptible=False, final_waits=(0,) * (len(WAIT_BINS_MS) + 1))
 
     def record(self, result: DecodeResult) -> None:
         """Count one answered job (a batch's time is shared by its jobs)."""
-        job = result.job
+        job, f = result.job, self.figures
         share_ms = result.decode_ms / max(1, result.batch_size)
         if is_live_final(job) and not result.dropped:
-            self.final_decode_ms_total += share_ms
-            self.finals_total += 1
-            self.final_audio_ms_total += job.pcm.size * 1000 / SAMPLE_RATE
-            self.final_decode_sq_ms_total += share_ms * share_ms
-            self.final_waits[bisect.bisect_left(WAIT_BINS_MS, result.queue_ms)] += 1
+            waits = list(f.final_waits)
+            waits[bisect.bisect_left(WAIT_BINS_MS, result.queue_ms)] += 1
+            self.figures = replace(
+                f,
+                final_decode_ms_total=f.final_decode_ms_total + share_ms,
+                finals_total=f.finals_total + 1,
+                final_audio_ms_total=f.final_audio_ms_total + job.pcm.size * 1000 / SAMPLE_RATE,
+                final_decode_sq_ms_total=f.final_decode_sq_ms_total + share_ms * share_ms,
+                final_waits=tuple(waits),
+            )
         elif is_refresh(job) and (result.interrupted or not result.dropped):
-            self.partial_decode_ms_total += share_ms
+            self.figures = replace(f, partial_decode_ms_total=f.partial_decode_ms_total + share_ms)
+
+    def interrupted(self, partials: int) -> None:
+        """Count ``partials`` decodes stopped so that a final went first."""
+        self.figures = replace(
+            self.figures, partials_interrupted=self.figures.partials_interrupted + partials
+        )

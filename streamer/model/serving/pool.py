@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
+from streamer.core.capacity import LiveFigures
 from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.errors import ConfigError
 from streamer.model.serving.worker import ModelWorker, ResultCallback, WorkerStats
@@ -325,16 +326,8 @@ class WorkerPool:
             sum(s.queued_partials for s in each),
             any(s.busy for s in each),
             self.restarting,
-            sum(s.final_decode_ms_total for s in each),
-            max((s.oldest_final_age_ms for s in each), default=0.0),
             sum(s.queued_background for s in each),
-            sum(s.finals_total for s in each),
-            sum(s.final_audio_ms_total for s in each),
-            sum(s.final_decode_sq_ms_total for s in each),
-            sum(s.partial_decode_ms_total for s in each),
-            all(s.interruptible for s in each),
-            sum(s.partials_interrupted for s in each),
-            tuple(map(sum, zip(*(s.final_waits for s in each), strict=True))),
+            LiveFigures.combined([s.live for s in each]),
         )
 
     def loads(self) -> list[WorkerLoad]:

@@ -33,9 +33,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamer.core.audio import SAMPLE_RATE
+from streamer.core.capacity import LiveFigures
 from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.errors import ConfigError, DecodeInterrupted, ModelError
 from streamer.model.decode.decoding import PartialFailures, decode_job, decode_jobs, interrupted
@@ -114,23 +115,10 @@ class WorkerStats:
     queued_partials: int
     busy: bool
     restarting: str | None = None  # why the model is being loaded again, or None
-    # for capacity (core/capacity.py); a speculative decode counts as the final it will be
-    final_decode_ms_total: float = 0.0  # time spent decoding finals so far
-    oldest_final_age_ms: float = 0.0  # how long the oldest queued final has waited
-    # file uploads' jobs, decoded after live work (not in the figures above: capacity
-    # is about live sessions, and a file's wait behind them is by design)
+    # file uploads' jobs, decoded after live work (not in ``live``: capacity is about live
+    # sessions, and a file's wait behind them is by design)
     queued_background: int = 0
-    # more for capacity: the live finals decoded so far, their audio, and the sum of
-    # their decode times squared (a final's mean wait behind another is E[S^2] / 2E[S])
-    finals_total: int = 0
-    final_audio_ms_total: float = 0.0
-    final_decode_sq_ms_total: float = 0.0
-    # time spent on live partials (a final waits behind one unless it is interrupted)
-    partial_decode_ms_total: float = 0.0
-    interruptible: bool = False  # whether a final stops a partial's decode midway
-    partials_interrupted: int = 0  # partial decodes stopped so far so that a final went first
-    # the live finals' queue waits so far, counted per capacity.WAIT_BINS_MS bin
-    final_waits: tuple[int, ...] = ()
+    live: LiveFigures = LiveFigures()  # for capacity (core/capacity.py)
 
 
 __all__ = [
@@ -218,22 +206,18 @@ class ModelWorker(Supervised):
         now = time.perf_counter()
         with self._lock:
             oldest = self._queue.oldest_final_submitted()
-            load = self._live
+            live = replace(
+                self._live.figures,
+                oldest_final_age_ms=0.0 if oldest is None else (now - oldest) * 1000,
+                interruptible=self.recognizer is not None and self.recognizer.interruptible,
+            )
             return WorkerStats(
                 len(self._queue.finals),
                 len(self._queue.partials),
                 self._running is not None,
                 self.restarting,
-                load.final_decode_ms_total,
-                0.0 if oldest is None else (now - oldest) * 1000,
                 self._queue.background_jobs,
-                load.finals_total,
-                load.final_audio_ms_total,
-                load.final_decode_sq_ms_total,
-                load.partial_decode_ms_total,
-                self.recognizer is not None and self.recognizer.interruptible,
-                load.partials_interrupted,
-                tuple(load.final_waits),
+                live,
             )
 
     # -- queue -----------------------------------------------------------------
@@ -269,7 +253,7 @@ class ModelWorker(Supervised):
             return
         stoppable = is_refresh if not first_partial else _is_later_refresh
         if all(stoppable(q.job) for q in running) and recognizer.interrupt():
-            self._live.partials_interrupted += len(running)
+            self._live.interrupted(len(running))
 
     def drop_session(self, session_id: str) -> int:
         """Forget every queued job of ``session_id`` (its callbacks are not called) and
