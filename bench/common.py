@@ -1,4 +1,4 @@
-"""What every bench shares: the server it starts, free ports, the CPU's name, arguments, results.
+"""What every bench shares: the server it starts, probes, the CPU's name, arguments, results.
 
 A bench that serves a model starts ``streamer serve`` (127.0.0.1 only) with
 :func:`started_server`; its command line takes the common server arguments from
@@ -35,26 +35,25 @@ import platform
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from bench.latency.poller import Poller
-
 __all__ = [
     "REPO",
+    "HealthProbes",
     "ManagedServer",
     "PeakRss",
     "Poller",
@@ -63,7 +62,6 @@ __all__ = [
     "add_server_args",
     "command_line",
     "cpu_name",
-    "free_port",
     "http_base",
     "http_get",
     "int_list",
@@ -77,7 +75,6 @@ __all__ = [
     "setup_logging",
     "started_server",
     "tree_rss_mb",
-    "wait_until",
     "write_results",
 ]
 
@@ -129,12 +126,21 @@ def machine_info() -> dict[str, Any]:
             info[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             info[package] = None
-    if shutil.which("nvidia-smi"):
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]
-            answer = subprocess.run(query, check=True, capture_output=True, text=True, timeout=5)
-            info["gpu"] = answer.stdout.strip() or None
+    info["gpu"] = "; ".join(", ".join(row) for row in nvidia_smi("name,memory.total")) or None
     return info
+
+
+def nvidia_smi(fields: str, units: bool = True) -> list[list[str]]:
+    """``nvidia-smi --query-gpu=FIELDS``: one row of cells per GPU; none without one."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    form = "csv,noheader" if units else "csv,noheader,nounits"
+    query = ["nvidia-smi", f"--query-gpu={fields}", f"--format={form}"]
+    try:
+        out = subprocess.run(query, check=True, capture_output=True, text=True, timeout=5).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [[cell.strip() for cell in line.split(",")] for line in out.strip().splitlines()]
 
 
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -181,17 +187,10 @@ def add_server_args(
     """``--model``, ``--quantize`` (``none`` for full precision), ``--device`` and the
     repeatable ``--server-arg ARG`` (passed to ``streamer serve`` verbatim)."""
     parser.add_argument("--model", default=model, help=f"default {model}")
-    parser.add_argument(
-        "--quantize", default=quantize or "none", help="int8 or none (default %(default)s)"
-    )
+    parser.add_argument("--quantize", default=quantize or "none", help="int8 or none [%(default)s]")
     parser.add_argument("--device", default=device, help="cpu, cuda, cuda:N")
-    parser.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="passed to streamer serve (repeatable), e.g. --server-arg=--threads --server-arg=2",
-    )
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="for streamer serve (repeat): --server-arg=--threads")  # fmt: skip
 
 
 def add_output_args(
@@ -284,14 +283,6 @@ def multipart_form(
     return body + audio + f"\r\n--{boundary}--\r\n".encode()
 
 
-def free_port() -> int:
-    """A free 127.0.0.1 port, for the extra listeners (``--funasr-port``, ``--wyoming-port``)
-    whose port cannot be told apart from the main one when read back."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ManagedServer:
     """A server child process on port 0, its port read back from its listening socket.
 
@@ -302,15 +293,12 @@ class ManagedServer:
     (also on exit) sends SIGINT, then SIGKILL after ``STOP_GRACE_S``.
     """
 
-    def __init__(
-        self, options: ServerOptions, log_path: Path, *, port: int = 0, append_log: bool = False
-    ) -> None:
+    def __init__(self, options: ServerOptions, log_path: Path) -> None:
         self.options = options
         self.log_path = log_path
-        self.append_log = append_log  # several servers of one run in one log (bench.stress)
-        self.command = options.command(port)
+        self.command = options.command(0)
         self.process: subprocess.Popen[bytes] | None = None
-        self.port: int | None = port or None  # a given port (a restart on the same one)
+        self.port: int | None = None  # read back once the server listens
         self.started_at: float | None = None  # time.monotonic() at the spawn
         self.load_s: float | None = None  # start to ready
 
@@ -333,8 +321,7 @@ class ManagedServer:
         if self.options.code_dir is not None:
             env["PYTHONPATH"] = str(self.options.code_dir)
             cwd = self.options.code_dir
-        mode = "ab" if self.append_log else "wb"
-        with self.log_path.open(mode) as log:  # the child holds its own descriptor
+        with self.log_path.open("wb") as log:  # the child holds its own descriptor
             self.started_at = time.monotonic()
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
@@ -506,6 +493,31 @@ def tree_rss_mb(pid: int) -> float | None:
     return total / 2**20
 
 
+class Poller:
+    """Calls :meth:`poll` every ``interval_s`` in a daemon thread, from ``with`` entry to
+    exit (the first call one interval in). Subclasses keep what they see as attributes."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+
 class PeakRss(Poller):
     """A process's resident memory sampled in a thread while the ``with`` block runs:
     ``start_mb`` on entry, ``peak_mb`` the highest seen."""
@@ -523,12 +535,27 @@ class PeakRss(Poller):
         return self.peak_mb - self.start_mb
 
 
-def wait_until(
-    predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1, what: str = ""
-) -> None:
-    """Poll ``predicate`` until it holds; TimeoutError (naming ``what``) after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what or 'the condition'} did not hold within {timeout_s:g} s")
-        time.sleep(interval_s)
+class HealthProbes(Poller):
+    """``/healthz`` and ``/readyz`` in turn every interval, each on a new connection (as a
+    balancer's or a kubelet's probe comes): how long each took to answer, seconds."""
+
+    def __init__(self, port: int, interval_s: float = 0.1) -> None:
+        super().__init__(interval_s)
+        self.port = port
+        self.took_s: dict[str, list[float]] = {"/healthz": [], "/readyz": []}
+        self._turn = 0
+
+    def poll(self) -> None:
+        path = ("/healthz", "/readyz")[self._turn % 2]
+        self._turn += 1
+        started = time.perf_counter()
+        status, _ = http_get(f"http://127.0.0.1:{self.port}{path}", 10.0)
+        self.took_s[path].append(time.perf_counter() - started if status else 99.0)  # 99: none
+
+    def summary_ms(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for path, took in self.took_s.items():
+            values, name = [1000 * s for s in took] or [0.0], path.strip("/")
+            out |= {f"{name}_{q}_ms": v for q, v in percentiles(values, (50, 95)).items()}
+            out |= {f"{name}_max_ms": max(values), f"{name}_probes": len(took)}
+        return out

@@ -345,10 +345,8 @@ def part_hotwords(
 ) -> None:
     words = phrases(args.phrases, args.boost)
     print(f"\n{len(words)} phrases, boost {args.boost}, beam {args.beam}, {args.reps} rounds")
-    print(
-        "| configuration | audio | no hotwords (ms) | with hotwords (ms) | ratio | text changed |"
-    )
-    print("|---|---|---|---|---|---|")
+    print("| configuration | audio | no hotwords (ms) | with hotwords (ms) | ratio | text changed |"
+          "\n|---|---|---|---|---|---|")  # fmt: skip
     segment = 0
     for config, recognizer in recognizers.items():
         for seconds in (3.0, 7.0):
@@ -418,12 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segments", type=int, default=24, help="for agreement and batch")
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--sizes", type=common.int_list, default=[1, 2, 4, 8], help="batch sizes")
-    parser.add_argument(
-        "--lengths",
-        type=lambda s: [float(x) for x in s.split(",")],
-        default=list(LENGTHS_S),
-        help="seconds, for batch-timing",
-    )
+    parser.add_argument("--lengths", type=lambda s: [float(x) for x in s.split(",")],
+                        default=list(LENGTHS_S), help="seconds, for batch-timing")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phrases", type=int, default=100)
     parser.add_argument("--boost", type=float, default=DEFAULT_BOOST)

@@ -60,13 +60,13 @@ import subprocess
 import sys
 import threading
 import time
-import wave
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+import soundfile as sf
 
 from bench import common
 from bench.latency.audio import AUDIO_CHOICES, SAMPLE_RATE, client_track, load_bench_audio
@@ -106,22 +106,13 @@ def build_recordings(
         (f"speech-{n}s", n, 0) for n in lengths_s
     ]:
         pcm, _ = client_track(audio.clips, first_clip, float(length_s), lead_ms=300, tail_ms=500)
-        write_wav(folder / f"{name}.wav", pcm)
+        sf.write(folder / f"{name}.wav", pcm, SAMPLE_RATE, subtype="PCM_16")
         paths.append(folder / f"{name}.wav")
     return paths[1:], paths[0]
 
 
-def write_wav(path: Path, pcm: np.ndarray) -> None:
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(SAMPLE_RATE)
-        out.writeframes(pcm.astype("<i2").tobytes())
-
-
 def wav_seconds(path: Path) -> float:
-    with wave.open(str(path), "rb") as wav:
-        return wav.getnframes() / wav.getframerate()
+    return float(sf.info(path).duration)
 
 
 # ---------------------------------------------------------------------------
@@ -180,7 +171,7 @@ class Uploader:
             except OSError:
                 pass
 
-    def upload(self, path: Path, *, stream: bool) -> Upload:
+    def upload(self, path: Path, *, stream: bool = True) -> Upload:
         body, content_type = multipart_body(path, stream)
         result = Upload(stream=stream, started=time.monotonic())
         conn = http.client.HTTPConnection(self.host, self.port, timeout=UPLOAD_TIMEOUT_S)
@@ -378,49 +369,27 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
                 funasr[precision].generate(warm)
             for round_index in range(args.rounds):
                 for path in paths:
-                    audio_s = wav_seconds(path)
-                    base = {"round": round_index, "file": path.name, "audio_s": audio_s}
-                    base["loadavg_1m_before"] = os.getloadavg()[0]
-                    for stream in (True, False):
-                        up = uploader.upload(path, stream=stream)
-                        kind = "upload stream=true" if stream else "upload"
-                        rows.append(
-                            {
-                                **base,
-                                "loadavg_1m_after": os.getloadavg()[0],
-                                "method": kind,
-                                **asdict(up),
-                            }
-                        )
-                        logger.info("%s %s: %.1f s (first delta %s)", path.name, kind,
-                                    up.total_s or -1, up.first_delta_s)  # fmt: skip
+                    base = {"round": round_index, "file": path.name, "audio_s": wav_seconds(path),
+                            "loadavg_1m_before": os.getloadavg()[0]}  # fmt: skip
+                    up = asdict(uploader.upload(path, stream=True))
+                    rows.append(_row(base, "upload stream=true", up))
                     for precision, child in funasr.items():
                         out = child.generate(path)
-                        out["asr_s"] = out["total_s"] - out["vad_s"]
-                        out["first_text_s"] = out["total_s"]
-                        rows.append(
-                            {
-                                **base,
-                                "loadavg_1m_after": os.getloadavg()[0],
-                                "method": f"AutoModel.generate {precision}",
-                                **out,
-                            }
-                        )
-                        logger.info("%s funasr %s: %s", path.name, precision, out)
-                    cli = run_cli(path, args)
-                    rows.append(
-                        {
-                            **base,
-                            "loadavg_1m_after": os.getloadavg()[0],
-                            "method": "streamer transcribe",
-                            **cli,
+                        out |= {
+                            "asr_s": out["total_s"] - out["vad_s"],
+                            "first_text_s": out["total_s"],
                         }
-                    )
-                    logger.info("%s cli: %s", path.name, cli)
+                        rows.append(_row(base, f"AutoModel.generate {precision}", out))
+                    rows.append(_row(base, "streamer transcribe", run_cli(path, args)))
         finally:
             for child in funasr.values():
                 child.close()
     return {"rows": rows, "loads_s": loads, "model_dir": str(model_dir)}
+
+
+def _row(base: dict[str, Any], method: str, measured: dict[str, Any]) -> dict[str, Any]:
+    logger.info("%s %s: %s", base["file"], method, measured)
+    return {**base, "loadavg_1m_after": os.getloadavg()[0], "method": method, **measured}
 
 
 def throughput_table(result: dict[str, Any]) -> str:
@@ -519,7 +488,7 @@ async def live_phase(
     if upload_path is not None:
         thread.start()
     try:
-        record = await run_client(plan, options, None)
+        record = await run_client(plan, options)
     finally:
         stop.set()
         uploader.abort()

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.latency import prom
+from bench.latency.monitor import scrape
 
 HEALTH_TIMEOUT_S = 2.0
 READY_TIMEOUT_S = 900.0
@@ -51,17 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sample-s", type=float, default=0.25)
-    parser.add_argument(
-        "--python", type=Path, default=Path(sys.executable), help="the server's interpreter"
-    )
+    parser.add_argument("--python", type=Path, default=Path(sys.executable),
+                        help="the server's interpreter")  # fmt: skip
     parser.add_argument("--clients", type=int, default=0, help="clients streaming once ready")
     parser.add_argument("--audio", type=Path, help="what the clients stream (WAV)")
-    parser.add_argument(
-        "--starts",
-        type=int,
-        default=1,
-        help="starts per checkout, on the same cache (2: a later start)",
-    )
+    parser.add_argument("--starts", type=int, default=1,
+                        help="starts per checkout, one cache (2: a later start)")  # fmt: skip
     common.add_output_args(parser, out="bench/out/first_start")
     args = parser.parse_args(argv)
     if args.clients and args.audio is None:
@@ -126,26 +123,19 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
     failed = [client.returncode for client in clients if client.returncode != 0]
     if failed:
         raise RuntimeError(f"clients failed with status {failed}")
-    metrics = common.http_get(f"{server.http_url}/metrics", timeout_s=10)[1]
+    metrics = scrape(server.http_url)
+    decode_s = {kind: prom.histogram_delta({}, metrics, "streamer_decode_seconds", {"kind": kind})
+                for kind in ("partial", "final", "background")}  # fmt: skip
     return {
         "clients": args.clients,
         "clients_peak_mib": peak,
         "finals_per_client": finals,
-        "decode_mean_ms": _mean_decode_ms(metrics),
+        "decode_mean_ms": {
+            kind: round(h.mean * 1000, 1)
+            for kind, h in decode_s.items()
+            if h is not None and h.mean is not None
+        },  # fmt: skip
         "server_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
-    }
-
-
-def _mean_decode_ms(metrics: str) -> dict[str, float]:
-    """The mean of ``streamer_decode_seconds`` of each ``kind``, from Prometheus text."""
-    found: dict[str, dict[str, float]] = {}
-    pattern = r'^streamer_decode_seconds_(sum|count){kind="(\w+)"} (\S+)$'
-    for name, kind, value in re.findall(pattern, metrics, re.M):
-        found.setdefault(kind, {})[name] = float(value)
-    return {
-        kind: round(v["sum"] / v["count"] * 1000, 1)
-        for kind, v in found.items()
-        if v.get("count") and "sum" in v
     }
 
 
@@ -205,14 +195,9 @@ def _watch(server: common.ManagedServer, every_s: float) -> dict:
 
 
 def _commit(code: Path) -> str:
+    command = ["git", "-C", str(code), "rev-parse", "--short", "HEAD"]
     try:
-        return subprocess.run(
-            ["git", "-C", str(code), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
+        return subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip()
     except OSError:
         return "unknown"
 

@@ -16,22 +16,17 @@ core saturates, independently of how fast any model is.
   reports how late it sent its chunks, so an overloaded generator is seen, not hidden;
 * ``/healthz`` and ``/readyz`` are probed in turn every 100 ms, each on a new connection,
   during every step: how long they took to answer (p50, p95, max) beside the loop lag;
-* ``--model random:small`` serves a real model instead (``streamer serve``, with
-  ``--quantize`` and ``--server-arg``): the loop beside the model's work on the same cores;
 * ``--features`` makes the test double do the worker's CPU work of a real decode except
   the model (each job's features through the real feature cache), ``--model-process``
   runs it in a model process (``serve --model-process``), whose CPU is reported apart.
 
-Writes ``io_load.json`` and prints a table (``--out``).
+Writes ``results.json`` and prints a line per step (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import http.client
-import json
 import logging
 import multiprocessing
 import os
@@ -44,8 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import REPO, ManagedServer, ServerOptions, percentiles
-from bench.latency.poller import Poller
+from bench import common
+from bench.common import REPO, HealthProbes, ManagedServer, ServerOptions, percentiles
+from bench.latency import prom
+from bench.latency.monitor import scrape
 from streamer.model.interface import RecognizerBase
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -103,7 +100,7 @@ def _load_double(features: bool, progress: Any = None) -> Any:
     return FeatureRecognizer() if features else InstantRecognizer()
 
 
-async def _serve(port: int, workers: int, features: bool, model_process: bool) -> None:
+async def _serve(port: int, features: bool, model_process: bool) -> None:
     from functools import partial
 
     from streamer.core.capacity import CapacityOptions
@@ -125,7 +122,7 @@ async def _serve(port: int, workers: int, features: bool, model_process: bool) -
 
     pool = WorkerPool(
         factory,
-        [WorkerSlot(i, "cpu", 1) for i in range(workers)],
+        [WorkerSlot(0, "cpu", 1)],
         on_decoded=metrics.observe_worker_decode,
     )
     pool.start()
@@ -182,97 +179,35 @@ def _children(task: Path) -> list[str]:
 # -- the load generators --------------------------------------------------------------
 
 
-def _generate(args: tuple[str, int, int, int, float, float, bool]) -> dict[str, Any]:
+def _generate(args: tuple[str, int, int, int, float, float]) -> dict[str, Any]:
     """One generator process: ``count`` clients (indexes from ``first``) of ``total``."""
-    url, first, count, total, duration_s, stagger_s, partials = args
+    url, first, count, total, duration_s, stagger_s = args
     from bench.latency.audio import load_bench_audio
     from bench.latency.load import StepOptions, plan_clients, run_step
+    from bench.latency.metrics import send_lags
 
     audio = load_bench_audio("auto", REPO / "bench" / "out" / "audio-cache")
-    options = StepOptions(
-        url=url, clients=total, duration_s=duration_s, stagger_s=stagger_s, partials=partials
-    )
+    options = StepOptions(url=url, clients=total, duration_s=duration_s, stagger_s=stagger_s)
     plans = plan_clients(options, audio)[first : first + count]
     started = time.process_time()
     records = asyncio.run(run_step(options, plans))
     cpu_s = time.process_time() - started
-    lateness: list[float] = []
-    for record in records:
-        if not record.sends:
-            continue
-        first_sample, first_s = record.sends[0]
-        lateness.extend(
-            sent_s - first_s - (sample - first_sample) / 16000 for sample, sent_s in record.sends
-        )
-    messages = sum(len(r.arrivals) for r in records)
-    return {
-        "clients": count,
-        "errors": [r.error for r in records if r.error],
-        "cpu_s": cpu_s,
-        "messages": messages,
-        "send_late_s": lateness,
-    }
-
-
-class HealthProbes(Poller):
-    """``/healthz`` and ``/readyz`` in turn every interval, each on a new connection (as a
-    balancer's or a kubelet's probe comes): how long each took to answer, seconds."""
-
-    def __init__(self, port: int, interval_s: float = 0.1) -> None:
-        super().__init__(interval_s)
-        self.port = port
-        self.took_s: dict[str, list[float]] = {"/healthz": [], "/readyz": []}
-        self._turn = 0
-
-    def poll(self) -> None:
-        path = ("/healthz", "/readyz")[self._turn % 2]
-        self._turn += 1
-        started = time.perf_counter()
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            connection.request("GET", path)
-            connection.getresponse().read()
-            took_s = time.perf_counter() - started
-        except OSError:
-            took_s = 99.0  # no answer: counted, never dropped
-        finally:
-            connection.close()
-        self.took_s[path].append(took_s)
-
-    def summary_ms(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for path, took in self.took_s.items():
-            values = [1000 * s for s in took] or [0.0]
-            name = path.strip("/")
-            p = percentiles(values, (50, 95))
-            out |= {
-                f"{name}_p50_ms": p["p50"] or 0.0,
-                f"{name}_p95_ms": p["p95"] or 0.0,
-                f"{name}_max_ms": max(values),
-                f"{name}_probes": len(took),
-            }
-        return out
-
-
-def _scrape(port: int) -> Any:
-    from bench.latency.monitor import scrape
-
-    return scrape(f"http://127.0.0.1:{port}")
+    lateness = [x for r in records for x in send_lags(r.send_log()).tolist()]
+    return {"clients": count, "errors": [r.error for r in records if r.error], "cpu_s": cpu_s,
+            "messages": sum(len(r.arrivals) for r in records), "send_late_s": lateness}  # fmt: skip
 
 
 def run_step(
-    port: int, pid: int, streams: int, duration_s: float, generators: int, partials: bool
+    port: int, pid: int, streams: int, duration_s: float, generators: int
 ) -> dict[str, Any]:
-    from bench.latency import prom
-
     url = f"ws://127.0.0.1:{port}/v1/asr"
     stagger_s = min(10.0, duration_s / 4)
     shares = [streams // generators + (i < streams % generators) for i in range(generators)]
     jobs, first = [], 0
     for share in shares:
-        jobs.append((url, first, share, streams, duration_s, stagger_s, partials))
+        jobs.append((url, first, share, streams, duration_s, stagger_s))
         first += share
-    before_metrics = _scrape(port)
+    before_metrics = scrape(f"http://127.0.0.1:{port}")
     before = _thread_cpu_s(pid)
     wall = time.monotonic()
     with (
@@ -282,7 +217,7 @@ def run_step(
         parts = workers.map(_generate, [j for j in jobs if j[2]])
     wall_s = time.monotonic() - wall
     after = _thread_cpu_s(pid)
-    after_metrics = _scrape(port)
+    after_metrics = scrape(f"http://127.0.0.1:{port}")
     lag = prom.histogram_delta(before_metrics, after_metrics, "streamer_event_loop_lag_seconds")
     late = np.array([x for p in parts for x in p["send_late_s"]] or [0.0])
     # the audio streamed: each client's track (duration minus its delay, plus the tail)
@@ -293,7 +228,6 @@ def run_step(
     return {
         "streams": streams,
         "generators": generators,
-        "partials": partials,
         "wall_s": wall_s,
         "stream_s": stream_s,
         "loop_cpu_s": loop_s,
@@ -321,80 +255,38 @@ def run_step(
 class DoubleServerOptions(ServerOptions):
     """This module's test-double server (``--serve``), started like ``streamer serve``."""
 
-    workers: int = 1
     features: bool = False
     model_process: bool = False
 
     def command(self, port: int) -> list[str]:
         command = [self.python, "-m", "bench.io_load", "--serve", str(port)]
-        command += ["--workers", str(self.workers)]
         return command + ["--features"] * self.features + ["--model-process"] * self.model_process
 
 
-def _server(stack: contextlib.ExitStack, args: argparse.Namespace) -> tuple[int, int]:
-    """The test double, or ``streamer serve`` with a real model (``--model``): port, pid."""
-    options: ServerOptions
-    if args.model is None:
-        options = DoubleServerOptions(
-            workers=args.workers, features=args.features, model_process=args.model_process
-        )
-    else:
-        quantize = None if args.quantize == "none" else args.quantize
-        extra = tuple(args.server_arg)
-        options = ServerOptions(
-            model=args.model, quantize=quantize, max_sessions=5000, extra_args=extra
-        )
-    server = stack.enter_context(ManagedServer(options, args.out / "server.log"))
-    assert server.pid is not None and server.port is not None
-    return server.port, server.pid
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.io_load", description=__doc__)
+    p = common.parser(__doc__, "python -m bench.io_load")
     p.add_argument("--streams", default="50,100,200", help="comma list of stream counts")
     p.add_argument("--duration-s", type=float, default=20.0, help="audio per stream")
     p.add_argument("--generators", type=int, default=2, help="load-generator processes")
-    p.add_argument("--workers", type=int, default=1, help="worker threads (test doubles)")
-    p.add_argument("--no-partials", action="store_true", help="clients ask for no partials")
-    p.add_argument(
-        "--features",
-        action="store_true",
-        help="the test double computes each job's features (the real feature cache)",
-    )
-    p.add_argument(
-        "--model-process",
-        action="store_true",
-        help="the test double runs in a model process (serve --model-process)",
-    )
-    p.add_argument(
-        "--model",
-        help="serve this model with streamer serve instead of the test double (e.g. random:small)",
-    )
-    p.add_argument("--quantize", default="int8", help="with --model: int8 or none")
-    p.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="with --model: passed to streamer serve (repeatable)",
-    )
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "io_load")
+    p.add_argument("--features", action="store_true",
+                   help="the double computes each job's features (the feature cache)")  # fmt: skip
+    p.add_argument("--model-process", action="store_true",
+                   help="the double runs in a model process (serve --model-process)")  # fmt: skip
+    common.add_output_args(p, out="bench/out/io_load")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child server's port
     args = p.parse_args(argv)
     if args.serve is not None:
         from streamer.loop import run
 
-        run(_serve(args.serve, args.workers, args.features, args.model_process), use_uvloop=True)
+        run(_serve(args.serve, args.features, args.model_process), use_uvloop=True)
         return 0
     logging.basicConfig(level=logging.WARNING)
-    args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"loadavg_before": os.getloadavg(), "steps": []}
-    with contextlib.ExitStack() as stack:
-        port, pid = _server(stack, args)
+    results: dict[str, Any] = {"steps": []}
+    double = DoubleServerOptions(features=args.features, model_process=args.model_process)
+    with ManagedServer(double, args.out / "server.log") as server:
+        port, pid = server.port or 0, server.pid or 0
         for streams in (int(s) for s in args.streams.split(",")):
-            step = run_step(
-                port, pid, streams, args.duration_s, args.generators, not args.no_partials
-            )
+            step = run_step(port, pid, streams, args.duration_s, args.generators)
             results["steps"].append(step)
             print(  # noqa: T201
                 f"{streams:5d} streams: loop {step['loop_cpu_pct']:5.1f} % of a core, "
@@ -411,8 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{step['readyz_max_ms']:.0f} ms",
                 flush=True,
             )
-    results["loadavg_after"] = os.getloadavg()
-    (args.out / "io_load.json").write_text(json.dumps(results, indent=1))
+    common.write_results(args.out, results | {"loadavg_after": os.getloadavg()}, args)
     return 0
 
 

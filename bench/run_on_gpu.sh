@@ -16,9 +16,9 @@
 #      and fp16 and bf16 next to fp32 at 1 and 200 clients;
 #   3. on the 16 CPU cores: --workers 1/2/4 with the 16 threads shared out, int8.
 # A sweep stops at the first step whose final-latency p95 passes 2 s. Files back (the
-# device tool returns at most 8): sweep.md and vs_clients_all.png (every run), the
-# batched run's vs_clients.png and compare.png, phases.txt, results.tgz (each run's
-# results.json, table.txt, summary.md), logs.tgz. Budget: 120 s model build + 120 + 150
+# device tool returns at most 8): table.txt and summary.md of every run merged
+# (bench.latency --merge), phases.txt, results.tgz (each run's results.json, table.txt,
+# summary.md), logs.tgz. Budget: 120 s model build + 120 + 150
 # + 120 s of phases + installs, about 8 minutes at most.
 set -uo pipefail
 OUT=${OUT:-bench/out/gpu}
@@ -106,16 +106,11 @@ for split in $CPU_SPLITS; do
     runs+=("$WORK/$name")
 done
 
-$PY -m bench.gpu_report --out "$OUT" "${runs[@]}" > "$WORK/report.log" 2>&1 || status=1
+$PY -m bench.latency --merge "${runs[@]}" --out "$OUT" > "$WORK/report.log" 2>&1 || status=1
 cp "$WORK/phases.txt" "$OUT/" 2> /dev/null
 (cd "$WORK" && tar czf "$OUT/results.tgz" --ignore-failed-read */results.json */table.txt \
     */summary.md env.txt 2> /dev/null)
-best=$WORK/gpu-batch
-[ -d "$best" ] || best=$WORK/gpu-nobatch
-for f in compare.png vs_clients.png; do
-    [ -f "$best/$f" ] && cp "$best/$f" "$OUT/"
-done
-tar czf "$OUT/logs.tgz" -C "$WORK" --exclude cache --exclude '*.png' --exclude results.json . \
+tar czf "$OUT/logs.tgz" -C "$WORK" --exclude cache --exclude results.json . \
     2> /dev/null
 ls -l "$OUT"
 exit "$status"

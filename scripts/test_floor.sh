@@ -15,4 +15,4 @@ export PYTHONPATH="$PWD:$PWD/$floor${PYTHONPATH:+:$PYTHONPATH}"
 .venv/bin/python -c "import websockets, sys; sys.exit(websockets.__version__ != '$version')"
 exec .venv/bin/python -m pytest -q tests/test_server.py tests/test_transports.py \
   tests/test_http_hostile.py tests/test_file_api_limits.py tests/test_compat_server.py \
-  tests/test_websocket.py tests/test_compat_ports.py "$@"
+  tests/test_websocket.py tests/test_compat_ports.py tests/test_front.py "$@"

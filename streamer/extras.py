@@ -4,7 +4,7 @@ that names the extra to install when a feature needs a part that is missing.
 The plain ``pip install sensevoice-streamer`` is the client and the CPU server on ONNX
 Runtime; ``[torch]`` adds torch and funasr (the torch backend, exporting a torch model to
 ONNX, the random-weight test models), ``[gpu]`` the same for CUDA, ``[bench]`` the
-benches' psutil, tqdm and matplotlib.
+benches' psutil.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What hostile clients send, shared by the hostile-client tests (issue 32) and
-``bench/stress.py``: files whose headers lie, bodies that drip."""
+``bench/stress/``: files whose headers lie, bodies that drip."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 
 from bench import common
 from bench.__main__ import benches
-from tests.timing import timeout_s
+from tests.timing import eventually_sync, timeout_s
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,18 +117,10 @@ def test_peak_rss_sees_memory_held_inside_the_block() -> None:
         held = mmap.mmap(-1, 64 << 20)
         for i in range(0, len(held), mmap.PAGESIZE):
             held[i] = 1
-        common.wait_until(lambda: memory.peak_mb - memory.start_mb >= 32, timeout_s(10))
+        eventually_sync(lambda: memory.peak_mb - memory.start_mb >= 32, 10)
     assert memory.growth_mb >= 32
     assert common.rss_mb(os.getpid()) > 0
     held.close()
-
-
-def test_wait_until_returns_once_it_holds_and_names_what_it_waited_for() -> None:
-    calls = []
-    common.wait_until(lambda: calls.append(1) or len(calls) >= 3, 5, interval_s=0.001)
-    assert len(calls) == 3
-    with pytest.raises(TimeoutError, match="the answer did not hold within 0.05 s"):
-        common.wait_until(lambda: False, 0.05, interval_s=0.01, what="the answer")
 
 
 def test_every_bench_module_imports() -> None:

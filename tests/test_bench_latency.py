@@ -344,7 +344,6 @@ def test_table_renders_missing_values() -> None:
         },
         "skip_share": None,
         "send_lag_s": {"p50": 0.0, "p95": 0.25, "p99": 0.3, "max": 0.4},
-        "send_lag_limit_s": 0.1,
         "errors": [],
         "monitor": {},
     }
@@ -386,8 +385,17 @@ def test_bench_runs_against_a_real_server(server_url: str, tmp_path: Path) -> No
         assert step["summary"]["final_s"]["p50"] is not None
         assert step["send_lag_s"]["p95"] < 0.5
     assert all(s["partials"] == 0 for s in nopartials["steps"][0]["segments"])
-    for name in ("results.json", "table.txt", "summary.md", "cdf.png", "vs_clients.png"):
+    for name in ("results.json", "table.txt", "summary.md"):
         assert (tmp_path / name).stat().st_size > 0
+    # --merge: several runs (run_on_gpu.sh's) in one table, each variant named after its run
+    for run in ("batch1", "batch32"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "results.json").write_text((tmp_path / "results.json").read_text())
+    merged = tmp_path / "merged"
+    assert cli.main(["--merge", str(tmp_path / "batch1"), str(tmp_path / "batch32"),
+                     "--out", str(merged)]) == 0  # fmt: skip
+    table = (merged / "summary.md").read_text()
+    assert "| batch1 server | 1 |" in table and "| batch32 server:nopartials | 1 |" in table
 
 
 # ---------------------------------------------------------------------------

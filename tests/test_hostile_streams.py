@@ -21,7 +21,7 @@ from tests.timing import eventually, timeout_s
 
 pytestmark = needs_ffmpeg
 
-STREAMS = 20  # streams dropped per case (bench/stress.py drops 100)
+STREAMS = 20  # streams dropped per case (bench/stress/ drops 100)
 
 
 def _decoder_threads() -> int:

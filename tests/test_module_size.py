@@ -111,3 +111,41 @@ def test_no_function_in_the_model_is_over_60_statements() -> None:
     assert len(sizes) > 200
     over = {name: n for name, n in sizes.items() if n > MAX_MODEL_FUNCTION_STATEMENTS}
     assert not over, f"split these functions into steps: {over}"
+
+
+# bench/ (issue 35): the benches stay small, and one ManagedServer starts every server.
+# The issue's target is 4,000 code lines; this is the ceiling reached so far, a ratchet.
+MAX_BENCH_CODE_LINES = 4450
+BENCH = PACKAGE.parent / "bench"
+
+
+def _starts_streamer_serve(node: ast.AST) -> bool:
+    """A list or tuple with "streamer", "serve" side by side: a `streamer serve` command."""
+    if not isinstance(node, ast.List | ast.Tuple):
+        return False
+    words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+    return any(a == "streamer" and b == "serve" for a, b in zip(words, words[1:], strict=False))
+
+
+def test_bench_is_small_and_starts_every_server_through_one_managed_server() -> None:
+    total, managed, elsewhere = 0, [], []
+    for path in sorted(BENCH.rglob("*.py")):
+        source = path.read_text()
+        total += code_lines(source)
+        tree = ast.parse(source)
+        # ServerOptions.command (and its overrides) is what ManagedServer starts
+        hooks = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and node.name == "command"
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == "ManagedServer":
+                managed.append(path.name)
+            if _starts_streamer_serve(node) and id(node) not in hooks:
+                elsewhere.append(f"{path.relative_to(BENCH)}:{node.lineno}")
+    assert total < MAX_BENCH_CODE_LINES, f"bench/ has {total} code lines"
+    assert managed == ["common.py"]
+    assert not elsewhere, f"`streamer serve` started outside ManagedServer: {elsewhere}"
+    assert _starts_streamer_serve(ast.parse('["python", "-m", "streamer", "serve"]').body[0].value)  # type: ignore[attr-defined]

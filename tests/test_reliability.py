@@ -1,4 +1,4 @@
-"""Reliability under stress, fast and bounded cases (issue 9; the long runs are in bench/stress.py).
+"""Reliability under stress, fast and bounded cases (issue 9; the long runs are in bench/stress/).
 
 Loopback servers with a test-double recognizer where timing must be controlled (hung,
 dying, slow); the real tagged model where transcripts are compared.

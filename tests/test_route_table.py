@@ -8,6 +8,7 @@ import http.client
 
 import pytest
 
+from streamer.server.funasr_listener import TABLE as FUNASR_TABLE
 from streamer.server.route_table import RouteTable
 from tests.timing import timeout_s
 
@@ -34,6 +35,10 @@ def test_the_table_lists_every_endpoint() -> None:
     assert table.allowed("/healthz") == ("GET", "HEAD")
     assert table.allowed("/app.js") == ("GET", "HEAD") and not table.is_known("/app.js")
     assert table.is_known("/v1/models/any-id")
+    # a CORS preflight is answered where the table lists OPTIONS, with its upload methods
+    assert table.preflight_methods("/v1/listen") == ("POST", "OPTIONS")
+    assert table.preflight_methods("/v1/audio/transcriptions") == ("POST", "OPTIONS")
+    assert table.preflight_methods("/v1/asr") == table.preflight_methods("/healthz") == ()
 
 
 def test_every_method_on_every_path_answers_from_the_table(make_fake_server) -> None:
@@ -60,3 +65,22 @@ def test_an_unknown_path_is_404_for_any_method(make_fake_server, method) -> None
     server = make_fake_server()
     assert answer(server.port, method, "/v1/nothing-here")[0] == 404
     assert answer(server.port, "GET", "/v1/nothing-here")[0] == 404
+
+
+def test_the_funasr_port_answers_from_its_table(make_fake_server) -> None:
+    """FunASR's port: its one WebSocket endpoint takes GET (a plain GET: 426, no upgrade),
+    every other method is 405 with the table's ``Allow``; a GET on another path is 404."""
+    server = make_fake_server(funasr_port=0)
+    port = server.server.listeners["funasr"].port
+    assert FUNASR_TABLE.paths == {"/": ("GET",)}
+    wrong: list[str] = []
+    for method in METHODS:
+        status, allow = answer(port, method, "/")
+        expected = (426, None) if method == "GET" else (405, "GET")
+        if (status, allow) != expected:
+            wrong.append(f"{method} /: {status} Allow {allow!r}, not {expected}")
+        # the method is checked first, as it always was: GET elsewhere is a 404
+        status, _ = answer(port, method, "/healthz")
+        if status != (404 if method == "GET" else 405):
+            wrong.append(f"{method} /healthz: {status}")
+    assert not wrong, "\n".join(wrong)

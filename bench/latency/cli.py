@@ -1,8 +1,8 @@
 """``python -m bench.latency``: time to first token and final latency under N real-time
 clients, against a running server (``--url``) or one it starts itself.
 
-Writes ``results.json`` (every measurement), ``table.txt``, ``summary.md``, ``cdf.png``
-and ``vs_clients.png`` into ``--out`` and prints the table.
+Writes ``results.json`` (every measurement), ``table.txt`` and ``summary.md`` into
+``--out`` and prints the table; ``--merge`` writes them for earlier runs.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import logging
 import shlex
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 
 from bench import common
 from bench.common import ServerOptions
-from bench.latency import continuous, plots, protocols, report
+from bench.latency import continuous, protocols, report
 from bench.latency.audio import AUDIO_CHOICES, load_bench_audio
 from bench.latency.load import StepOptions
 from bench.latency.monitor import find_listening_pid, machine_info
@@ -32,131 +33,54 @@ logger = logging.getLogger("bench.latency")
 REPO = Path(__file__).resolve().parents[2]
 
 
+def free_port() -> int:
+    """A free 127.0.0.1 port, for the extra listeners (``--funasr-port``, ``--wyoming-port``)
+    whose port cannot be told apart from the main one when read back."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench.latency",
-        description=__doc__,
+        prog="python -m bench.latency", description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    where = p.add_argument_group("server")
-    where.add_argument(
-        "--url",
-        help="ws://HOST:PORT/v1/asr of a running server; without it"
-        " the bench starts `streamer serve` itself (one per quantization)",
-    )
-    where.add_argument("--model", default="random:small", help="--model of the started server")
-    where.add_argument("--device", default="cpu", help="--device of the started server")
-    where.add_argument(
-        "--partial-interval-ms",
-        type=int,
-        help="--partial-interval-ms of the started server (default: its own)",
-    )
-    where.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        help="extra argument for `streamer serve` (repeat)",
-    )
-    where.add_argument(
-        "--server-pid",
-        type=int,
-        help="pid of the --url server for CPU/memory (default: found by port)",
-    )
-    sweep = p.add_argument_group("sweep")
-    sweep.add_argument(
-        "--variants",
-        default="int8,int8:nopartials,fp32",
-        help="comma list of int8 | fp32 | fp16 | bf16 | server, each optionally :nopartials;"
-        " the first is swept over --clients, the others run at"
-        " --compare-clients (with --url use server and server:nopartials)",
-    )
-    sweep.add_argument(
-        "--clients",
-        default="auto",
-        help="client counts of the main sweep, e.g. 1,2,4,8; 'auto' doubles"
-        " until final p95 passes the limit, then bisects",
-    )
-    sweep.add_argument("--max-clients", type=int, default=64, help="ceiling of 'auto'")
-    sweep.add_argument(
-        "--also-clients",
-        default="",
-        help="client counts the main variant also runs after its sweep (e.g. a target: 50)",
-    )
-    sweep.add_argument(
-        "--compare-clients",
-        default="1,4",
-        help="client counts for the comparison variants; 'same' = main's",
-    )
-    sweep.add_argument("--duration-s", type=float, default=30.0, help="audio per client per step")
-    sweep.add_argument(
-        "--stagger-s",
-        type=float,
-        default=4.0,
-        help="client starts are spread over this many seconds",
-    )
-    sweep.add_argument("--chunk-ms", type=int, default=100, help="audio per WebSocket frame")
-    sweep.add_argument("--speed", type=float, default=1.0, help="1.0 = real time")
-    sweep.add_argument("--endpoint-ms", type=int, default=500, help="stream option endpoint_ms")
-    sweep.add_argument("--language", default="auto", help="stream option language")
-    sweep.add_argument(
-        "--drain-timeout-s",
-        type=float,
-        default=60.0,
-        help="after its last chunk, a client waits this long for `end`",
-    )
-    sweep.add_argument("--pause-s", type=float, default=2.0, help="idle time between steps")
-    sweep.add_argument(
-        "--quiet-cpu-pct",
-        type=float,
-        help="on a shared machine: before each step wait until other processes use less CPU"
-        " than this (100 = one core), and redo a step during which they used more",
-    )
-    sweep.add_argument(
-        "--step-retries", type=int, default=2, help="redos per step (--quiet-cpu-pct)"
-    )
-    sweep.add_argument(
-        "--saturation-final-p95-s",
-        type=float,
-        default=2.0,
-        help="final-latency p95 above which a step counts as saturated",
-    )
-    sweep.add_argument(
-        "--no-stop-when-saturated",
-        action="store_true",
-        help="with an explicit --clients list, run every count anyway",
-    )
-    sweep.add_argument(
-        "--send-lag-limit-s",
-        type=float,
-        default=0.1,
-        help="flag steps whose load generator sent this late (p95)",
-    )
-    kinds = p.add_argument_group(
-        "side by side (instead of the sweep): N clients of each kind at once, in rounds"
-    )
-    kinds.add_argument(
-        "--protocol",
-        help=f"comma list of {','.join(protocols.PROTOCOLS)}: latency through each, side by side",
-    )
-    kinds.add_argument(
-        "--encoding", help="comma list of pcm,webm (WebM/Opus in 250 ms MediaRecorder slices)"
-    )
-    kinds.add_argument("--rounds", type=int, default=2, help="of each step, kinds rotated")
-    out = p.add_argument_group("output")
-    out.add_argument(
-        "--audio",
-        choices=AUDIO_CHOICES + continuous.TRACKS,
-        default="auto",
-        help="generated speech, recorded speech, or both (auto: what exists); continuous*:"
-        " speech without pauses, onset and continuation segments",
-    )
-    out.add_argument("--out", type=Path, help="output folder (default bench/out/latency-TIME)")
-    out.add_argument(
-        "--from-json",
-        type=Path,
-        help="do not run: rewrite the table, summary and plots of an earlier results.json",
-    )
-    out.add_argument("--log-level", default="info")
+    )  # fmt: skip
+    add = p.add_argument
+    add("--url", help="ws://HOST:PORT/v1/asr of a running server; without it the bench starts"
+        " `streamer serve` itself (one per quantization)")  # fmt: skip
+    add("--model", default="random:small", help="--model of the started server")
+    add("--device", default="cpu", help="--device of the started server")
+    add("--partial-interval-ms", type=int, help="of the started server (default: its own)")
+    add("--server-arg", action="append", default=[], help="for `streamer serve` (repeat)")
+    add("--server-pid", type=int, help="pid of the --url server (default: found by port)")
+    add("--variants", default="int8,int8:nopartials,fp32",
+        help="comma list of int8 | fp32 | fp16 | bf16 | server (with --url), each optionally"
+        " :nopartials; the first swept over --clients, others at --compare-clients")  # fmt: skip
+    add("--clients", default="auto", help="client counts of the main sweep, e.g. 1,2,4,8; "
+        "'auto' doubles until final p95 passes the limit, then bisects")  # fmt: skip
+    add("--max-clients", type=int, default=64, help="ceiling of 'auto'")
+    add("--compare-clients", default="1,4", help="for the other variants; 'same' = main's")
+    add("--duration-s", type=float, default=30.0, help="audio per client per step")
+    add("--stagger-s", type=float, default=4.0, help="client starts spread over this long")
+    add("--chunk-ms", type=int, default=100, help="audio per WebSocket frame")
+    add("--endpoint-ms", type=int, default=500, help="stream option endpoint_ms")
+    add("--drain-timeout-s", type=float, default=60.0, help="a client's wait for `end`")
+    add("--pause-s", type=float, default=2.0, help="idle time between steps")
+    add("--quiet-cpu-pct", type=float, help="on a shared machine: before each step wait until"
+        " other processes use less CPU than this (100 = a core), redo a step over it")  # fmt: skip
+    add("--step-retries", type=int, default=2, help="redos per step (--quiet-cpu-pct)")
+    add("--saturation-final-p95-s", type=float, default=2.0, help="a saturated step's p95")
+    add("--no-stop-when-saturated", action="store_true", help="run every --clients count")
+    add("--protocol", help=f"side by side: comma list of {','.join(protocols.PROTOCOLS)}")
+    add("--encoding", help="side by side: pcm,webm (WebM/Opus in 250 ms MediaRecorder slices)")
+    add("--rounds", type=int, default=2, help="side by side: rounds per step, kinds rotated")
+    add("--audio", choices=AUDIO_CHOICES + continuous.TRACKS, default="auto",
+        help="generated, recorded speech or both (auto); continuous*: no pauses")  # fmt: skip
+    add("--out", type=Path, help="output folder (default bench/out/latency-TIME)")
+    add("--merge", type=Path, nargs="+", metavar="RUN_DIR", help="do not run: one table and "
+        "summary of earlier runs (several: each variant named after its RUN_DIR)")  # fmt: skip
+    add("--log-level", default="info")
     return p
 
 
@@ -180,34 +104,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if args.url and server_pid is None:
         port = urlsplit(args.url).port
         server_pid = find_listening_pid(port) if port else None
+    step = StepOptions(
+        url="", clients=0, duration_s=args.duration_s, stagger_s=args.stagger_s,
+        endpoint_ms=args.endpoint_ms, chunk_ms=args.chunk_ms, drain_timeout_s=args.drain_timeout_s,
+    )  # fmt: skip
     options = SweepOptions(
-        url=args.url,
-        server_pid=server_pid,
-        server=server,
-        variants=variants,
-        clients=parse_clients(args.clients),
-        also_clients=parse_clients(args.also_clients) if args.also_clients else [],
-        compare_clients=compare,
-        max_clients=args.max_clients,
-        step=StepOptions(
-            url="",
-            clients=0,
-            duration_s=args.duration_s,
-            stagger_s=args.stagger_s,
-            endpoint_ms=args.endpoint_ms,
-            language=args.language,
-            chunk_ms=args.chunk_ms,
-            speed=args.speed,
-            drain_timeout_s=args.drain_timeout_s,
-        ),  # fmt: skip
+        url=args.url, server_pid=server_pid, server=server, variants=variants,
+        clients=parse_clients(args.clients), compare_clients=compare,
+        max_clients=args.max_clients, step=step,
         saturation_final_p95_s=args.saturation_final_p95_s,
-        stop_when_saturated=not args.no_stop_when_saturated,
-        send_lag_limit_s=args.send_lag_limit_s,
-        out_dir=out_dir,
-        pause_s=args.pause_s,
-        quiet_cpu_pct=args.quiet_cpu_pct,
-        step_retries=args.step_retries,
-    )
+        stop_when_saturated=not args.no_stop_when_saturated, out_dir=out_dir,
+        pause_s=args.pause_s, quiet_cpu_pct=args.quiet_cpu_pct, step_retries=args.step_retries,
+    )  # fmt: skip
+    given = {"model": "(given server)", "device": "(given server)"} if args.url else {}
     results: dict[str, Any] = {
         "bench": "latency",
         "format": 1,
@@ -215,24 +124,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "command": shlex.join(["python", "-m", "bench.latency", *argv]),
         "machine": machine_info(),
         "audio": audio.describe(),
-        "options": {
-            "url": args.url,
-            "model": args.model if not args.url else "(given server)",
-            "device": args.device if not args.url else "(given server)",
-            "partial_interval_ms": args.partial_interval_ms,
-            "variants": [v.name for v in variants],
-            "clients": args.clients,
-            "also_clients": args.also_clients,
-            "compare_clients": args.compare_clients,
-            "duration_s": args.duration_s,
-            "stagger_s": args.stagger_s,
-            "chunk_ms": args.chunk_ms,
-            "speed": args.speed,
-            "endpoint_ms": args.endpoint_ms,
-            "language": args.language,
-            "saturation_final_p95_s": args.saturation_final_p95_s,
-            "quiet_cpu_pct": args.quiet_cpu_pct,
-        },
+        "options": {**vars(args), "out": str(out_dir), **given},
         "variants": [],
     }
     json_path = out_dir / "results.json"
@@ -246,13 +138,27 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 
 def write_outputs(results: dict[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
     report.write_json(results, out_dir / "results.json")
     (out_dir / "table.txt").write_text(report.table(results) + "\n")
     (out_dir / "summary.md").write_text(report.summary_markdown(results))
-    if any(v["steps"] for v in results["variants"]):
-        plots.plot_cdfs(results, out_dir / "cdf.png")
-        plots.plot_vs_clients(results, out_dir / "vs_clients.png")
-        plots.plot_comparison(results, out_dir / "compare.png")
+
+
+def merged(run_dirs: list[Path]) -> dict[str, Any]:
+    """Earlier runs' results as one (the first run's options; several runs' variants are
+    named ``RUN_DIR-NAME VARIANT``), e.g. run_on_gpu.sh's runs into its ``sweep.md``."""
+    found = [d for d in run_dirs if (d / "results.json").exists()]  # a phase that timed out
+    if not found:
+        raise SystemExit(f"no results.json in {', '.join(map(str, run_dirs))}")
+    runs = [(d, json.loads((d / "results.json").read_text())) for d in found]
+    results = runs[0][1]
+    if len(runs) > 1:
+        results["variants"] = [
+            {**variant, "name": f"{d.name} {variant['name']}"}
+            for d, run in runs
+            for variant in run["variants"]
+        ]  # fmt: skip
+    return results
 
 
 def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
@@ -271,7 +177,7 @@ def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
         raise SystemExit(str(error)) from None
     out_dir: Path = args.out or REPO / "bench" / "out" / "latency-side-by-side"
     ports: dict[str, int] = {
-        p: common.free_port() for p in ("funasr", "wyoming") if p in options.protocols
+        p: free_port() for p in ("funasr", "wyoming") if p in options.protocols
     }
     if args.url and ports:
         raise SystemExit("funasr and wyoming need the server the bench starts (no --url)")
@@ -317,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.protocol or args.encoding or args.audio in continuous.TRACKS:
         return run_side_by_side(args, argv)
-    if args.from_json:
-        results = json.loads(args.from_json.read_text())
-        write_outputs(results, args.from_json.parent)
+    if args.merge:
+        results = merged(args.merge)
+        write_outputs(results, args.out or args.merge[0])
     else:
         results = run(args, argv)
     print(report.table(results))  # the bench's product: the table on stdout

@@ -1,17 +1,10 @@
 """Latency on continuous speech: onset and continuation segments
-(``python -m bench.latency --audio continuous``, or ``continuous-recorded``,
-``continuous-noisy``, ``continuous-paused``).
+(``python -m bench.latency --audio continuous``).
 
 People who talk without stopping (a phone call, a monologue) leave pauses shorter than
-the endpoint. The track streamed in real time by each client is one of:
-
-* ``continuous``: two espeak voices taking turns of 5-20 s, with gaps of 100-400 ms
-  between sentences and turns;
-* ``continuous-recorded``: real recorded read speech (pocketsphinx-testdata: the librivox
-  reader and the speakers of ``cards``/``goforward``/``numbers``/``something``) joined the
-  same way, two voices taking turns;
-* ``continuous-noisy``: ``continuous`` under brown noise at 10 dB SNR;
-* ``continuous-paused``: the espeak sentences with pauses of 0.9-1.7 s (for comparison).
+the endpoint. The track streamed in real time by each client: two espeak voices taking
+turns of 5-20 s, with gaps of 100-400 ms between sentences and turns. (Issue 14 also
+streamed recorded, noisy and paused tracks: ``git show a1a79a6:bench/latency/continuous.py``.)
 
 Each segment is measured against the audio's truth (where speech really is, from the clips
 before they were joined): **TTFT**, arrival of the segment's first non-empty partial (or
@@ -43,7 +36,7 @@ from streamer.testkit import speech as synth
 
 logger = logging.getLogger(__name__)
 
-TRACKS = ("continuous", "continuous-recorded", "continuous-noisy", "continuous-paused")
+TRACKS = ("continuous",)
 
 VOICES = (("en-us+m3", 40), ("en-us+f2", 70))  # (espeak voice, pitch): two speakers
 SENTENCES = (
@@ -57,7 +50,6 @@ SENTENCES = (
     "one two three four five six seven eight nine ten",
 )
 SHORT_GAPS_MS = (100, 250, 400, 150, 300, 200, 350)
-LONG_GAPS_MS = (900, 1300, 1100, 1700, 1000, 1500)
 
 
 @dataclass(frozen=True)
@@ -87,74 +79,18 @@ def _turns(cache_dir: Path, seed: int) -> list[tuple[np.ndarray, int]]:
     return clips
 
 
-RECORDED = Path("/usr/share/pocketsphinx/test/data")
-RECORDED_A = tuple(sorted((RECORDED / "librivox").glob("*.wav")))  # one reader
-RECORDED_B = (*sorted((RECORDED / "cards").glob("*.wav")),) + tuple(
-    RECORDED / f"{name}.raw" for name in ("goforward", "numbers", "something")
-)  # other speakers
-
-
-def _recorded_speech(pcm: np.ndarray) -> np.ndarray:
-    """Per sample: inside a 20 ms frame 10 dB over the clip's noise floor (its quietest
-    5 %) and within 26 dB of its loudest frames."""
-    frame = SAMPLE_RATE // 50
-    n = pcm.size // frame
-    rms = np.sqrt(np.mean(pcm[: n * frame].astype(np.float64).reshape(n, frame) ** 2, axis=1))
-    threshold = max(3 * float(np.percentile(rms, 5)), 0.05 * float(np.percentile(rms, 99)), 30.0)
-    loud = np.repeat(rms > threshold, frame)
-    return np.concatenate([loud, np.zeros(pcm.size - loud.size, bool)])
-
-
-def _load_recorded(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """A recorded clip trimmed to its speech (50 ms kept either side), and its truth."""
-    if path.suffix == ".raw":
-        pcm = np.fromfile(path, dtype="<i2")
-    else:
-        import soundfile as sf
-
-        pcm, rate = sf.read(path, dtype="int16")
-        assert rate == SAMPLE_RATE, path
-    speech = _recorded_speech(pcm)
-    loud = np.flatnonzero(speech)
-    keep = slice(max(0, loud[0] - 800), loud[-1] + 800) if loud.size else slice(0, 0)
-    return pcm[keep], speech[keep]
-
-
-def recorded_turns() -> list[tuple[np.ndarray, int, np.ndarray]]:
-    """The recorded clips of two speakers, alternating: (pcm, gap after it, truth)."""
-    a = [_load_recorded(p) for p in RECORDED_A]
-    b = [_load_recorded(p) for p in RECORDED_B]
-    clips: list[tuple[np.ndarray, int, np.ndarray]] = []
-    turns = [a[0:2], b[0:4], a[2:3], b[4:9], a[3:5]]  # turns of 5-12 s
-    for turn in turns:
-        for pcm, speech in turn:
-            clips.append((pcm, SHORT_GAPS_MS[len(clips) % len(SHORT_GAPS_MS)], speech))
-    return clips
-
-
-def build_track(
-    name: str,
-    clips: list[tuple[np.ndarray, int]] | list[tuple[np.ndarray, int, np.ndarray]],
-    snr_db: float | None = None,
-    noise: str = "brown",
-) -> Track:
-    """Clips joined by their gaps (or LONG_GAPS_MS for ``paused``), with the truth of
-    where speech is: a clip's own truth when it has one, else its samples over 64."""
+def build_track(name: str, clips: list[tuple[np.ndarray, int]]) -> Track:
+    """Clips joined by their gaps, with the truth of where speech is: samples over 64."""
     lead = np.zeros(SAMPLE_RATE, np.int16)
     parts, truth = [lead], [np.zeros(lead.size, bool)]
-    for i, (pcm, gap_ms, *known) in enumerate(clips):
-        if name == "paused":
-            gap_ms = LONG_GAPS_MS[i % len(LONG_GAPS_MS)]
+    for pcm, gap_ms in clips:
         gap = np.zeros(gap_ms * SAMPLE_RATE // 1000, np.int16)
         parts += [pcm, gap]
-        loud = known[0] if known else np.abs(pcm.astype(np.int32)) > 64
-        truth += [loud, np.zeros(gap.size, bool)]
+        truth += [np.abs(pcm.astype(np.int32)) > 64, np.zeros(gap.size, bool)]
     tail = np.zeros(2 * SAMPLE_RATE, np.int16)
     parts.append(tail)
     truth.append(np.zeros(tail.size, bool))
     pcm = np.concatenate(parts)
-    if snr_db is not None:
-        pcm = synth.add_noise(pcm, snr_db, seed=3, kind=noise)
     speech = np.concatenate(truth)
     # a sample is speech when a loud sample lies within 20 ms (syllables, not waveforms)
     window = SAMPLE_RATE // 50
@@ -248,20 +184,15 @@ async def _stream_many(url: str, tracks: list[Track], stagger_s: float) -> list[
 
 
 def build(name: str, cache_dir: Path, duration_s: float) -> Track:
-    """The track ``name`` (``continuous``, ``continuous-recorded``, ...), cut after
-    ``duration_s`` (the whole ``continuous`` track is about 83 s), 2 s of silence after."""
-    kind = name.removeprefix("continuous").removeprefix("-") or "continuous"
-    if kind == "recorded":
-        track = build_track(kind, recorded_turns())
-    else:
-        clips = _turns(cache_dir, seed=1)
-        track = build_track(kind, clips, *((10.0, "brown") if kind == "noisy" else ()))
+    """The track ``name`` (``continuous``), cut after ``duration_s`` (the whole track is
+    about 83 s), 2 s of silence after."""
+    track = build_track(name, _turns(cache_dir, seed=1))
     cut = int(duration_s * SAMPLE_RATE)
     if cut >= track.pcm.size:
         return track
     tail = 2 * SAMPLE_RATE
     pcm = np.concatenate([track.pcm[:cut], np.zeros(tail, np.int16)])
-    return Track(kind, pcm, np.concatenate([track.speech[:cut], np.zeros(tail, bool)]))
+    return Track(name, pcm, np.concatenate([track.speech[:cut], np.zeros(tail, bool)]))
 
 
 def run(url: str, track: Track, clients: int, rounds: int, endpoint_ms: int) -> dict[str, Any]:

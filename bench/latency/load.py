@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +38,6 @@ class StepOptions:
     stagger_s: float  # client i starts i * stagger_s / clients after the first
     partials: bool = True  # ask for partial results
     endpoint_ms: int = 500  # trailing silence that ends an utterance
-    language: str = "auto"  # stream option
     chunk_ms: int = 100  # audio per WebSocket frame
     speed: float = 1.0  # 1.0 = real time
     drain_timeout_s: float = 60.0  # after the last chunk, wait this long for the end
@@ -70,12 +68,6 @@ def plan_clients(options: StepOptions, audio: BenchAudio) -> list[ClientPlan]:
     return plans
 
 
-def chunks_of(plans: list[ClientPlan], chunk_ms: int) -> int:
-    """How many chunks the clients send in all (for the progress bar)."""
-    chunk = SAMPLE_RATE * chunk_ms // 1000
-    return sum(-(-p.track.size // chunk) for p in plans)
-
-
 @dataclass
 class ClientRecord:
     """What one client saw."""
@@ -91,26 +83,17 @@ class ClientRecord:
         return SendLog.from_pairs(self.sends, SAMPLE_RATE)
 
 
-async def run_client(
-    plan: ClientPlan, options: StepOptions, on_chunk: Callable[[], None] | None
-) -> ClientRecord:
+async def run_client(plan: ClientPlan, options: StepOptions) -> ClientRecord:
     """Stream one client's track after its delay; errors are recorded, not raised."""
     record = ClientRecord(plan)
     await asyncio.sleep(plan.delay_s)
-    stream = StreamOptions(
-        language=options.language, partials=options.partials, endpoint_ms=options.endpoint_ms
-    )
+    stream = StreamOptions(partials=options.partials, endpoint_ms=options.endpoint_ms)
     client_options = ClientOptions(url=options.url, stream=stream, open_timeout_s=30.0)
 
     def on_message(item: Received) -> None:
         record.arrivals.append(Arrival(item.message, item.arrival_s))
         if isinstance(item.message, End):
             record.end = item.message
-
-    def on_chunk_sent(end_sample: int, sent_s: float) -> None:
-        record.sends.append((end_sample, sent_s))
-        if on_chunk is not None:
-            on_chunk()
 
     started = time.monotonic()
     try:
@@ -126,7 +109,8 @@ async def run_client(
             await asyncio.wait_for(
                 run_session(
                     client, plan.track, SAMPLE_RATE, on_message=on_message,
-                    chunk_ms=options.chunk_ms, speed=options.speed, on_chunk_sent=on_chunk_sent,
+                    chunk_ms=options.chunk_ms, speed=options.speed,
+                    on_chunk_sent=lambda *sent: record.sends.append(sent),
                 ),
                 timeout=budget_s,
             )  # fmt: skip
@@ -139,11 +123,9 @@ async def run_client(
     return record
 
 
-async def run_step(
-    options: StepOptions, plans: list[ClientPlan], on_chunk: Callable[[], None] | None = None
-) -> list[ClientRecord]:
+async def run_step(options: StepOptions, plans: list[ClientPlan]) -> list[ClientRecord]:
     """Run the planned clients concurrently; one record per client, in order."""
-    tasks = [asyncio.create_task(run_client(plan, options, on_chunk)) for plan in plans]
+    tasks = [asyncio.create_task(run_client(plan, options)) for plan in plans]
     try:
         return list(await asyncio.gather(*tasks))
     finally:
@@ -159,7 +141,7 @@ async def warm_up(url: str, audio: BenchAudio) -> None:
     options = StepOptions(
         url=url, clients=1, duration_s=3.0, stagger_s=0.0, speed=10.0, drain_timeout_s=120.0
     )
-    record = await run_client(plan_clients(options, audio)[0], options, None)
+    record = await run_client(plan_clients(options, audio)[0], options)
     if record.error:
         raise RuntimeError(f"warm-up session failed: {record.error}")
     logger.info("warm-up: %d messages", len(record.arrivals))

@@ -11,15 +11,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
-import subprocess
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
-from bench.common import http_get, tree_rss_mb
+from bench.common import http_get, nvidia_smi, tree_rss_mb
 from bench.common import machine_info as machine_info  # where bench.latency.cli finds it
 from bench.latency import prom
 
@@ -53,25 +50,8 @@ def find_listening_pid(port: int) -> int | None:
 
 def gpu_sample() -> list[dict[str, float]] | None:
     """Utilization (%) and memory used (MiB) of each GPU via nvidia-smi; None without one."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=utilization.gpu,memory.used",
-                "--format=csv,noheader,nounits",
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
     rows = []
-    for line in out.strip().splitlines():
-        util, mem = (x.strip() for x in line.split(",")[:2])
+    for util, mem, *_ in nvidia_smi("utilization.gpu,memory.used", units=False):
         with contextlib.suppress(ValueError):
             rows.append({"util_pct": float(util), "mem_mib": float(mem)})
     return rows or None
@@ -107,18 +87,22 @@ def other_cpu_now(pid: int | None, interval_s: float = 2.0) -> float:
     return max(0.0, 100.0 * (busy - (mine_after - mine_before)) / wall)
 
 
-@dataclass
-class _Series:
-    values: list[float] = field(default_factory=list)
+def _summary(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "max": None}
+    return {"mean": sum(values) / len(values), "max": max(values)}
 
-    def add(self, value: float | None) -> None:
-        if value is not None:
-            self.values.append(value)
 
-    def summary(self) -> dict[str, float | None]:
-        if not self.values:
-            return {"mean": None, "max": None}
-        return {"mean": sum(self.values) / len(self.values), "max": max(self.values)}
+SERIES = (  # what a step's summary reports of the samples, each as its mean and max
+    "process_cpu_pct",  # the server's process tree, 100 = one core busy
+    "process_rss_mib",
+    "system_cpu_pct",  # the whole machine: other load shows here
+    "bench_cpu_pct",  # this load generator
+    "gpu_util_pct",
+    "gpu_mem_mib",
+    "sessions_active",
+    "worker_queue_depth",
+)
 
 
 class Monitor:
@@ -127,15 +111,7 @@ class Monitor:
     def __init__(self, http_base: str, pid: int | None) -> None:
         self.http_base = http_base
         self._process = psutil.Process(pid) if pid and psutil.pid_exists(pid) else None
-        self._cpu = _Series()
-        self._rss = _Series()
-        self._gpu_util = _Series()
-        self._gpu_mem = _Series()
-        self._sessions = _Series()
-        self._loop_lag = _Series()
-        self._queue_depth = _Series()
-        self._system_cpu = _Series()  # whole machine, 100 = one core: other load shows here
-        self._bench_cpu = _Series()  # this load generator
+        self._series: dict[str, list[float]] = {name: [] for name in (*SERIES, "loop_lag")}
         self._bench = psutil.Process()
         self._bench.cpu_percent()
         psutil.cpu_percent()
@@ -143,27 +119,29 @@ class Monitor:
         self._before: prom.Samples = {}
         self._last_cpu: tuple[float, float] | None = None
 
-    def _tree_cpu_s(self) -> float | None:
-        return None if self._process is None else _tree_cpu_s(self._process)
+    def _add(self, name: str, value: float | None) -> None:
+        if value is not None:
+            self._series[name].append(value)
 
     def _sample(self) -> None:
         now = time.monotonic()
-        cpu_s = self._tree_cpu_s()
-        if cpu_s is not None:
+        if self._process is not None:
+            cpu_s = _tree_cpu_s(self._process)
             if self._last_cpu is not None and now > self._last_cpu[1]:
-                self._cpu.add(100.0 * (cpu_s - self._last_cpu[0]) / (now - self._last_cpu[1]))
+                busy = 100.0 * (cpu_s - self._last_cpu[0]) / (now - self._last_cpu[1])
+                self._add("process_cpu_pct", busy)
             self._last_cpu = (cpu_s, now)
-        self._rss.add(None if self._process is None else tree_rss_mb(self._process.pid))
-        self._system_cpu.add(psutil.cpu_percent() * (psutil.cpu_count() or 1))
-        self._bench_cpu.add(self._bench.cpu_percent())
+            self._add("process_rss_mib", tree_rss_mb(self._process.pid))
+        self._add("system_cpu_pct", psutil.cpu_percent() * (psutil.cpu_count() or 1))
+        self._add("bench_cpu_pct", self._bench.cpu_percent())
         gpus = gpu_sample()
         if gpus:
-            self._gpu_util.add(max(g["util_pct"] for g in gpus))
-            self._gpu_mem.add(sum(g["mem_mib"] for g in gpus))
+            self._add("gpu_util_pct", max(g["util_pct"] for g in gpus))
+            self._add("gpu_mem_mib", sum(g["mem_mib"] for g in gpus))
         samples = scrape(self.http_base)
-        self._sessions.add(prom.value(samples, "streamer_sessions_active"))
-        self._loop_lag.add(prom.value(samples, "streamer_event_loop_lag_seconds"))
-        self._queue_depth.add(prom.value(samples, "streamer_worker_queue_depth"))
+        self._add("sessions_active", prom.value(samples, "streamer_sessions_active"))
+        self._add("loop_lag", prom.value(samples, "streamer_event_loop_lag_seconds"))
+        self._add("worker_queue_depth", prom.value(samples, "streamer_worker_queue_depth"))
 
     async def _run(self) -> None:
         while True:
@@ -182,21 +160,14 @@ class Monitor:
                 await self._task
         after = await asyncio.to_thread(scrape, self.http_base)
         return {
-            "process_cpu_pct": self._cpu.summary(),  # 100 = one core busy
-            "process_rss_mib": self._rss.summary(),
-            "system_cpu_pct": self._system_cpu.summary(),
-            "bench_cpu_pct": self._bench_cpu.summary(),
+            **{name: _summary(self._series[name]) for name in SERIES},
             "loadavg_1m": os.getloadavg()[0],
-            "gpu_util_pct": self._gpu_util.summary(),
-            "gpu_mem_mib": self._gpu_mem.summary(),
-            "sessions_active": self._sessions.summary(),
-            "worker_queue_depth": self._queue_depth.summary(),
-            "server": server_metrics(self._before, after, self._loop_lag),
+            "server": server_metrics(self._before, after, self._series["loop_lag"]),
         }
 
 
 def server_metrics(
-    before: prom.Samples, after: prom.Samples, loop_lag: _Series | None = None
+    before: prom.Samples, after: prom.Samples, loop_lag: list[float] | None = None
 ) -> dict[str, Any]:
     """The ``streamer_*`` metrics that moved during a step (missing names are None)."""
     out: dict[str, Any] = {"metrics_available": bool(after)}
@@ -209,7 +180,7 @@ def server_metrics(
     lag_hist = prom.histogram_delta(before, after, "streamer_event_loop_lag_seconds")
     out["event_loop_lag_s"] = _hist_summary(lag_hist)
     if lag_hist is None and loop_lag is not None:
-        out["event_loop_lag_s"] = loop_lag.summary()  # exposed as a gauge instead
+        out["event_loop_lag_s"] = _summary(loop_lag)  # exposed as a gauge instead
     out["partials_skipped"] = prom.delta(before, after, "streamer_partials_skipped_total")
     out["partials_sent"] = prom.delta(before, after, "streamer_partials_sent_total")
     out["server_ttft_s"] = _hist_summary(

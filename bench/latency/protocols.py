@@ -190,9 +190,8 @@ class V1(Protocol):
 class Deepgram(Protocol):
     def path(self, webm: bool) -> str:
         encoding = "" if webm else f"encoding=linear16&sample_rate={SAMPLE_RATE}&channels=1&"
-        return (
-            f"/v1/listen?{encoding}interim_results=true&endpointing={self.endpoint_ms}&model=nova-3"
-        )
+        options = f"interim_results=true&endpointing={self.endpoint_ms}&model=nova-3"
+        return f"/v1/listen?{encoding}{options}"
 
     def ending(self) -> list[str]:
         return ['{"type": "CloseStream"}']

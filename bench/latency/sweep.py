@@ -7,18 +7,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from bench.common import ManagedServer, ServerOptions, http_base
 from bench.latency import metrics, prom, report
 from bench.latency.audio import SAMPLE_RATE, BenchAudio
-from bench.latency.load import ClientRecord, StepOptions, chunks_of, plan_clients, run_step, warm_up
+from bench.latency.load import ClientRecord, StepOptions, plan_clients, run_step, warm_up
 from bench.latency.monitor import Monitor, other_cpu_now, scrape
 from streamer.core.protocol import End
 
@@ -39,10 +36,6 @@ class Variant:
     name: str  # as given on the command line, e.g. "int8" or "fp32:nopartials"
     precision: str | None  # one of PRECISIONS; None for a given server (--url)
     partials: bool  # clients ask for partial results
-
-    @property
-    def server_key(self) -> str | None:
-        return self.precision
 
     def server_options(self, base: ServerOptions) -> ServerOptions:
         """``base`` with this variant's precision (--quantize / --dtype)."""
@@ -97,13 +90,11 @@ class SweepOptions:
     server: ServerOptions  # used when url is None (quantize comes from each variant)
     variants: tuple[Variant, ...]  # the first is the main sweep, the others comparisons
     clients: list[int] | None  # main sweep's client counts; None: automatic
-    also_clients: list[int]  # counts the main variant runs after its sweep (e.g. a target)
     compare_clients: list[int] | None  # where the other variants run; None: main's counts
     max_clients: int  # upper bound of the automatic sweep
     step: StepOptions  # template: url and clients are filled per step
     saturation_final_p95_s: float  # the limit that defines "carried"
     stop_when_saturated: bool  # end the main sweep at the first step over the limit
-    send_lag_limit_s: float  # load-generator lag above which a step is flagged
     out_dir: Path
     pause_s: float = 2.0  # between steps, so one step's stragglers do not load the next
     quiet_cpu_pct: float | None = None  # other load above which a step waits and is redone
@@ -112,7 +103,7 @@ class SweepOptions:
 
 
 def step_result(
-    records: list[ClientRecord], clients: int, monitor: dict[str, Any], send_lag_limit_s: float
+    records: list[ClientRecord], clients: int, monitor: dict[str, Any]
 ) -> dict[str, Any]:
     """One step's JSON: every segment, every session, and the pooled summary."""
     segments: list[dict[str, Any]] = []
@@ -145,11 +136,7 @@ def step_result(
         "clients": clients,
         "summary": metrics.summarize_segments(pooled),
         "skip_share": metrics.skip_share(ends),
-        "send_lag_s": {
-            **metrics.percentiles(lags),
-            "max": max(lags) if lags else None,
-        },
-        "send_lag_limit_s": send_lag_limit_s,
+        "send_lag_s": {**metrics.percentiles(lags), "max": max(lags) if lags else None},
         "errors": [s["error"] for s in sessions if s["error"]],
         "monitor": monitor,
         "sessions": sessions,
@@ -180,7 +167,7 @@ class Sweep:
     async def run(self) -> None:
         groups: dict[str | None, list[Variant]] = {}
         for variant in self.options.variants:
-            groups.setdefault(variant.server_key, []).append(variant)
+            groups.setdefault(variant.precision, []).append(variant)
         main = self.options.variants[0]
         for variant in self.options.variants:
             self._entry(variant)  # results list the variants in the order given
@@ -221,7 +208,7 @@ class Sweep:
                        DRAIN_WAIT_S)  # fmt: skip
         await asyncio.to_thread(target.server.stop)
         target.restarts += 1
-        variants = [v for v in self.options.variants if v.server_key == target.key]
+        variants = [v for v in self.options.variants if v.precision == target.key]
         await self._start_server(target, variants)
         return True
 
@@ -229,18 +216,10 @@ class Sweep:
         for entry in self.results["variants"]:
             if entry["name"] == variant.name:
                 return entry
-        server = (
-            {"url": self.options.url}
-            if self.options.url
-            else dataclasses.asdict(variant.server_options(self.options.server))
-        )
-        entry = {
-            "name": variant.name,
-            "partials": variant.partials,
-            "server": server,
-            "steps": [],
-            "carried_clients": None,
-        }
+        server = dataclasses.asdict(variant.server_options(self.options.server))
+        entry = {"name": variant.name, "partials": variant.partials, "steps": [],
+                 "server": {"url": self.options.url} if self.options.url else server,
+                 "carried_clients": None}  # fmt: skip
         self.results["variants"].append(entry)
         return entry
 
@@ -274,10 +253,6 @@ class Sweep:
             while (n := metrics.next_client_count(tried, self.options.max_clients)) is not None:
                 step = await self._step(target, variant, entry, n)
                 tried[n] = step_ok(step, limit)
-        done = {s["clients"] for s in entry["steps"]}
-        for n in self.options.also_clients:
-            if n not in done:
-                await self._step(target, variant, entry, n)
 
     async def _wait_quiet(self, pid: int | None) -> None:
         """Wait (bounded) until other work has used less than the threshold for
@@ -342,21 +317,12 @@ class Sweep:
         )
         monitor = Monitor(http_base(url), pid)
         plans = plan_clients(options, self.audio)
-        bar = tqdm(
-            total=chunks_of(plans, options.chunk_ms),
-            desc=f"{variant.name} x{clients}",
-            unit="chunk",
-            leave=True,
-            dynamic_ncols=True,
-            mininterval=0.5 if sys.stderr.isatty() else 10.0,
-        )
         await monitor.start()
         try:
-            records = await run_step(options, plans, on_chunk=lambda: bar.update(1))
+            records = await run_step(options, plans)
         finally:
             summary = await monitor.stop()
-            bar.close()
-        return step_result(records, clients, summary, self.options.send_lag_limit_s)
+        return step_result(records, clients, summary)
 
 
 async def _drained(url: str, timeout_s: float) -> bool:

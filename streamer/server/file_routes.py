@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
+import h11
+
 from streamer.core.compat import transcripts
 from streamer.errors import ApiError, FileRefused
 from streamer.server.admission import (
@@ -124,16 +126,21 @@ class FileRoutes:
         self.refused = dict(refused or {})  # path -> (status, message): known, not served
         self.table = table or RouteTable((), (*self.apis, *self.refused))
 
-    def exchange(self, peer: str, accepted_at: float) -> HttpExchange:
-        """A new exchange for one connection accepted at loop time ``accepted_at``
-        (``MainPortConnection``'s factory): its head is due ``read_timeout_s`` after."""
+    def exchange(self, peer: str, accepted_at: float, connection: h11.Connection) -> HttpExchange:
+        """A new exchange for one connection accepted at loop time ``accepted_at``, whose
+        head the port's front is reading with ``connection`` (the port's exchange
+        factory): its head is due ``read_timeout_s`` after the accept."""
         limits = HttpLimits(
             max_body_bytes=self.options.max_upload_bytes + MULTIPART_OVERHEAD_BYTES,
             read_timeout_s=self.options.read_timeout_s,
             write_timeout_s=self.admission.options.limits.write_timeout_s,
         )
         return HttpExchange(
-            self.handle, limits, peer=peer, head_deadline=accepted_at + limits.read_timeout_s
+            self.handle,
+            limits,
+            peer=peer,
+            head_deadline=accepted_at + limits.read_timeout_s,
+            connection=connection,
         )
 
     async def handle(self, exchange: HttpExchange) -> None:
@@ -149,8 +156,9 @@ class FileRoutes:
                     http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": error.message}
                 ) from None
             api = self.apis.get(request.path)
-            if request.method == "OPTIONS" and (api is not None or request.path in self.refused):
-                await self.preflight(exchange)
+            preflight = self.table.preflight_methods(request.path)
+            if request.method == "OPTIONS" and preflight:
+                await self.preflight(exchange, preflight)
                 return
             if api is None:
                 self._not_served(request)
@@ -180,12 +188,13 @@ class FileRoutes:
             http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
         )
 
-    async def preflight(self, exchange: HttpExchange) -> None:
-        """A browser's CORS preflight for an upload from another origin."""
+    async def preflight(self, exchange: HttpExchange, methods: tuple[str, ...]) -> None:
+        """A browser's CORS preflight for an upload from another origin (``methods``:
+        what the port's table lets it send)."""
         request = exchange.request
         assert request is not None
         headers = {
-            "Access-Control-Allow-Methods": "POST, OPTIONS",
+            "Access-Control-Allow-Methods": ", ".join(methods),
             "Access-Control-Allow-Headers": "Authorization, Content-Type",
             "Access-Control-Max-Age": "600",
             **self.cors_headers(request),

@@ -1,9 +1,10 @@
 """The FunASR runtime protocol's own port (``--funasr-port``; FunASR's convention is 10095).
 
-A second listening port whose every connection is a
-:class:`~streamer.server.websocket.WebSocket` (websockets' sans-I/O protocol, driven by
-the server: no websockets asyncio server) and every session a :class:`FunAsrAdapter` on
-path ``/``,
+A second listening :class:`~streamer.server.port.Port`, with the main port's front (h11
+reads each head; a handshake on ``/`` goes to a
+:class:`~streamer.server.websocket.WebSocket`, websockets' sans-I/O protocol driven by the
+server; anything else is answered from the route) and every session a
+:class:`FunAsrAdapter` on path ``/``,
 served like the main port's sessions (:func:`~streamer.server.connection.serve_websocket`),
 so it shares admission, ``--max-sessions``, the worker, the connection machinery (our
 keepalive, which never counts our own back-pressure against the client, and websockets'
@@ -32,6 +33,7 @@ from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
 from streamer.server.port import Port
+from streamer.server.route_table import RouteTable
 from streamer.server.routes import check_request_line, method_not_allowed
 from streamer.server.websocket import WebSocket
 
@@ -39,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 PATH = "/"  # where FunASR's clients and its html5 demo connect
 SUBPROTOCOL = "binary"  # what FunASR's Python clients ask for
+TABLE = RouteTable((PATH,), (), pages=False)  # one WebSocket endpoint, no pages or files
 
 
 def _negotiate(request: Request, query: Mapping[str, str], defaults: StreamOptions) -> Negotiation:
@@ -85,7 +88,7 @@ class FunAsrListener:
     def __init__(self, admission: Admission, port: int) -> None:
         self.admission = admission
         self._requested_port = port
-        self._port = Port(admission.options, self._handle, self._route, _select_subprotocol)
+        self._port = Port(admission.options, self._handle, self._route, _select_subprotocol, TABLE)
 
     @property
     def port(self) -> int:
@@ -98,8 +101,8 @@ class FunAsrListener:
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
 
     def _route(self, request: Request) -> Response | None:
-        if request.method != "GET":
-            return method_not_allowed(("GET",), "WebSocket handshakes use GET")
+        if request.method not in TABLE.allowed(PATH):
+            return method_not_allowed(TABLE.allowed(PATH), "WebSocket handshakes use GET")
         url = check_request_line(request)  # raises BadRequest: a 400
         if url.path != PATH:
             return json_response(

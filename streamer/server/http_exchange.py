@@ -1,7 +1,7 @@
 """One HTTP/1.1 request with a body, on the main port: :class:`HttpExchange` (h11).
 
 The WebSocket's parser reads a request's head only, so requests that carry a body
-(file uploads) are handed here by :class:`~streamer.server.front.MainPortFront` before
+(file uploads) are handed here by :class:`~streamer.server.front.PortFront` before
 the WebSocket sees them. h11 parses the request; the body is read on demand by the
 handler (:meth:`HttpExchange.read`), with flow control: while more than
 ``HttpLimits.buffer_bytes`` wait unread, the socket is not read (TCP pushes back on the
@@ -105,15 +105,18 @@ class HttpExchange(asyncio.Protocol):
         *,
         peer: str = "?",
         head_deadline: float | None = None,
+        connection: h11.Connection | None = None,
     ) -> None:
         """``head_deadline``: the loop time by which the whole head must have come (by
         default ``limits.read_timeout_s`` after :meth:`connection_made`; the connection's
-        own start when the exchange takes over a connection already under way)."""
+        own start when the exchange takes over a connection already under way).
+        ``connection``: the h11 connection the port's front fed the bytes read so far
+        (:meth:`read_buffered` parses them: the head is parsed once, by one h11)."""
         self._handler = handler
         self.limits = limits
         self.peer = peer
         self._head_deadline = head_deadline
-        self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self._h11 = connection if connection is not None else new_h11()
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self.request: HttpRequest | None = None
@@ -151,8 +154,12 @@ class HttpExchange(asyncio.Protocol):
                 self._close()
             return
         self._feed_chunk_sizes(data)
+        self._h11.receive_data(data)
+        self.read_buffered()
+
+    def read_buffered(self) -> None:
+        """Parse what the h11 connection holds (what came, or what the front fed it)."""
         try:
-            self._h11.receive_data(data)
             self._process()
         except h11.RemoteProtocolError as error:
             self._protocol_error(error)
@@ -489,6 +496,11 @@ class HttpExchange(asyncio.Protocol):
         if self.request is None:
             logger.info("HTTP client %s sent no complete request head: closed", self.peer)
             self.abort()
+
+
+def new_h11() -> h11.Connection:
+    """A connection's h11 parser, with the head's bound (the front's and the exchange's)."""
+    return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
 
 
 def _encode(pairs: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

@@ -1,10 +1,12 @@
 """A listening port and its connections: the one place that says how the server's
-WebSockets are made (the main port's and FunASR's), so that the ports cannot drift apart.
+connections are made (the main port's and FunASR's), so that the ports cannot drift apart.
 
-A :class:`Port` binds with asyncio's own server and makes each connection's protocol: a
-:class:`~streamer.server.websocket.WebSocket` directly (the FunASR port), or a front of
-the port's own that hands the connection to one (the main port:
-:class:`~streamer.server.front.MainPortFront`). Every WebSocket it makes has the
+A :class:`Port` binds with asyncio's own server and gives each connection a
+:class:`~streamer.server.front.PortFront`, which parses its request head with h11 and
+answers plain pages with :meth:`Port.answer`, hands a handshake to a
+:class:`~streamer.server.websocket.WebSocket` (:meth:`Port.websocket`) and a request with
+a body to the port's file APIs (its exchange factory; the FunASR port has none). Every
+WebSocket it makes has the
 options' settings: the largest frame, a queue of
 :data:`~streamer.server.options.WS_MAX_QUEUE_FRAMES` messages, the close timeout, the
 ``Server`` header, no compression (none is offered: PCM does not compress, deflate would
@@ -17,16 +19,31 @@ and their handlers' tasks, which its shutdown walks.
 from __future__ import annotations
 
 import asyncio
+import http
 import ssl
-from collections.abc import Callable
 
+from websockets.http11 import Request, Response
+
+from streamer.server.front import OPEN_TIMEOUT_S, ExchangeFactory, PortFront, serialize
+from streamer.server.http import json_response
 from streamer.server.http_exchange import SERVER_HEADER
 from streamer.server.options import WS_MAX_QUEUE_FRAMES, ServerOptions
+from streamer.server.route_table import RouteTable
 from streamer.server.routes import Route, answering, final_response
 from streamer.server.websocket import Handler, SubprotocolChoice, WebSocket
 
-OPEN_TIMEOUT_S = 10.0  # a connection's handshake request within this (websockets' default)
 CLOSE_GOING_AWAY = 1001  # what open connections hear when the port closes
+
+
+def malformed_answer() -> bytes:
+    """The answer to a head nothing can parse (400, as the port's request checks say it)."""
+    response = json_response(
+        http.HTTPStatus.BAD_REQUEST,
+        {"error": "bad_request", "message": "malformed HTTP request"},
+    )
+    response.headers["Server"] = SERVER_HEADER
+    response.headers["Connection"] = "close"
+    return serialize(response)
 
 
 class Port:
@@ -39,18 +56,24 @@ class Port:
         handler: Handler,
         route: Route,
         select_subprotocol: SubprotocolChoice,
-        front: Callable[[Port], asyncio.Protocol] | None = None,
+        table: RouteTable,
+        exchange: ExchangeFactory | None = None,
     ) -> None:
-        """``front`` makes a connection's first protocol (it calls :meth:`websocket`
-        when the connection is one); without it every connection is a WebSocket."""
+        """``table``: the port's endpoints (which paths are WebSocket endpoints);
+        ``exchange``: the port's requests with a body (None: the WebSocket's route
+        answers them)."""
         self.options = options
         self._handler = handler
         self._route = answering(route)  # a malformed request is a 400, a failure a 500
         self._select = select_subprotocol
-        self._front = front
+        self._table = table
+        self._exchange = exchange
         self._server: asyncio.Server | None = None
         self.connections: set[WebSocket] = set()  # open WebSockets
         self.tasks: set[asyncio.Task[None]] = set()  # their handlers
+        # connections whose request head the front is still reading (nothing to answer
+        # yet: a shutdown drops them, as a WebSocket still in its handshake)
+        self.heads: set[asyncio.Transport] = set()
 
     @property
     def port(self) -> int:
@@ -72,13 +95,23 @@ class Port:
             open_timeout_s=OPEN_TIMEOUT_S,
             server_header=SERVER_HEADER,
             tasks=self.tasks,
+            malformed=malformed_answer,
         )
         self.connections.add(ws)
         ws.on_lost = self.connections.discard
         return ws
 
+    def answer(self, request: Request) -> Response | None:
+        """The port's answer to a plain request, as its WebSockets send it (the ``Server``
+        header, :func:`final_response`); None: a handshake that goes on."""
+        response = self._route(request)
+        if response is None:
+            return None
+        response.headers["Server"] = SERVER_HEADER
+        return final_response(request, response)
+
     def _protocol(self) -> asyncio.Protocol:
-        return self._front(self) if self._front is not None else self.websocket()
+        return PortFront(self, self._exchange, self._table)
 
     async def start(self, port: int, ssl_context: ssl.SSLContext | None) -> None:
         """Bind ``options.host``:``port`` (0 picks a free one); raises OSError."""
@@ -100,11 +133,15 @@ class Port:
         """Drop every open WebSocket at once (the shutdown's grace period is over)."""
         for ws in list(self.connections):
             ws.transport.abort()
+        for transport in list(self.heads):
+            transport.abort()
 
     async def close(self) -> None:
         """Close what is still open (1001 going away) and wait for the handlers; the
         caller bounds the wait, and :meth:`abort_all` what is left."""
         self.stop_accepting()
+        for transport in list(self.heads):
+            transport.abort()
         for ws in list(self.connections):
             ws.close_soon(CLOSE_GOING_AWAY)
         if self.tasks:

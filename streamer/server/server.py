@@ -35,7 +35,6 @@ from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import serve_websocket
 from streamer.server.deepgram_files import DEEPGRAM_FILES
 from streamer.server.file_routes import FileRoutes
-from streamer.server.front import MainPortFront
 from streamer.server.funasr_listener import FunAsrListener
 from streamer.server.http import V1_ENDPOINT, Endpoint, StaticFiles
 from streamer.server.metrics import Metrics
@@ -194,7 +193,8 @@ class StreamingServer:
                 self._handle,
                 self.routes.route,
                 self.routes.select_subprotocol,
-                front=lambda port: MainPortFront(port, self.files.exchange),
+                self.routes.table,
+                self.files.exchange,
             )
             await main.start(o.port, ssl_context)
             self._server = main

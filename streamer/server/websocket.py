@@ -71,7 +71,10 @@ class WebSocket(asyncio.Protocol):
         open_timeout_s: float,
         server_header: str,
         tasks: set[asyncio.Task[None]],
+        malformed: Callable[[], bytes] | None = None,
     ) -> None:
+        """``malformed``: the answer, on the wire, to a head websockets cannot parse (it
+        closes such a connection unanswered; without ``malformed`` so does this one)."""
         self._handler = handler
         self._route = route
         self._process_response = process_response
@@ -83,6 +86,9 @@ class WebSocket(asyncio.Protocol):
         self._open_timeout_s = open_timeout_s
         self._server_header = server_header
         self._tasks = tasks  # the port's handler tasks: shutdown waits for them
+        self._malformed = malformed
+        self._wrote = False  # something was written (an answer, at least its head)
+        self._peer_ended = False  # the client closed its side
         self.protocol = ServerProtocol(
             # a function (ServerProtocol binds it to itself), not a bound method
             select_subprotocol=lambda protocol, offered: self._select_subprotocol(offered),
@@ -125,12 +131,14 @@ class WebSocket(asyncio.Protocol):
         self._feed()
 
     def eof_received(self) -> bool | None:
+        self._peer_ended = True
         self._feed_all()
         self.protocol.receive_eof()
         self._process()
         return None  # asyncio closes the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._peer_ended = True
         self._feed_all()
         if self._open_timer is not None:
             self._open_timer.cancel()
@@ -263,13 +271,24 @@ class WebSocket(asyncio.Protocol):
             if self.transport.is_closing():
                 return
             if data == END_OF_STREAM:
+                if self.request is None and not self._wrote and not self._peer_ended:
+                    self._refuse_malformed()
                 # the server closes the TCP connection first (RFC 6455 7.1.1)
                 if self.transport.can_write_eof():
                     with contextlib.suppress(OSError, RuntimeError):
                         self.transport.write_eof()
                 self.transport.close()
                 return
+            self._wrote = True
             self.transport.write(data)
+
+    def _refuse_malformed(self) -> None:
+        """websockets found no request in the head (not HTTP, or a line it cannot read)
+        and ends the connection unanswered: the client is told why first."""
+        if self._malformed is not None:
+            logger.info("malformed HTTP request from %s: 400", self.remote_address)
+            self._wrote = True
+            self.transport.write(self._malformed())
 
     async def send(self, data: str | bytes, *, text: bool | None = None) -> None:
         """One message (text when ``text``, or when ``data`` is a str); waits while the

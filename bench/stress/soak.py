@@ -44,9 +44,9 @@ import orjson
 from websockets.asyncio.client import connect
 
 from bench.common import cpu_name, multipart_form, proc_status, rss_mb
-from bench.files import sse_events
+from bench.files import Uploader
 from bench.latency.protocols import webm_bytes
-from bench.stress import finals_of, long_speech, stress_server
+from bench.stress.attacks import long_speech, session, stress_server
 
 logger = logging.getLogger("bench.stress.soak")
 
@@ -92,20 +92,13 @@ def sample(pid: int, at_s: float) -> Sample:
 
 
 def wav_bytes(pcm: np.ndarray, *, rate: int = 16000, bits: int = 16, declared: int = 0) -> bytes:
-    data = pcm.astype("<i2").tobytes()
-    block = bits // 8
+    """A mono WAV whose header says ``rate``, ``bits`` and ``declared`` data bytes (lies
+    for the hostile cases)."""
+    data, block = pcm.astype("<i2").tobytes(), bits // 8
     size = declared or len(data)
-    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * block, block, bits)
-    return (
-        b"RIFF"
-        + struct.pack("<I", 36 + size)
-        + b"WAVEfmt "
-        + struct.pack("<I", len(fmt))
-        + fmt
-        + b"data"
-        + struct.pack("<I", size)
-        + data
-    )
+    head = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + size, b"WAVE", b"fmt ", 16, 1, 1,
+                       rate, rate * block, block, bits, b"data", size)  # fmt: skip
+    return head + data
 
 
 def form(audio: bytes, *fields: tuple[str, str]) -> bytes:
@@ -127,16 +120,6 @@ def post(port: int, path: str, body: bytes, content_type: str) -> tuple[int, byt
 
 def deepgram_texts(body: bytes) -> list[str]:
     return [u["transcript"] for u in orjson.loads(body)["results"]["utterances"]]
-
-
-def sse_text(body: bytes) -> tuple[str, str | None]:
-    """The deltas joined, and the last event's type."""
-    deltas, last = [], None
-    for event in sse_events(body.splitlines()):
-        last = event.get("type")
-        if last == "transcript.text.delta":
-            deltas.append(event["delta"])
-    return "".join(deltas), last
 
 
 async def webm_session(url: str, webm: bytes, *, slice_s: float, seconds: float) -> list[str]:
@@ -230,18 +213,16 @@ async def soak(args: argparse.Namespace) -> str:
         server.__enter__()  # started and ready; stopped below with SIGTERM, its exit timed
         port, url = server.port or 0, server.url
         # references: each well-behaved client alone, once
-        live_ref = [f.text for f in (await finals_of(url, speech, ping=False))[0] if f.text]
+        live_ref = (await session(url, speech, ping=False)).texts
         webm_ref = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
         status, body = await asyncio.to_thread(
             post, port, "/v1/listen?utterances=true", wav, "audio/wav"
         )
         assert status == 200, body[:200]
         upload_ref = deepgram_texts(body)
-        status, body = await asyncio.to_thread(
-            post, port, "/v1/audio/transcriptions", form(wav, ("response_format", "text")),
-            f"multipart/form-data; boundary={BOUNDARY}",
-        )  # fmt: skip
-        text_ref = body.decode().strip()
+        wav_path = Path(args.log).with_suffix(".wav")
+        wav_path.write_bytes(wav)
+        text_ref = (await asyncio.to_thread(Uploader(server.http_url).upload, wav_path)).text
         logger.info(
             "references: %d live finals, %d WebM finals, %d utterances", len(live_ref),
             len(webm_ref), len(upload_ref),
@@ -257,8 +238,8 @@ async def soak(args: argparse.Namespace) -> str:
 
         async def live() -> None:
             while running():
-                finals, ended, errors = await finals_of(url, speech, ping=True, speed=1.0)
-                texts = [f.text for f in finals if f.text]
+                got = await session(url, speech, speed=1.0)
+                texts, ended, errors = got.texts, got.ended, got.errors
                 if texts == live_ref and ended and not errors:
                     tally.ok("live PCM session")
                 else:
@@ -298,15 +279,11 @@ async def soak(args: argparse.Namespace) -> str:
                         tally.ok("upload")
                     else:
                         tally.bad("upload", f"{status} {body[:120]!r}")
-                    status, body = await asyncio.to_thread(
-                        post, port, "/v1/audio/transcriptions", form(wav, ("stream", "true")),
-                        f"multipart/form-data; boundary={BOUNDARY}",
-                    )  # fmt: skip
-                    text, last = sse_text(body)
-                    if status == 200 and last == "transcript.text.done" and _same(text, text_ref):
+                    up = await asyncio.to_thread(Uploader(server.http_url).upload, wav_path)
+                    if up.error is None and up.deltas_match_done and _same(up.text, text_ref):
                         tally.ok("SSE upload")
                     else:
-                        tally.bad("SSE upload", f"{status} last={last} {text[:80]!r}")
+                        tally.bad("SSE upload", f"{up.error} {up.text[:80]!r}")
                 except Exception as error:
                     tally.bad("upload", repr(error))
                 await asyncio.sleep(max(0.0, started + args.upload_every_s - time.monotonic()))

@@ -1,0 +1,5 @@
+import sys
+
+from bench.stress.attacks import main
+
+sys.exit(main())
