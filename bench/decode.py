@@ -93,15 +93,15 @@ def options(config: str, args: argparse.Namespace, **fields: Any) -> Any:
 def load(config: str, args: argparse.Namespace) -> Any:
     """The recognizer of ``config``, warmed up; ``onnx-int8-qint8``/``-quint8`` from an
     export with that int8 weight type."""
-    from streamer.model.loading import load_recognizer
+    from streamer.model.backends.loading import load_recognizer
 
     precision = config.partition("-")[2]
     weight_type = {"int8-qint8": "QInt8", "int8-quint8": "QUInt8"}.get(precision)
     if weight_type is None:
         return load_recognizer(options(config, args))
-    from streamer.model.files import locate_model
-    from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
-    from streamer.model.onnx_export import cached_export
+    from streamer.model.artifacts.files import locate_model
+    from streamer.model.artifacts.onnx_export import cached_export
+    from streamer.model.backends.onnx_backend import OnnxRecognizer, onnx_model_dir
 
     opts = options(config, args, warmup=False)
     source = locate_model(args.model, "ms", args.cache_dir, opts.random_models)
@@ -179,8 +179,8 @@ def part_agreement(
 def generate_child(args: argparse.Namespace, config: str) -> dict[str, Any]:
     """In a fresh process: funasr's import, the load, the warm-up and the peak memory, and
     the direct path against ``AutoModel.generate()`` (a torch configuration)."""
-    from streamer.model.funasr_quiet import import_funasr
-    from streamer.model.torch_backend import Recognizer
+    from streamer.model.backends.funasr_quiet import import_funasr
+    from streamer.model.backends.torch_backend import Recognizer
 
     import_s = timed_ms(import_funasr) / 1000  # about 5 s, the same for any model
     recognizer: Any = None

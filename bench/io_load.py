@@ -68,21 +68,21 @@ class InstantRecognizer(RecognizerBase):
 
 class FeatureRecognizer(InstantRecognizer):
     """TEST DOUBLE that does the worker's CPU work of a real decode except the model:
-    each job's features through the real :class:`~streamer.model.features.FeatureCache`
+    each job's features through the real :class:`~streamer.model.decode.features.FeatureCache`
     (filterbank once per sample, LFR, CMVN), then the instant answer."""
 
     name = "features-test-double"
 
     def __init__(self) -> None:
-        from streamer.model.features import FeatureCache
-        from streamer.model.frontend import Cmvn, Frontend
+        from streamer.model.decode.features import FeatureCache
+        from streamer.model.decode.frontend import Cmvn, Frontend
         from streamer.model.sensevoice import FEATURE_DIM
 
         cmvn = Cmvn(np.zeros(FEATURE_DIM, np.float32), np.ones(FEATURE_DIM, np.float32))
         self.cache = FeatureCache(Frontend(cmvn))
 
     def decode_jobs(self, jobs: Any) -> list[Any]:
-        from streamer.model.decoding import as_waveform
+        from streamer.model.decode.decoding import as_waveform
         from streamer.model.sensevoice import MIN_DECODE_SAMPLES
 
         for job in jobs:
@@ -104,9 +104,9 @@ async def _serve(port: int, features: bool, model_process: bool) -> None:
     from functools import partial
 
     from streamer.core.capacity import CapacityOptions
-    from streamer.model.pool import WorkerHooks, WorkerPool, WorkerSlot
-    from streamer.model.process import ProcessRecognizer
-    from streamer.model.worker import ModelWorker
+    from streamer.model.serving.pool import WorkerHooks, WorkerPool, WorkerSlot
+    from streamer.model.serving.process import ProcessRecognizer
+    from streamer.model.serving.worker import ModelWorker
     from streamer.server.metrics import Metrics
     from streamer.server.server import ServerOptions, StreamingServer
 

@@ -30,9 +30,9 @@ from websockets.asyncio.client import connect
 
 from streamer.core.compat.common import join_texts
 from streamer.core.session import Session
+from streamer.model.backends.torch_backend import Recognizer
 from streamer.model.options import RecognizerOptions
-from streamer.model.torch_backend import Recognizer
-from streamer.model.worker import ModelWorker
+from streamer.model.serving.worker import ModelWorker
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
 from streamer.testkit.models import ensure_random_model

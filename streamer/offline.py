@@ -19,8 +19,8 @@ from streamer.core.protocol import Final, StreamOptions
 from streamer.core.session import Session, SessionOptions
 from streamer.core.session_speakers import SpeakerAnalyser
 from streamer.core.vad import FrameClassifier, webrtc_classifier
-from streamer.model.decoding import decode_job
-from streamer.model.worker import SpeechRecognizer
+from streamer.model.decode.decoding import decode_job
+from streamer.model.serving.worker import SpeechRecognizer
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ No server and no sockets: the model is loaded here, and audio goes through the s
 pieces the server runs, so the cuts and the text are the server's for the same samples
 (a core :class:`~streamer.core.session.Session` per stream: resampling, the VAD, the
 segmenter, partials and speculative finals; each decode job answered through the model
-worker's one decode path, :func:`streamer.model.decoding.decode_job`). The results are
+worker's one decode path, :func:`streamer.model.decode.decoding.decode_job`). The results are
 protocol v1's own messages (:class:`~streamer.core.protocol.Final`,
 :class:`~streamer.core.protocol.Partial`: text, times in ms, language, emotion, event,
 timed words).
@@ -36,9 +36,9 @@ from streamer.core.session import Session
 from streamer.core.session_state import SessionOptions
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS, webrtc_classifier
 from streamer.errors import ConfigError, InvalidHotwords, InvalidOption
-from streamer.model.decoding import decode_job
+from streamer.model.backends.loading import load_recognizer, preflight
+from streamer.model.decode.decoding import decode_job
 from streamer.model.interface import SpeechRecognizer
-from streamer.model.loading import load_recognizer, preflight
 from streamer.model.options import RecognizerOptions
 
 __all__ = ["Result", "Transcriber", "TranscriptionStream"]

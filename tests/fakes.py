@@ -16,7 +16,7 @@ from streamer.model.interface import RecognizerBase
 from tests.timing import timeout_s
 
 if TYPE_CHECKING:
-    from streamer.model.loading import LoadProgress
+    from streamer.model.backends.loading import LoadProgress
 
 WORD_FRAMES = 8  # a word every 480 ms (an encoder frame is 60 ms; frames 0-3 are queries)
 

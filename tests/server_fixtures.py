@@ -18,7 +18,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from streamer.core.capacity import CapacityOptions
-from streamer.model.worker import ModelWorker, SpeechRecognizer
+from streamer.model.serving.worker import ModelWorker, SpeechRecognizer
 from streamer.server.server import ConnectionLimits, ServerOptions, StreamingServer
 from tests.fakes import FakeRecognizer, loudness_classifier
 from tests.timing import timeout_s as scaled
@@ -241,8 +241,8 @@ def recognizer_loader(model_dir: Path) -> Callable[[], SpeechRecognizer]:
     """Loads the real recognizer (funasr) from a model directory."""
 
     def load() -> SpeechRecognizer:
+        from streamer.model.backends.torch_backend import Recognizer
         from streamer.model.options import RecognizerOptions
-        from streamer.model.torch_backend import Recognizer
 
         return Recognizer(RecognizerOptions(model=str(model_dir), device="cpu", threads=2))
 

@@ -1,4 +1,4 @@
-"""glibc's mmap threshold, fixed before an ONNX graph loads (streamer/model/allocator.py)."""
+"""glibc's mmap threshold, fixed before an ONNX graph loads (model/artifacts/allocator.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,13 @@ from typing import Any
 
 import pytest
 
-from streamer.model import allocator, loading, onnx_backend
-from streamer.model.allocator import M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES, pin_mmap_threshold
+from streamer.model.artifacts import allocator
+from streamer.model.artifacts.allocator import (
+    M_MMAP_THRESHOLD,
+    MMAP_THRESHOLD_BYTES,
+    pin_mmap_threshold,
+)
+from streamer.model.backends import loading, onnx_backend
 from streamer.model.options import RecognizerOptions
 from tests.timing import timeout_s
 
@@ -64,7 +69,7 @@ def test_nothing_is_called_where_glibc_is_absent(monkeypatch: pytest.MonkeyPatch
 # go back to the system.
 _FREED_AND_KEPT = """
 import ctypes, sys
-from streamer.model.allocator import pin_mmap_threshold
+from streamer.model.artifacts.allocator import pin_mmap_threshold
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]

@@ -14,14 +14,14 @@ from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.core.transcript import Transcript
 from streamer.core.words import transcript_words
 from streamer.errors import ConfigError
-from streamer.model.decoding import CtcRecognizer
+from streamer.model.artifacts.onnx_export import cached_export
+from streamer.model.backends.onnx_backend import OnnxRecognizer
+from streamer.model.backends.torch_backend import Recognizer
+from streamer.model.decode.decoding import CtcRecognizer
 from streamer.model.interface import RecognizerBase
-from streamer.model.onnx_backend import OnnxRecognizer
-from streamer.model.onnx_export import cached_export
 from streamer.model.options import RecognizerOptions
 from streamer.model.sensevoice import MIN_DECODE_SAMPLES
-from streamer.model.torch_backend import Recognizer
-from streamer.model.worker import (
+from streamer.model.serving.worker import (
     DEFAULT_MAX_BATCH,
     ModelWorker,
     WorkerOptions,
@@ -105,7 +105,7 @@ def test_fp32_batches_equal_batch_1_tiny(torch_tiny, onnx_tiny, long_speech, bac
 def test_int8_is_not_batch_exact(tiny_model_dir: Path, backend: str) -> None:
     """int8 quantizes a whole activation tensor with one scale (bench/RESULTS.md)."""
     options = _options(tiny_model_dir, backend=backend, quantize="int8")
-    from streamer.model.loading import load_recognizer
+    from streamer.model.backends.loading import load_recognizer
 
     assert not load_recognizer(options).batch_exact
 
@@ -338,7 +338,7 @@ def test_the_cpu_decodes_at_batch_1_unless_asked(
     tiny_model_dir: Path, long_speech, quantize
 ) -> None:
     """Automatic batching is for accelerators (on 2 CPU cores it measured no better)."""
-    from streamer.model.loading import load_recognizer
+    from streamer.model.backends.loading import load_recognizer
 
     recognizer = load_recognizer(_options(tiny_model_dir, backend="onnx", quantize=quantize))
     for max_batch, sizes in ((None, [1, 1, 1]), (3, [3])):

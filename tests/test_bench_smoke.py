@@ -47,7 +47,7 @@ def test_first_start_watches_a_start_with_nothing_to_export(
     tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
     from bench import first_start
-    from streamer.model.onnx_export import cached_export
+    from streamer.model.artifacts.onnx_export import cached_export
 
     # a sherpa-onnx layout (int8 graph and tokens), as the plain install serves
     export = cached_export(tiny_model_dir, cache_dir)

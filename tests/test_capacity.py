@@ -27,6 +27,7 @@ from streamer.core.capacity import (
     WAIT_BINS_MS,
     CapacityEstimator,
     CapacityOptions,
+    LiveFigures,
     LoadSample,
 )
 from streamer.core.live_latency import LatencyCounts
@@ -54,7 +55,7 @@ def run(
     for _ in range(int(seconds * 10)):
         now += 0.1
         decoded_ms += load * 100
-        estimator.observe(LoadSample(now, decoded_ms, oldest_ms, sessions))
+        estimator.observe(LoadSample(now, sessions, LiveFigures(decoded_ms, oldest_ms)))
     return now, decoded_ms
 
 
@@ -124,7 +125,7 @@ def test_the_load_is_the_workers_average() -> None:
     for _ in range(200):  # two workers, each 40 % busy with finals
         now += 0.1
         decoded += 80
-        estimator.observe(LoadSample(now, decoded, 0.0, 4, workers=2))
+        estimator.observe(LoadSample(now, 4, LiveFigures(decoded), workers=2))
     assert estimator.current.final_load == pytest.approx(0.4, rel=0.02)
     assert estimator.refusal(4) is None and estimator.refusal(5) == LOADED  # 50 %, 60 %
 
@@ -153,7 +154,7 @@ def feed(
     in ``decode_ms`` at ``rtf`` decode time per audio time; with ``final_ms`` and
     ``ttft_ms``, two finals and two first tokens a second at those latencies (19 in 20:
     the p95's bin is theirs); the last sample."""
-    s = start or LoadSample(0.0, 0.0, 0.0, sessions)
+    s = start or LoadSample(0.0, sessions)
     finals, ttfts = LatencyCounts(), LatencyCounts()
     finals.counts = list(s.final_latencies or finals.counts)
     ttfts.counts = list(s.ttft_latencies or ttfts.counts)
@@ -162,15 +163,17 @@ def feed(
         for counts, latency_ms in ((finals, final_ms), (ttfts, ttft_ms)):
             if latency_ms is not None and step % 5 == 0:
                 counts.record(latency_ms)
+        live = s.live
         s = LoadSample(
             s.now_s + 0.1,
-            s.final_decode_ms_total + busy_ms,
-            0.0,
             sessions,
-            final_audio_ms_total=s.final_audio_ms_total + busy_ms / rtf,
-            final_decode_sq_ms_total=s.final_decode_sq_ms_total + busy_ms * decode_ms,
-            partial_decode_ms_total=s.partial_decode_ms_total + partial_load * 100,
-            interruptible=interruptible,
+            LiveFigures(
+                final_decode_ms_total=live.final_decode_ms_total + busy_ms,
+                final_audio_ms_total=live.final_audio_ms_total + busy_ms / rtf,
+                final_decode_sq_ms_total=live.final_decode_sq_ms_total + busy_ms * decode_ms,
+                partial_decode_ms_total=live.partial_decode_ms_total + partial_load * 100,
+                interruptible=interruptible,
+            ),
             final_latencies=finals.snapshot(),
             ttft_latencies=ttfts.snapshot(),
         )
@@ -278,10 +281,10 @@ def test_headroom_is_what_the_rules_still_admit() -> None:
 
 def test_sessions_faster_than_real_time_are_named_in_the_refusal() -> None:
     estimator = CapacityEstimator(CapacityOptions(max_final_load=0.5, window_s=10))
-    s = LoadSample(0.0, 0.0, 0.0, 1)
+    s = LoadSample(0.0, 1)
     for _ in range(200):  # one unpaced client keeps the model 90 % busy
-        s = LoadSample(s.now_s + 0.1, s.final_decode_ms_total + 90, 0.0, 1,
-                       fast_sessions=1, fast_rate=12.0)  # fmt: skip
+        busy = LiveFigures(s.live.final_decode_ms_total + 90)
+        s = LoadSample(s.now_s + 0.1, 1, busy, fast_sessions=1, fast_rate=12.0)
         estimator.observe(s)
     capacity = estimator.current
     assert capacity.saturated == LOADED
@@ -345,13 +348,13 @@ def test_the_finals_measured_queue_waits_are_reported() -> None:
         now += 0.1
         finals = step + 1
         counted = waits(finals - finals // 10, finals // 10)
-        estimator.observe(LoadSample(now, 0.0, 0.0, 2, final_waits=counted))
+        estimator.observe(LoadSample(now, 2, LiveFigures(final_waits=counted)))
     assert estimator.current.measured_wait_ms == 150
     assert estimator.current.as_dict()["measured_wait_ms"] == 150
     assert estimator.refusal(2) is None
     few = CapacityEstimator(CapacityOptions(window_s=10))
     for step in range(100):  # the same share over 10 finals
-        few.observe(LoadSample(step * 0.1, 0.0, 0.0, 2, final_waits=waits(9, step // 50)))
+        few.observe(LoadSample(step * 0.1, 2, LiveFigures(final_waits=waits(9, step // 50))))
     assert few.current.measured_wait_ms == 0
 
 

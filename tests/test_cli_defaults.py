@@ -17,8 +17,12 @@ from streamer.core.segmenter import SegmenterOptions
 from streamer.core.session import SessionOptions
 from streamer.core.vad import DEFAULT_AGGRESSIVENESS
 from streamer.model.options import RecognizerOptions
-from streamer.model.pool import DEFAULT_WORKERS_PER_DEVICE
-from streamer.model.worker import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL_PROCESS, WorkerOptions
+from streamer.model.serving.pool import DEFAULT_WORKERS_PER_DEVICE
+from streamer.model.serving.worker import (
+    DEFAULT_DECODE_TIMEOUT_S,
+    DEFAULT_MODEL_PROCESS,
+    WorkerOptions,
+)
 from streamer.server import server as server_module
 from streamer.server.options import FileOptions
 from streamer.server.server import ConnectionLimits, ServerOptions

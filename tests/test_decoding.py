@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from streamer.errors import ModelError
-from streamer.model.decoding import (
+from streamer.model.decode.ctc import greedy_ctc
+from streamer.model.decode.frontend import Frontend, lfr, read_am_mvn
+from streamer.model.decode.tokenizer import (
     PieceTableTokenizer,
     SentencePieceTokenizer,
-    greedy_ctc,
     read_tokens_json,
     read_tokens_txt,
     write_tokens_txt,
 )
-from streamer.model.frontend import Frontend, lfr, read_am_mvn
 from streamer.model.sensevoice import FRONTEND_CONF, KNOWN_SPECIAL_IDS, rich_text
 from streamer.testkit.speech import SAMPLE_RATE, speak
 from tests.clips import load_wav
@@ -26,7 +26,7 @@ FRONT_CENTER = Path("/usr/share/sounds/alsa/Front_Center.wav")
 
 
 def _funasr():
-    from streamer.model.funasr_quiet import import_funasr
+    from streamer.model.backends.funasr_quiet import import_funasr
 
     return import_funasr()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamer.errors import ModelError
-from streamer.model import published
+from streamer.model.artifacts import published
 from streamer.model.speakers import layout
 
 

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from streamer.core.jobs import DecodeJob
-from streamer.model.decoding import as_waveform
-from streamer.model.features import FeatureCache
-from streamer.model.frontend import WINDOW_SAMPLES, Cmvn, Frontend, fbank_frames, read_am_mvn
-from streamer.model.onnx_backend import OnnxRecognizer
-from streamer.model.onnx_export import cached_export
+from streamer.model.artifacts.onnx_export import cached_export
+from streamer.model.backends.onnx_backend import OnnxRecognizer
+from streamer.model.backends.torch_backend import Recognizer
+from streamer.model.decode.decoding import as_waveform
+from streamer.model.decode.features import FeatureCache
+from streamer.model.decode.frontend import WINDOW_SAMPLES, Cmvn, Frontend, fbank_frames, read_am_mvn
 from streamer.model.options import RecognizerOptions
-from streamer.model.torch_backend import Recognizer
-from streamer.model.worker import ModelWorker
+from streamer.model.serving.worker import ModelWorker
 from tests.fakes import Answers
 from tests.timing import timeout_s
 

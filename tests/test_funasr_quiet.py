@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from streamer.model.funasr_quiet import quiet_funasr
+from streamer.model.backends.funasr_quiet import quiet_funasr
 
 WAIT_S = 10.0
 
@@ -65,7 +65,7 @@ def test_other_threads_output_is_not_lost(
     assert ("root", logging.WARNING, "a root warning from elsewhere") in messages
     # funasr's own output is kept, one level down, on our logger
     assert ("root", logging.INFO, "funasr chatter on the root logger") not in messages
-    quiet = [m for name, level, m in messages if name == "streamer.model.funasr_quiet"]
+    quiet = [m for name, level, m in messages if name == "streamer.model.backends.funasr_quiet"]
     assert "funasr: funasr chatter on the root logger" in quiet
     assert "funasr printed: funasr chatter on stdout" in quiet
     assert "funasr printed: more funasr chatter" in quiet

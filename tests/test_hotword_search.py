@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from streamer.core.context_graph import ROOT, ContextGraph
-from streamer.model.ctc_beam import biased_ctc, log_probabilities
-from streamer.model.decoding import greedy_ctc
+from streamer.model.decode.context_graph import ROOT, ContextGraph
+from streamer.model.decode.ctc import greedy_ctc
+from streamer.model.decode.ctc_beam import biased_ctc, log_probabilities
 
 VOCAB = 8  # 0 is the blank
 

@@ -16,8 +16,8 @@ from streamer.core.protocol import Error, Notice, StreamOptions, parse_stream_op
 from streamer.core.session import Session, SessionOptions
 from streamer.core.transcript import Transcript
 from streamer.errors import InvalidHotwords
-from streamer.model.decoding import PieceTableTokenizer
-from streamer.model.hotword_graphs import HotwordGraphs
+from streamer.model.decode.hotword_graphs import HotwordGraphs
+from streamer.model.decode.tokenizer import PieceTableTokenizer
 from tests.fakes import loudness_classifier
 
 # -- parsing ----------------------------------------------------------------------------

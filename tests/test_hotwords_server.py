@@ -25,21 +25,16 @@ import soxr
 import websockets
 
 from streamer.core.capacity import CapacityOptions
-from streamer.core.context_graph import ContextGraph
 from streamer.core.hotwords import Hotword
 from streamer.core.jobs import DecodeJob
 from streamer.core.session import SessionOptions
-from streamer.model.ctc_beam import biased_ctc
-from streamer.model.decoding import (
-    Utterance,
-    as_waveform,
-    greedy_ctc,
-    language_row,
-    textnorm_row,
-)
-from streamer.model.loading import load_recognizer
+from streamer.model.backends.loading import load_recognizer
+from streamer.model.decode.context_graph import ContextGraph
+from streamer.model.decode.ctc import greedy_ctc
+from streamer.model.decode.ctc_beam import biased_ctc
+from streamer.model.decode.decoding import Utterance, as_waveform, language_row, textnorm_row
 from streamer.model.options import RecognizerOptions
-from streamer.model.process import ProcessRecognizer
+from streamer.model.serving.process import ProcessRecognizer
 from streamer.server.server import ServerOptions
 from streamer.testkit import speech as synth
 from tests import compat_clients as clients

@@ -37,8 +37,8 @@ def speech(speech_cache: Path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def server(small_model_dir: Path) -> Iterator[ServerThread]:
     def load():  # noqa: ANN202 - the server's loader
+        from streamer.model.backends.torch_backend import Recognizer
         from streamer.model.options import RecognizerOptions
-        from streamer.model.torch_backend import Recognizer
 
         options = RecognizerOptions(
             model=str(small_model_dir), device="cpu", threads=2, quantize="int8", warmup=False

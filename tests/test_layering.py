@@ -126,11 +126,21 @@ def may_import_table(text: str | None = None) -> dict[str, MayImport]:
 
 
 def _row_for(path: Path, table: dict[str, MayImport]) -> tuple[MayImport | None, str]:
-    """The row covering ``path`` and the dotted name its own imports start with."""
+    """The row covering ``path`` (its deepest folder's that has one) and the dotted name its
+    own imports start with: that folder's, or the module's own where the folder is split
+    into rows of its own (``model/``: its top modules may import only what their row names,
+    not every sub-folder's)."""
     rel = path.relative_to(PACKAGE)
     if len(rel.parts) == 1:
         return table.get(rel.name), f"streamer.{rel.stem}"
-    return table.get(rel.parts[0] + "/"), f"streamer.{rel.parts[0]}"
+    folders = rel.parts[:-1]
+    for depth in range(len(folders), 0, -1):
+        key = "/".join(folders[:depth]) + "/"
+        if key in table:
+            split = any(other != key and other.startswith(key) for other in table)
+            own = folders[:depth] + ((rel.stem,) if split and depth == len(folders) else ())
+            return table[key], "streamer." + ".".join(own)
+    return None, "streamer." + ".".join(folders)
 
 
 def _modules(folder: str | None = None) -> list[Path]:
@@ -206,11 +216,34 @@ def test_the_table_is_read_from_the_doc() -> None:
     assert core.internal == {"streamer.core", "streamer.errors"}
     assert {"numpy", "soxr", "webrtcvad", "orjson"} == core.third_party
     assert "torch" not in core.third_party  # named after the ';', as a ban
-    assert {"streamer.model.worker", "streamer.media"} <= server.internal
+    assert {"streamer.model.serving.worker", "streamer.media"} <= server.internal
     assert {"websockets", "h11", "multipart"} <= server.third_party
     assert table["testkit/"].anything and table["cli/"].anything
     assert server.version and not core.version
     assert not table["errors.py"].internal and not table["errors.py"].third_party
+    model = PACKAGE / "model"
+    subfolders = {f"model/{p.name}/" for p in model.iterdir() if (p / "__init__.py").exists()}
+    assert subfolders <= set(table), f"model/ folders without a row: {subfolders - set(table)}"
+    assert "streamer.model.serving" not in table["model/decode/"].internal
+
+
+def test_a_model_folder_may_import_only_what_its_own_row_names() -> None:
+    """The model's folders are checked row by row: decoding that imports the worker, or a
+    top module of model/ that imports a backend, fails."""
+    decode_probe = PACKAGE / "model" / "decode" / "_probe_for_layering_test.py"
+    top_probe = PACKAGE / "model" / "_probe_for_layering_test.py"
+    decode_probe.write_text("from streamer.model.serving.worker import ModelWorker\n")
+    top_probe.write_text("from streamer.model.backends.loading import LoadProgress\n")
+    try:
+        with pytest.raises(AssertionError, match=r"streamer\.model\.serving\.worker"):
+            test_every_module_imports_only_what_its_row_of_the_architecture_table_names(
+                decode_probe
+            )
+        with pytest.raises(AssertionError, match=r"streamer\.model\.backends\.loading"):
+            test_every_module_imports_only_what_its_row_of_the_architecture_table_names(top_probe)
+    finally:
+        decode_probe.unlink()
+        top_probe.unlink()
 
 
 def test_the_table_check_catches_an_import_its_row_does_not_name() -> None:
@@ -264,6 +297,75 @@ def test_the_checks_see_a_lazy_testkit_import_in_the_model() -> None:
             test_model_imports_nothing_from_the_testkit(probe)
     finally:
         probe.unlink()
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(folder: str) -> dict[str, set[str]]:
+    """The modules under ``folder`` and which of them each imports (at the top, inside a
+    function or for type checking alike); a package's ``__init__`` is not a node."""
+    modules = {_module_name(p): p for p in _modules(folder) if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in _imports(path):
+            while imported and imported not in modules:  # a name in a module: the module
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that import each other, directly or around a circle (the strongly
+    connected components of more than one module, Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_the_model_has_no_import_circle() -> None:
+    """Issue 35: each module of streamer/model/ sits above what it imports (``ctc_beam``
+    and ``decoding`` imported each other, with ``hotword_graphs`` and ``options``)."""
+    graph = import_graph("model")
+    assert len(graph) > 30 and graph["streamer.model.serving.worker"]
+    assert import_circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    """Not vacuous: a circle of three, with a module outside it, is found (only it)."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
 
 
 @pytest.mark.parametrize("path", _modules(), ids=_rel)

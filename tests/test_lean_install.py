@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.model.onnx_export import cached_export
+from streamer.model.artifacts.onnx_export import cached_export
 from streamer.testkit.onnx_layouts import sherpa_layout
 from streamer.testkit.speech import join_with_silence, speak
 from tests.support import free_port

@@ -49,7 +49,7 @@ def test_tiny_directory_layout(tiny_model_dir: Path) -> None:
 
 
 def test_am_mvn_reads_back_through_funasr(tmp_path: Path) -> None:
-    from streamer.model.funasr_quiet import import_funasr
+    from streamer.model.backends.funasr_quiet import import_funasr
 
     import_funasr()
     from funasr.frontends.wav_frontend import load_cmvn
@@ -105,7 +105,7 @@ def test_unknown_name_is_a_config_error(tmp_path: Path) -> None:
 
 def test_tagged_model_with_unmodified_generate(tagged_model_dir: Path, speech_cache: Path) -> None:
     """The contract other tests rely on: plain funasr returns these exact strings."""
-    from streamer.model.funasr_quiet import import_funasr, quiet_funasr
+    from streamer.model.backends.funasr_quiet import import_funasr, quiet_funasr
 
     funasr = import_funasr()
     with quiet_funasr():
@@ -133,8 +133,8 @@ def test_tagged_model_tolerates_silent_margins(
     tagged_model_dir: Path, speech_cache: Path, margins_ms: tuple[int, int]
 ) -> None:
     """Servers decode segments with silence around the speech: the tags and text hold."""
+    from streamer.model.backends.torch_backend import Recognizer
     from streamer.model.options import RecognizerOptions
-    from streamer.model.torch_backend import Recognizer
 
     recognizer = Recognizer(
         RecognizerOptions(model=str(tagged_model_dir), device="cpu", threads=2, warmup=False)

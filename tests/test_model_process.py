@@ -26,12 +26,12 @@ from streamer.client.streaming import transcribe
 from streamer.core.jobs import DecodeFailure, DecodeJob
 from streamer.core.protocol import Final
 from streamer.errors import ConfigError, DecodeError, ModelError
-from streamer.model import worker as worker_module
-from streamer.model.loading import LoadProgress, load_recognizer
+from streamer.model.backends.loading import LoadProgress, load_recognizer
 from streamer.model.options import RecognizerOptions
-from streamer.model.pool import WorkerPool, WorkerSlot
-from streamer.model.process import ProcessRecognizer
-from streamer.model.worker import ModelWorker, WorkerOptions
+from streamer.model.serving import supervision
+from streamer.model.serving.pool import WorkerPool, WorkerSlot
+from streamer.model.serving.process import ProcessRecognizer
+from streamer.model.serving.worker import ModelWorker, WorkerOptions
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
 from tests.fakes import Answers, FakeRecognizer, load_slow_fake
@@ -373,7 +373,7 @@ def _load_then_hang(marker: str, progress: LoadProgress) -> FakeRecognizer:
 
 
 def test_a_restart_that_hangs_fails_the_worker(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(worker_module, "RESTART_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(supervision, "RESTART_TIMEOUT_S", 1.0)
     loader = partial(_load_then_hang, str(tmp_path / "loaded"))
     worker, failures = _restarting_worker(loader, decode_timeout_s=5.0)
     try:
@@ -515,7 +515,7 @@ async def test_a_server_with_its_model_in_a_process_gives_the_same_finals(
 PARENT = """
 import sys, time, numpy as np
 from functools import partial
-from streamer.model.process import ProcessRecognizer
+from streamer.model.serving.process import ProcessRecognizer
 from tests.fakes import load_slow_fake
 import threading
 

@@ -1,4 +1,6 @@
-"""No module in streamer/ over 500 code lines (issue 20: one concern per module).
+"""No module in streamer/ over 500 code lines (issue 20: one concern per module), and no
+function in streamer/model/ over 60 statements (issue 35: a long one is split into steps
+that read as the algorithm).
 
 Code lines are lines holding a token other than a comment, and not part of a module's,
 class's or function's docstring; blank lines do not count.
@@ -12,6 +14,7 @@ import tokenize
 from pathlib import Path
 
 MAX_CODE_LINES = 500
+MAX_MODEL_FUNCTION_STATEMENTS = 60
 PACKAGE = Path(__file__).resolve().parent.parent / "streamer"
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
 
@@ -63,6 +66,51 @@ def test_no_module_is_over_500_code_lines() -> None:
     assert len(sizes) > 50
     over = {name: n for name, n in sizes.items() if n > MAX_CODE_LINES}
     assert not over, f"split these modules by concern: {over}"
+
+
+def statements(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """The statements in ``function``'s body, nested blocks' included; a function or class
+    defined inside it is counted on its own, not here."""
+    count = 0
+    pending: list[ast.stmt] = list(function.body)
+    while pending:
+        node = pending.pop()
+        count += 1
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            pending.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt))
+    return count
+
+
+def test_the_statement_counter_counts_nested_blocks_but_not_nested_functions() -> None:
+    source = "\n".join(
+        [
+            "def f(x):",
+            "    if x:",  # 1
+            "        y = 1",  # 2
+            "    else:",
+            "        y = 2",  # 3
+            "    def g():",  # 4: the def, not its body
+            "        return 1",
+            "    for i in x:",  # 5
+            "        pass",  # 6
+            "    return y",  # 7
+        ]
+    )
+    (function,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
+    assert statements(function) == 7
+
+
+def test_no_function_in_the_model_is_over_60_statements() -> None:
+    sizes = {}
+    for path in (PACKAGE / "model").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                sizes[f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"] = statements(
+                    node
+                )
+    assert len(sizes) > 200
+    over = {name: n for name, n in sizes.items() if n > MAX_MODEL_FUNCTION_STATEMENTS}
+    assert not over, f"split these functions into steps: {over}"
 
 
 # bench/ (issue 35): the benches stay small, and one ManagedServer starts every server.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamer import extras
-from streamer.model import published
+from streamer.model.artifacts import published
 from tests.hub_standin import Hub, running
 from tests.timing import timeout_s
 

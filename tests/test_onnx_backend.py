@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from streamer.errors import ConfigError, DecodeInterrupted, ModelError
-from streamer.model import onnx_export
-from streamer.model.loading import load_recognizer, resolve_backend
-from streamer.model.onnx_backend import OnnxRecognizer, onnx_model_dir
-from streamer.model.onnx_export import cached_export, read_manifest
+from streamer.model.artifacts import onnx_export
+from streamer.model.artifacts.onnx_export import cached_export, read_manifest
+from streamer.model.backends.loading import load_recognizer, resolve_backend
+from streamer.model.backends.onnx_backend import OnnxRecognizer, onnx_model_dir
+from streamer.model.backends.torch_backend import Recognizer
 from streamer.model.options import RecognizerOptions
 from streamer.model.sensevoice import MIN_DECODE_SAMPLES
-from streamer.model.torch_backend import Recognizer
 from streamer.testkit.models import RANDOM_MODELS
 from streamer.testkit.onnx_layouts import funasr_layout, rewrite_graph, sherpa_layout
 from streamer.testkit.speech import SAMPLE_RATE, speak
@@ -248,7 +248,10 @@ def test_export_runs_in_a_child_and_its_log_shows_here(
     messages = [(r.name, r.getMessage()) for r in caplog.records]
     assert any(m.startswith("export: running in child process") for _, m in messages)
     # the child's own lines, logged again here under their logger
-    assert any(n == "streamer.model.onnx_export" and m.startswith("exported ") for n, m in messages)
+    assert any(
+        n == "streamer.model.artifacts.onnx_export" and m.startswith("exported ")
+        for n, m in messages
+    )
     assert read_manifest(export) is not None
     # the weights are beside the graph, once: the graph file holds only its structure
     import onnx
@@ -270,7 +273,7 @@ def test_the_lean_quantizer_writes_onnxruntimes_graph(
     from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from streamer.model.onnx_quantize import quantize_matmuls
+    from streamer.model.artifacts.onnx_quantize import quantize_matmuls
 
     source, ours, theirs = tiny_export / "model.onnx", tmp_path / "ours", tmp_path / "theirs"
     quantize_matmuls(source, ours, weight_type, reduce_range=reduce_range)
@@ -411,7 +414,7 @@ def test_cuda_without_the_cuda_provider(tiny_export: Path) -> None:
         pytest.skip("this onnxruntime has the CUDA execution provider")
     with pytest.raises(ConfigError, match="onnxruntime-gpu"):
         OnnxRecognizer(_options(tiny_export, backend="onnx", device="cuda"))
-    from streamer.model.loading import preflight
+    from streamer.model.backends.loading import preflight
 
     with pytest.raises(ConfigError, match="onnxruntime-gpu"):
         preflight(_options(tiny_export, backend="onnx", device="cuda:0"))
@@ -436,7 +439,7 @@ def test_load_random_model_through_loading(cache_dir: Path, tiny_export: Path) -
 def test_onnx_decoding_imports_neither_torch_nor_funasr(tiny_export: Path) -> None:
     code = (
         "import sys\n"
-        "from streamer.model.onnx_backend import OnnxRecognizer\n"
+        "from streamer.model.backends.onnx_backend import OnnxRecognizer\n"
         "from streamer.model.options import RecognizerOptions\n"
         f"r = OnnxRecognizer(RecognizerOptions(model={str(tiny_export)!r}, device='cpu'))\n"
         "r.decode(b'\\x10\\x00' * 16000)\n"
@@ -448,8 +451,8 @@ def test_onnx_decoding_imports_neither_torch_nor_funasr(tiny_export: Path) -> No
 
 def test_importing_the_backend_loads_no_model_library() -> None:
     code = (
-        "import sys, streamer.model.onnx_backend, streamer.model.onnx_export, "
-        "streamer.model.loading, streamer.testkit.onnx_layouts\n"
+        "import sys, streamer.model.backends.onnx_backend, streamer.model.artifacts.onnx_export, "
+        "streamer.model.backends.loading, streamer.testkit.onnx_layouts\n"
         "print(sorted(m for m in ('torch', 'funasr', 'onnxruntime', 'onnx') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

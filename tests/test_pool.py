@@ -22,17 +22,17 @@ from streamer.client.streaming import transcribe
 from streamer.core.jobs import DecodeFailure, DecodeJob
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
-from streamer.model import loading
+from streamer.model.backends import loading
 from streamer.model.interface import RecognizerBase
-from streamer.model.pool import (
+from streamer.model.options import parse_devices
+from streamer.model.serving.pool import (
     FILE_WORKER_NICE,
     WorkerHooks,
     WorkerPool,
     WorkerSlot,
-    parse_devices,
     plan_slots,
 )
-from streamer.model.worker import ModelWorker, WorkerOptions
+from streamer.model.serving.worker import ModelWorker, WorkerOptions
 from streamer.server.metrics import Metrics
 from streamer.server.server import ServerOptions, StreamingServer
 from streamer.testkit import speech as synth
@@ -152,7 +152,7 @@ def test_background_jobs_are_summed_counted_and_labelled_apart() -> None:
         for segment in range(3):
             pool.submit(replace(job("file", segment=segment), background=True), answers)
         stats = pool.stats()
-        assert (stats.queued_background, stats.queued_finals, stats.oldest_final_age_ms) == (
+        assert (stats.queued_background, stats.queued_finals, stats.live.oldest_final_age_ms) == (
             3,
             0,
             0.0,

@@ -15,10 +15,14 @@ from pathlib import Path
 import pytest
 
 from streamer.errors import ModelError
-from streamer.model.loading import load_recognizer, resolve_backend, resolve_model
-from streamer.model.onnx_export import cached_export
+from streamer.model.artifacts.onnx_export import cached_export
+from streamer.model.artifacts.published import (
+    PUBLISHED_FILES,
+    PUBLISHED_ONNX_MODEL,
+    fetch_published,
+)
+from streamer.model.backends.loading import load_recognizer, resolve_backend, resolve_model
 from streamer.model.options import RecognizerOptions
-from streamer.model.published import PUBLISHED_FILES, PUBLISHED_ONNX_MODEL, fetch_published
 from streamer.testkit.speech import speak
 from tests.hub_standin import Hub, running
 from tests.timing import timeout_s
@@ -129,7 +133,7 @@ def test_offline_without_a_cache_and_an_unreachable_hub_say_what_to_do(
         assert "--model random:small" in message
     # random:small needs torch: where it is missing, the command for this install
     from streamer.extras import TORCH, install_hint
-    from streamer.model import published
+    from streamer.model.artifacts import published
 
     hub_env.setattr(published, "missing", lambda *modules: list(modules))
     message = published._offline_message(PUBLISHED_ONNX_MODEL, "tokens.txt", "offline")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from streamer.errors import ConfigError, ModelError
+from streamer.model.backends.torch_backend import Recognizer
 from streamer.model.options import RecognizerOptions
 from streamer.model.sensevoice import LANGUAGES, MIN_DECODE_SAMPLES
-from streamer.model.torch_backend import Recognizer
 from streamer.testkit.models import RANDOM_MODELS
 from streamer.testkit.speech import SAMPLE_RATE, speak
 from tests import clips as clips_module
@@ -104,7 +104,7 @@ def test_default_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 def test_importing_does_not_import_torch() -> None:
     code = (
-        "import sys, streamer.model.torch_backend, streamer.testkit.models\n"
+        "import sys, streamer.model.backends.torch_backend, streamer.testkit.models\n"
         "assert 'torch' not in sys.modules and 'funasr' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -323,7 +323,7 @@ def test_unreachable_hub(hub: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 def test_missing_fbank_backend(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> None:
-    from streamer.model.funasr_quiet import import_funasr
+    from streamer.model.backends.funasr_quiet import import_funasr
 
     import_funasr()
     from funasr.utils import fbank
@@ -384,7 +384,7 @@ def test_languages_constant() -> None:
 def test_the_tagged_model_is_not_called_meaningless(
     cache_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from streamer.model.files import model_source
+    from streamer.model.artifacts.files import model_source
 
     caplog.set_level(logging.WARNING, logger="streamer.model")
     model_source("random:tagged", "ms", cache_dir, RANDOM_MODELS)

@@ -22,8 +22,8 @@ from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.core.protocol import StreamOptions
 from streamer.errors import ConfigError, ModelError
-from streamer.model import silero
-from streamer.model.silero import (
+from streamer.model.backends import silero
+from streamer.model.backends.silero import (
     WINDOW_SAMPLES,
     SileroClassifier,
     SileroModel,
@@ -90,7 +90,7 @@ def test_probabilities_equal_the_packages_own_wrapper(model, fox, tmp_path) -> N
     script = (
         "import sys, numpy as np, torch\n"
         "from silero_vad.utils_vad import OnnxWrapper\n"
-        "from streamer.model.silero import packaged_model_path\n"
+        "from streamer.model.backends.silero import packaged_model_path\n"
         "pcm = np.load(sys.argv[1]).astype(np.float32) / 32768\n"
         "wrapper = OnnxWrapper(str(packaged_model_path()), force_onnx_cpu=True)\n"
         "probs = wrapper.audio_forward(torch.from_numpy(pcm), 16000).numpy().ravel()\n"
@@ -312,4 +312,4 @@ def test_transcribe_at_log_level_warning_logs_no_info(
         assert main(["transcribe", str(wav), *model]) == 0
         assert "model ready after" in capsys.readouterr().err
     finally:
-        logging.getLogger("streamer.model.loading").setLevel(logging.NOTSET)
+        logging.getLogger("streamer.model.backends.loading").setLevel(logging.NOTSET)

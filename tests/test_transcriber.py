@@ -81,7 +81,7 @@ def test_hotwords_and_bad_options_are_clear(transcriber) -> None:
 
 
 def test_importing_streamer_stays_light() -> None:
-    code = "import sys, streamer\nprint('streamer.model.loading' in sys.modules)\n"
+    code = "import sys, streamer\nprint('streamer.model.backends.loading' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

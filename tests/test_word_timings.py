@@ -14,13 +14,13 @@ from streamer.client.streaming import transcribe
 from streamer.core.protocol import Final, Partial, StreamOptions, Word
 from streamer.core.transcript import Transcript
 from streamer.core.words import FRAME_MS, QUERY_FRAMES, join_words, transcript_words
-from streamer.model.decoding import CtcRecognizer
-from streamer.model.onnx_backend import OnnxRecognizer
-from streamer.model.onnx_export import cached_export
+from streamer.model.artifacts.onnx_export import cached_export
+from streamer.model.backends.onnx_backend import OnnxRecognizer
+from streamer.model.backends.torch_backend import Recognizer
+from streamer.model.decode.decoding import CtcRecognizer
 from streamer.model.options import RecognizerOptions
 from streamer.model.sensevoice import FRAME_MS as MODEL_FRAME_MS
 from streamer.model.sensevoice import QUERY_FRAMES as MODEL_QUERY_FRAMES
-from streamer.model.torch_backend import Recognizer
 from streamer.testkit import speech as synth
 from tests.clips import load_clips
 
@@ -219,7 +219,7 @@ def _funasr_spans(recognizer: Recognizer, pcm: np.ndarray, t: Transcript) -> lis
     import torch
     from funasr.models.sense_voice.utils.ctc_alignment import ctc_forced_align
 
-    from streamer.model.decoding import Utterance, as_waveform, language_row, textnorm_row
+    from streamer.model.decode.decoding import Utterance, as_waveform, language_row, textnorm_row
 
     utterance = Utterance(as_waveform(pcm), language_row("auto"), textnorm_row(False))
     logits = recognizer._logits([utterance])[0]

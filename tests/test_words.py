@@ -403,7 +403,7 @@ def test_deepgram_punctuated_word_only_when_asked_and_languages_with_multi() -> 
 def test_a_tokenizer_without_a_piece_table_gives_transcripts_without_words(caplog) -> None:
     """The decode goes on; the session then has no words (adapters spread the text)."""
     from streamer.errors import ModelError
-    from streamer.model.decoding import CtcRecognizer
+    from streamer.model.decode.decoding import CtcRecognizer
 
     class NoPieces:
         size = 8

@@ -11,7 +11,7 @@ import pytest
 from streamer.core.capacity import WAIT_BINS_MS
 from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
 from streamer.errors import DecodeInterrupted
-from streamer.model.worker import ModelWorker
+from streamer.model.serving.worker import ModelWorker
 from tests.fakes import Answers, DyingRecognizer, FakeRecognizer, HangingRecognizer
 from tests.timing import timeout_s
 
@@ -108,7 +108,7 @@ def test_a_speculative_decode_goes_after_first_partials_until_it_is_late(gated, 
     sixteen clients behind finals and speculative decodes)."""
     import dataclasses
 
-    from streamer.model import job_queue
+    from streamer.model.serving import job_queue
 
     monkeypatch.setattr(job_queue, "SPECULATIVE_SLACK_MS", 60_000.0)  # none is late
     worker, recognizer, results, collect = gated
@@ -126,7 +126,7 @@ def test_a_speculative_decode_goes_after_first_partials_until_it_is_late(gated, 
 def test_late_speculative_decodes_go_with_the_finals_ahead_of_first_partials():
     import dataclasses
 
-    from streamer.model.job_queue import SPECULATIVE_SLACK_MS, JobQueue, Queued
+    from streamer.model.serving.job_queue import SPECULATIVE_SLACK_MS, JobQueue, Queued
 
     queue = JobQueue()
     slack_s = SPECULATIVE_SLACK_MS / 1000
@@ -304,7 +304,7 @@ def test_worker_thread_dying_of_a_base_exception_fails_loudly():
 def test_the_job_queue_keeps_its_discipline_without_a_thread():
     """The queue alone: finals, then first partials, then refreshes; one partial per
     session; a final drops its session's partial; a retried final goes alone, first."""
-    from streamer.model.job_queue import JobQueue, Queued
+    from streamer.model.serving.job_queue import JobQueue, Queued
 
     queue, answered = JobQueue(), []
 
@@ -340,7 +340,7 @@ def test_the_job_queue_keeps_its_discipline_without_a_thread():
 
 
 def _queue_and_take():
-    from streamer.model.job_queue import JobQueue, Queued
+    from streamer.model.serving.job_queue import JobQueue, Queued
 
     queue, answered = JobQueue(), []
 
@@ -416,7 +416,7 @@ def test_background_jobs_do_not_count_as_waiting_finals_and_are_dropped_and_clea
 
 
 def test_a_retried_background_final_goes_alone_first_among_background_after_live_work():
-    from streamer.model.job_queue import Queued
+    from streamer.model.serving.job_queue import Queued
 
     queue, push, take, answered = _queue_and_take()
     push(job("a", "final", 10, background=True))
@@ -438,12 +438,12 @@ def test_worker_stats_report_background_jobs_apart_from_live_finals(gated):
         worker.submit(job("file", "final", tag, background=True), collect)
     stats = worker.stats()
     assert (stats.queued_background, stats.queued_finals, stats.queued_partials) == (2, 0, 0)
-    assert stats.oldest_final_age_ms == 0.0
+    assert stats.live.oldest_final_age_ms == 0.0
     release_all(recognizer, worker, 3)
     stats = worker.stats()
     assert stats.queued_background == 0 and len(results) == 3
     assert all(r.transcript is not None for r in results)
-    assert stats.final_decode_ms_total == 0.0  # background decodes are not live load
+    assert stats.live.final_decode_ms_total == 0.0  # background decodes are not live load
 
 
 def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
@@ -455,27 +455,30 @@ def test_stats_measure_the_finals_work_and_wait_for_capacity(gated):
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
     assert recognizer.started.wait(timeout_s(5))
-    assert worker.stats().oldest_final_age_ms == 0.0  # a partial waits for nobody
+    assert worker.stats().live.oldest_final_age_ms == 0.0  # a partial waits for nobody
     speculative = dataclasses.replace(job("a", "partial", 2), speculative=True)
     worker.submit(speculative, collect)
     time.sleep(0.2)  # the age under test: the speculative job waits this long
     worker.submit(job("b", "final", 3), collect)
     stats = worker.stats()
-    assert stats.oldest_final_age_ms >= 200  # the speculative one, which came first
-    assert stats.final_decode_ms_total == 0.0
+    assert stats.live.oldest_final_age_ms >= 200  # the speculative one, which came first
+    assert stats.live.final_decode_ms_total == 0.0
     release_all(recognizer, worker, 3)
     stats = worker.stats()
-    assert stats.oldest_final_age_ms == 0.0
+    assert stats.live.oldest_final_age_ms == 0.0
     decoded = [r for r in results if r.job.kind == "final" or r.job.speculative]
     assert len(decoded) == 2
-    assert stats.final_decode_ms_total == pytest.approx(sum(r.decode_ms for r in decoded))
+    assert stats.live.final_decode_ms_total == pytest.approx(sum(r.decode_ms for r in decoded))
     # and what the wait projection needs: how many, their audio, their times squared
-    assert stats.finals_total == 2 and stats.final_audio_ms_total == pytest.approx(200)
+    assert stats.live.finals_total == 2 and stats.live.final_audio_ms_total == pytest.approx(200)
     squares = sum(r.decode_ms**2 for r in decoded)
-    assert stats.final_decode_sq_ms_total == pytest.approx(squares)
-    assert stats.partial_decode_ms_total == pytest.approx(results[0].decode_ms)  # "busy"
+    assert stats.live.final_decode_sq_ms_total == pytest.approx(squares)
+    assert stats.live.partial_decode_ms_total == pytest.approx(results[0].decode_ms)  # "busy"
     # and what they waited, per bin: the speculative one over 200 ms
-    assert sum(stats.final_waits) == 2 and sum(stats.final_waits[WAIT_BINS_MS.index(200) :]) >= 1
+    assert (
+        sum(stats.live.final_waits) == 2
+        and sum(stats.live.final_waits[WAIT_BINS_MS.index(200) :]) >= 1
+    )
 
 
 def test_a_burst_of_failing_partials_is_logged_once_without_a_traceback(caplog):
@@ -558,8 +561,8 @@ def test_a_final_stops_a_partial_being_decoded_where_the_model_can(interruptible
     final = next(r for r in results if r.job.kind == "final")
     assert final.transcript is not None
     stats = worker.stats()
-    assert stats.interruptible and stats.partials_interrupted == 1
-    assert stats.partial_decode_ms_total > 0  # the time the stopped partial took
+    assert stats.live.interruptible and stats.live.partials_interrupted == 1
+    assert stats.live.partial_decode_ms_total > 0  # the time the stopped partial took
 
 
 def test_a_first_partial_stops_a_refresh_but_never_another_first_partial(interruptible):
@@ -579,7 +582,7 @@ def test_a_first_partial_stops_a_refresh_but_never_another_first_partial(interru
     worker.submit(job("d", "partial", 4, first=True), collect)
     release_all(recognizer, worker, 2)
     assert [tag for _, tag, _ in recognizer.order] == [2, 3, 4]
-    assert recognizer.asked == 1 and worker.stats().partials_interrupted == 1
+    assert recognizer.asked == 1 and worker.stats().live.partials_interrupted == 1
 
 
 @pytest.mark.parametrize("running", ["final", "speculative", "background"])
@@ -599,7 +602,7 @@ def test_a_final_never_stops_a_final_a_speculative_decode_or_a_files_job(
     worker.submit(job("b", "final", 2), collect)
     release_all(recognizer, worker, 2)
     assert [tag for _, tag, _ in recognizer.order] == [1, 2]
-    assert recognizer.asked == 0 and worker.stats().partials_interrupted == 0
+    assert recognizer.asked == 0 and worker.stats().live.partials_interrupted == 0
     assert all(r.transcript is not None for r in results)
 
 
@@ -611,7 +614,7 @@ def test_a_partial_queued_stops_nothing_and_a_model_that_cannot_stop_is_not_aske
     worker.submit(job("c", "final", 3), collect)  # GatedRecognizer cannot stop a decode
     release_all(recognizer, worker, 3)
     assert [tag for _, tag, _ in recognizer.order] == [1, 3, 2]
-    assert not worker.stats().interruptible and worker.stats().partials_interrupted == 0
+    assert not worker.stats().live.interruptible and worker.stats().live.partials_interrupted == 0
 
 
 def test_a_session_faster_than_real_time_goes_after_every_real_time_sessions_work():

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--cache-dir", type=common.Path, default=common.CACHE_DIR)
     args = parser.parse_args(argv)
-    from streamer.model.loading import load_recognizer
+    from streamer.model.backends.loading import load_recognizer
     from streamer.testkit.models import RANDOM_MODELS
 
     recognizer = load_recognizer(

@@ -309,7 +309,7 @@ def read_hotwords(path: Path | None) -> Hotwords:
 
 def random_models_for(model: str) -> Any:
     """What builds ``random:NAME`` (the test kit, imported only for such a model), else None."""
-    from streamer.model.files import RANDOM_PREFIX
+    from streamer.model.artifacts.files import RANDOM_PREFIX
 
     if not model.startswith(RANDOM_PREFIX):
         return None
@@ -343,7 +343,7 @@ def _recognizer_options(args: argparse.Namespace) -> Any:
                 f"--cache-dir {args.cache_dir} cannot be used: {error.strerror or error}"
             ) from None
         kwargs["cache_dir"] = args.cache_dir
-    from streamer.model.loading import resolve_model
+    from streamer.model.backends.loading import resolve_model
 
     return resolve_model(RecognizerOptions(**kwargs))
 
@@ -358,7 +358,7 @@ def _classifier_factory(vad: str) -> Callable[[], FrameClassifier] | None:
     if vad == "webrtc":
         return None
     if vad == "silero":
-        from streamer.model.silero import silero_classifier_factory
+        from streamer.model.backends.silero import silero_classifier_factory
 
         return silero_classifier_factory()
     raise ConfigError(f"unknown VAD {vad!r}: choose one of {', '.join(VADS)}")

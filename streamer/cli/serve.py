@@ -31,12 +31,9 @@ logger = logging.getLogger(__name__)
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    from streamer.model import pool
-    from streamer.model.worker import (
-        DEFAULT_DECODE_TIMEOUT_S,
-        DEFAULT_MAX_RESTARTS,
-        DEFAULT_MODEL_PROCESS,
-    )
+    from streamer.model.serving import pool
+    from streamer.model.serving.supervision import DEFAULT_MAX_RESTARTS
+    from streamer.model.serving.worker import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL_PROCESS
     from streamer.server.server import ServerOptions
 
     server = ServerOptions()  # the flags' defaults are its fields' (and its options')
@@ -477,7 +474,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from streamer.model.loading import LoadProgress
+    from streamer.model.backends.loading import LoadProgress
     from streamer.server.metrics import Metrics
     from streamer.server.server import StreamingServer
 

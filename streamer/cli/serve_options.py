@@ -94,15 +94,15 @@ def worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
     """The model workers ``--device`` and ``--workers`` ask for, each device checked first."""
     from dataclasses import replace
 
-    from streamer.model.loading import load_recognizer, preflight, resolve_devices
-    from streamer.model.pool import (
+    from streamer.model.backends.loading import load_recognizer, preflight, resolve_devices
+    from streamer.model.serving.pool import (
         FILE_WORKER_NICE,
         WorkerHooks,
         WorkerPool,
         WorkerSlot,
         plan_slots,
     )
-    from streamer.model.worker import ModelWorker, SpeechRecognizer, WorkerOptions
+    from streamer.model.serving.worker import ModelWorker, SpeechRecognizer, WorkerOptions
 
     devices = resolve_devices(args.device)
     base = _recognizer_options(argparse.Namespace(**{**vars(args), "device": devices[0]}))
@@ -123,7 +123,7 @@ def worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
 
         def load() -> SpeechRecognizer:
             if args.model_process:  # features and decoding under the child's own GIL
-                from streamer.model.process import ProcessRecognizer
+                from streamer.model.serving.process import ProcessRecognizer
 
                 return ProcessRecognizer(partial(load_recognizer, options), shown)
             return load_recognizer(options, shown)

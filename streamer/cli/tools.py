@@ -118,7 +118,7 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
     from streamer.core.protocol import message_dict
     from streamer.core.session_speakers import speaker_parts
     from streamer.core.session_state import SessionOptions
-    from streamer.model.loading import LoadProgress, load_recognizer, preflight
+    from streamer.model.backends.loading import LoadProgress, load_recognizer, preflight
     from streamer.offline import transcribe_pcm
 
     output_format = _output_format(args)
@@ -128,7 +128,7 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
     classifier_factory = _classifier_factory(args.vad)
     # by default, say what is happening while the model loads; else obey --log-level
     stages = logging.INFO if args.log_level is None else logging.NOTSET
-    logging.getLogger("streamer.model.loading").setLevel(stages)
+    logging.getLogger("streamer.model.backends.loading").setLevel(stages)
     recognizer = load_recognizer(options, LoadProgress())
     session_options = replace(SessionOptions(model_name=recognizer.name), hotwords=words)
     speakers = _speaker_models(args)
@@ -233,7 +233,7 @@ def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
     )
     _flag(p, "--hub", "ms", choices=("ms", "hf"))
     _flag(p, "--cache-dir", None, Path)
-    # what a server passes when it runs the export as its child (model/export_process.py)
+    # what a server passes when it runs the export as its child (model/artifacts/export_process.py)
     p.add_argument("--source-name", default=None, help=argparse.SUPPRESS)
     p.add_argument("--source-sha256", default=None, help=argparse.SUPPRESS)
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
@@ -242,8 +242,8 @@ def _add_export_onnx(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_export_onnx(args: argparse.Namespace) -> int:
-    from streamer.model.files import locate_model
-    from streamer.model.onnx_export import cached_export, export_onnx
+    from streamer.model.artifacts.files import locate_model
+    from streamer.model.artifacts.onnx_export import cached_export, export_onnx
     from streamer.model.options import RecognizerOptions
 
     random_models = random_models_for(args.model)
@@ -262,7 +262,7 @@ def _cmd_export_onnx(args: argparse.Namespace) -> int:
         if args.out.exists() and any(args.out.iterdir()):
             raise ConfigError(f"{args.out} exists and is not empty")
         if args.die_with_parent:
-            from streamer.model.process import die_with_parent
+            from streamer.model.serving.process import die_with_parent
 
             die_with_parent()
         export_onnx(

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from streamer.core.live_latency import p95_between
@@ -126,21 +127,54 @@ class CapacityOptions:
 
 
 @dataclass(frozen=True)
+class LiveFigures:
+    """What the workers measured of their live work, the figures capacity reads: declared
+    here once. A worker counts its own (``model/serving/live_load.py``), a pool sums its
+    workers' (:meth:`combined`), and admission passes them on in a :class:`LoadSample`.
+    File uploads' jobs are not counted: their wait behind live work is by design."""
+
+    # cumulative time spent decoding live finals (a speculative decode counts as the final
+    # it will be)
+    final_decode_ms_total: float = 0.0
+    oldest_final_age_ms: float = 0.0  # how long the oldest queued final has waited (0: none)
+    # cumulative: the live finals decoded, their audio, and their decode times squared (a
+    # final's mean wait behind another is E[S^2] / 2E[S])
+    finals_total: int = 0
+    final_audio_ms_total: float = 0.0
+    final_decode_sq_ms_total: float = 0.0
+    # cumulative time spent on live partials (a final waits behind one unless it stops it)
+    partial_decode_ms_total: float = 0.0
+    interruptible: bool = True  # a final stops a partial's decode (else it waits for it)
+    partials_interrupted: int = 0  # cumulative: partial decodes stopped so a final went first
+    # cumulative: the live finals' queue waits, counted per WAIT_BINS_MS bin (with one more
+    # for the waits past the last edge); empty where the worker does not say
+    final_waits: tuple[int, ...] = ()
+
+    @staticmethod
+    def combined(each: Sequence[LiveFigures]) -> LiveFigures:
+        """Several workers' figures as one: sums, the oldest wait, interruptible only
+        where every worker is."""
+        return LiveFigures(
+            final_decode_ms_total=sum(f.final_decode_ms_total for f in each),
+            oldest_final_age_ms=max((f.oldest_final_age_ms for f in each), default=0.0),
+            finals_total=sum(f.finals_total for f in each),
+            final_audio_ms_total=sum(f.final_audio_ms_total for f in each),
+            final_decode_sq_ms_total=sum(f.final_decode_sq_ms_total for f in each),
+            partial_decode_ms_total=sum(f.partial_decode_ms_total for f in each),
+            interruptible=all(f.interruptible for f in each),
+            partials_interrupted=sum(f.partials_interrupted for f in each),
+            final_waits=tuple(map(sum, zip(*(f.final_waits for f in each), strict=True))),
+        )
+
+
+@dataclass(frozen=True)
 class LoadSample:
     """The workers and the live sessions as seen at one moment."""
 
     now_s: float  # the caller's clock
-    final_decode_ms_total: float  # cumulative time the workers spent decoding finals
-    oldest_final_age_ms: float  # how long the oldest queued final has waited (0: none)
     sessions: int  # sessions open
+    live: LiveFigures = LiveFigures()  # the workers' (summed)
     workers: int = 1  # workers serving (the load is their average)
-    final_audio_ms_total: float = 0.0  # cumulative: their audio
-    final_decode_sq_ms_total: float = 0.0  # cumulative: their decode times, squared
-    partial_decode_ms_total: float = 0.0  # cumulative: time spent on live partials
-    interruptible: bool = True  # a final stops a partial's decode (else it waits for it)
-    # cumulative: the live finals' queue waits, counted per WAIT_BINS_MS bin (with one
-    # more for the waits past the last edge); empty where the worker does not say
-    final_waits: tuple[int, ...] = ()
     # cumulative: the real-time sessions' final latencies and times to first token, per
     # live_latency.LATENCY_BINS_MS bin; empty where nobody measures them
     final_latencies: tuple[int, ...] = ()
@@ -358,7 +392,7 @@ class CapacityEstimator:
         young = min(sample.sessions, len(self._admitted))
         was = self.current.saturated
         probe = Capacity(
-            None, window.final_load, session_load, sample.oldest_final_age_ms,
+            None, window.final_load, session_load, sample.live.oldest_final_age_ms,
             sample.sessions, young, window=window, budgets=self.budgets,
             fast_sessions=sample.fast_sessions, fast_rate=sample.fast_rate,
         )  # fmt: skip
@@ -431,7 +465,7 @@ class CapacityEstimator:
         if span_s < self.options.window_s * MIN_WINDOW_FRACTION:
             return Window()
         workers = max(1, last.workers)
-        busy_ms = max(0.0, last.final_decode_ms_total - first.final_decode_ms_total)
+        busy_ms = max(0.0, last.live.final_decode_ms_total - first.live.final_decode_ms_total)
         load = busy_ms / (span_s * 1000 * workers)
         # the sessions that made that load: the mean over the window, weighted by time
         weighted = 0.0
@@ -439,17 +473,18 @@ class CapacityEstimator:
         for before, after in zip(samples, samples[1:], strict=False):
             weighted += before.sessions * (after.now_s - before.now_s)
         mean_sessions = weighted / span_s
-        audio_ms = last.final_audio_ms_total - first.final_audio_ms_total
-        squares = last.final_decode_sq_ms_total - first.final_decode_sq_ms_total
-        partial_ms = max(0.0, last.partial_decode_ms_total - first.partial_decode_ms_total)
+        audio_ms = last.live.final_audio_ms_total - first.live.final_audio_ms_total
+        squares = last.live.final_decode_sq_ms_total - first.live.final_decode_sq_ms_total
+        partial_ms = last.live.partial_decode_ms_total - first.live.partial_decode_ms_total
+        partial_ms = max(0.0, partial_ms)
         return Window(
             final_load=load,
             session_load=load / mean_sessions if mean_sessions > 0 else 0.0,
             rtf=busy_ms / audio_ms / workers if audio_ms > 0 else 0.0,
             residual_ms=squares / (2 * busy_ms) if busy_ms > 0 else 0.0,
-            partial_load=0.0 if last.interruptible else partial_ms / (span_s * 1000 * workers),
+            partial_load=0.0 if last.live.interruptible else partial_ms / (span_s * 1000 * workers),
             wait_p95_ms=p95_between(
-                first.final_waits, last.final_waits, WAIT_BINS_MS, MIN_MEASURED_FINALS
+                first.live.final_waits, last.live.final_waits, WAIT_BINS_MS, MIN_MEASURED_FINALS
             ),
             final_p95_ms=p95_between(first.final_latencies, last.final_latencies),
             mean_sessions=mean_sessions,

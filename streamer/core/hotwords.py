@@ -5,11 +5,11 @@ Each protocol names them its own way (v1 ``hotwords``, Deepgram ``keywords`` and
 ``--hotwords`` file); this module turns each into one tuple of :class:`Hotword` and
 checks what can be checked without the model. What needs the tokenizer (a phrase it
 cannot encode, one over ``--hotwords-max-tokens`` tokens) is checked where the
-tokenizer lives, by the model worker (:mod:`streamer.model.hotword_graphs`).
+tokenizer lives, by the model worker (:mod:`streamer.model.decode.hotword_graphs`).
 
 A hotword's ``boost`` is the bonus added to a hypothesis's log-probability (natural
 log) for each token of the phrase it has matched, in the CTC beam search
-(:mod:`streamer.model.ctc_beam`); a match that breaks off takes its bonus back.
+(:mod:`streamer.model.decode.ctc_beam`); a match that breaks off takes its bonus back.
 Phrases are user data: never log them above debug.
 """
 

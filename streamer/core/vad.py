@@ -14,7 +14,7 @@ import webrtcvad
 from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import ConfigError
 
-# May keep state across frames (Silero's, in streamer.model.silero): one per stream, fed
+# May keep state across frames (Silero's, in streamer.model.backends.silero): one per stream, fed
 # that stream's frames in order.
 FrameClassifier = Callable[[np.ndarray], bool]
 

@@ -1,12 +1,14 @@
 """The model: the only place torch, funasr and onnxruntime are imported (lazily).
 
-- ``sensevoice``: SenseVoiceSmall's own layout (query rows, special ids, tag rendering)
-- ``files``: locating and checking a torch/funasr model directory, the hub
-- ``frontend``: fbank + LFR + CMVN features without torch
-- ``decoding``: what every backend shares (greedy CTC with token frames, tokenizers,
-  the transcript); a backend only turns waveforms into CTC logits
-- ``recognizer`` (options, torch/funasr backend), ``onnx_backend`` (ONNX Runtime),
-  ``onnx_export`` (torch model -> ONNX, cached by content hash)
-- ``loading``: start-up checks and the staged, timed load of the chosen backend
-- ``worker``: the thread that owns the recognizer and decodes the core's jobs
+- ``interface``, ``options``, ``sensevoice``: the seam between the worker and a
+  recognizer, the options a model loads from, SenseVoiceSmall's own tables
+- ``decode/``: what every backend shares (features, greedy and biased CTC, tokenizers,
+  hotword graphs, the one decode path from a job to its transcript)
+- ``backends/``: the torch and ONNX Runtime recognizers, Silero VAD, and the loading
+  that picks one
+- ``artifacts/``: model files on disk (hubs, published exports, ONNX export)
+- ``serving/``: the worker thread, its queue and supervision, the pool, the model process
+- ``speakers/``: the speaker diarization models and their worker
+
+docs/architecture.md's package table says what each folder may import.
 """

@@ -1,12 +1,12 @@
 """The seam between the model worker and a recognizer: everything the worker uses.
 
-:class:`SpeechRecognizer` declares every capability the worker reads (the worker probes
-nothing); :class:`RecognizerBase` gives the defaults of a recognizer that runs in this
-process, decodes one utterance per call and keeps nothing per session, so a backend
-(``torch_backend.py``, ``onnx_backend.py``, both through
-:class:`~streamer.model.decoding.CtcRecognizer`), the model process
-(:class:`~streamer.model.process.ProcessRecognizer`) and a test double each say only
-what differs.
+:class:`SpeechRecognizer` declares every capability the worker reads (the worker and the
+decoding probe nothing); :class:`RecognizerBase` gives the defaults of a recognizer that
+runs in this process, decodes one utterance per call and keeps nothing per session, so a
+backend (``backends/torch_backend.py``, ``backends/onnx_backend.py``, both through
+:class:`~streamer.model.decode.decoding.CtcRecognizer`), the model process
+(:class:`~streamer.model.serving.process.ProcessRecognizer`) and a test double each say
+only what differs.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from streamer.core.jobs import DecodeJob
 from streamer.core.transcript import Transcript
 
 
@@ -60,6 +61,11 @@ class SpeechRecognizer(Protocol):
         languages: Sequence[str],
         use_itns: Sequence[bool],
     ) -> list[Transcript]: ...
+
+    def decode_jobs(self, jobs: Sequence[DecodeJob]) -> list[Transcript]:
+        """The transcripts of ``jobs``, in one model call where it batches: a recognizer
+        that keeps features per session (a CTC backend, or its model process) reads the
+        jobs themselves; the others decode their audio."""
 
     def forget_session(self, session_id: str) -> None:
         """Drop what is kept for a departed session (cached features)."""
@@ -109,6 +115,18 @@ class RecognizerBase:
             self.decode(pcm, language=language, use_itn=use_itn)
             for pcm, language, use_itn in zip(pcms, languages, use_itns, strict=True)
         ]
+
+    def decode_jobs(self, jobs: Sequence[DecodeJob]) -> list[Transcript]:
+        """The jobs' audio: alone through :meth:`decode`, several through
+        :meth:`decode_batch`."""
+        if len(jobs) == 1:
+            (job,) = jobs
+            return [self.decode(job.pcm, language=job.language, use_itn=job.itn)]
+        return self.decode_batch(
+            [job.pcm for job in jobs],
+            languages=[job.language for job in jobs],
+            use_itns=[job.itn for job in jobs],
+        )
 
     def forget_session(self, session_id: str) -> None:
         return None

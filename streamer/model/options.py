@@ -1,9 +1,9 @@
 """How to load the model: :class:`RecognizerOptions`, shared by every backend.
 
-:func:`streamer.model.loading.load_recognizer` reads them and builds the backend they name:
-the torch one (:mod:`streamer.model.torch_backend`) or ONNX Runtime
-(:mod:`streamer.model.onnx_backend`). They are frozen and picklable: a model process
-(:mod:`streamer.model.process`) gets them as they are.
+:func:`streamer.model.backends.loading.load_recognizer` reads them and builds the backend they name:
+the torch one (:mod:`streamer.model.backends.torch_backend`) or ONNX Runtime
+(:mod:`streamer.model.backends.onnx_backend`). They are frozen and picklable: a model process
+(:mod:`streamer.model.serving.process`) gets them as they are.
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ from pathlib import Path
 
 from streamer.core.hotwords import MAX_PHRASE_TOKENS
 from streamer.errors import ConfigError
-from streamer.model.ctc_beam import DEFAULT_BEAM, DEFAULT_PARTIAL_BEAM, MAX_BEAM
-from streamer.model.files import RANDOM_PREFIX, RandomModels, default_cache_dir, random_model
+from streamer.model.artifacts.files import (
+    RANDOM_PREFIX,
+    RandomModels,
+    default_cache_dir,
+    random_model,
+)
+from streamer.model.decode.ctc_beam import DEFAULT_BEAM, DEFAULT_PARTIAL_BEAM, MAX_BEAM
 
 __all__ = ["BACKENDS", "MAX_DEFAULT_THREADS", "RecognizerOptions", "default_threads"]
 
@@ -93,3 +98,22 @@ def default_threads() -> int:
     except AttributeError:  # not on Linux
         usable = os.cpu_count() or 1
     return max(1, min(usable, MAX_DEFAULT_THREADS))
+
+
+def parse_devices(spec: str) -> tuple[str, ...]:
+    """``"cuda:0,cuda:1"`` -> ``("cuda:0", "cuda:1")``; ``cuda:all`` stays as it is.
+
+    Raises :class:`ConfigError` for empty items, repeats, and ``auto``/``cuda:all`` in a
+    list. Each item is validated further by the recognizer's options.
+    """
+    items = tuple(part.strip() for part in spec.split(","))
+    if any(not item for item in items):
+        raise ConfigError(f"--device {spec!r}: an empty item in the device list")
+    if len(items) > 1:
+        for special in ("auto", "cuda:all"):
+            if special in items:
+                raise ConfigError(f"--device {spec!r}: {special} cannot be part of a list")
+        normalized = [("cuda:0" if item == "cuda" else item) for item in items]
+        if len(set(normalized)) != len(normalized):
+            raise ConfigError(f"--device {spec!r} names a device twice; use --workers for more")
+    return items

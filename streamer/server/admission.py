@@ -25,8 +25,8 @@ from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session
 from streamer.core.vad import FrameClassifier
 from streamer.errors import CLOSE_INTERNAL_ERROR, ProtocolError
-from streamer.model.pool import WorkerPool
-from streamer.model.worker import WorkerStats
+from streamer.model.serving.pool import WorkerPool
+from streamer.model.serving.worker import WorkerStats
 from streamer.server.http import Endpoint, single_header, token_matches
 from streamer.server.metrics import Metrics
 from streamer.server.options import ServerOptions
@@ -195,15 +195,9 @@ class Admission:
         live = self.metrics.live
         sample = LoadSample(
             now_s,
-            stats.final_decode_ms_total,
-            stats.oldest_final_age_ms,
             len(self.connections),
+            stats.live,
             max(1, sum(not slot.background for slot in self.worker.slots)),  # live ones
-            final_audio_ms_total=stats.final_audio_ms_total,
-            final_decode_sq_ms_total=stats.final_decode_sq_ms_total,
-            partial_decode_ms_total=stats.partial_decode_ms_total,
-            interruptible=stats.interruptible,
-            final_waits=stats.final_waits,
             final_latencies=live.final.snapshot(),
             ttft_latencies=live.ttft.snapshot(),
             fast_sessions=len(live.fast),

@@ -60,8 +60,8 @@ from streamer.errors import (
     ProtocolError,
     close_code_for,
 )
-from streamer.model.pool import WorkerPool
-from streamer.model.worker import ModelWorker
+from streamer.model.serving.pool import WorkerPool
+from streamer.model.serving.worker import ModelWorker
 from streamer.server.admission import Admission, expire_for_failure
 from streamer.server.http import Endpoint
 from streamer.server.metrics import Metrics

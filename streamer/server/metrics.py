@@ -17,7 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.core.live_latency import LiveLatency
-from streamer.model.pool import WorkerLoad, WorkerSlot
+from streamer.model.serving.pool import WorkerLoad, WorkerSlot
 
 # Jobs per model call (--max-batch); a GPU sweep goes up to 64.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)

@@ -41,8 +41,8 @@ from streamer.core.protocol import Error, Final, Notice, Partial, ServerMessage,
 from streamer.core.session_speakers import SessionSpeakers, SpeakerJob, SpeakerQueue
 from streamer.core.wire import OutFrame, WireAdapter
 from streamer.errors import CLOSE_POLICY_VIOLATION
-from streamer.model.pool import WorkerPool
-from streamer.model.worker import ModelWorker
+from streamer.model.serving.pool import WorkerPool
+from streamer.model.serving.worker import ModelWorker
 from streamer.server.metrics import Metrics
 from streamer.server.options import ConnectionLimits
 
@@ -129,7 +129,7 @@ class SessionPump:
             self._outbox_bytes += len(frame.data)
             self.outbox.put_nowait(frame)
         for job in self.session.jobs_to_submit():
-            if not self._real_time:  # after real-time sessions' work (model/job_queue.py)
+            if not self._real_time:  # after real-time sessions' work (model/serving/job_queue.py)
                 job = dataclasses.replace(job, realtime=False)
             self.worker.submit(job, self._result_from_worker)
         stats = self.session.stats

@@ -20,7 +20,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from streamer.core.compat.transcripts import openai_error_body
-from streamer.model.pool import WorkerPool
+from streamer.model.serving.pool import WorkerPool
 from streamer.server import models_page
 from streamer.server.admission import ORIGIN_NOT_ALLOWED, RETRY_AFTER_S, Admission, authorize
 from streamer.server.http import (
@@ -41,7 +41,7 @@ from streamer.server.route_table import PLAIN as SERVED_METHODS
 from streamer.server.route_table import RouteTable
 
 if TYPE_CHECKING:
-    from streamer.model.loading import LoadProgress
+    from streamer.model.backends.loading import LoadProgress
 
 logger = logging.getLogger(__name__)
 

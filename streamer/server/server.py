@@ -28,8 +28,8 @@ from streamer.core.protocol import StreamOptions
 from streamer.core.session import Session
 from streamer.core.vad import FrameClassifier, webrtc_classifier
 from streamer.errors import ConfigError, ModelError
-from streamer.model.pool import WorkerPool
-from streamer.model.worker import ModelWorker
+from streamer.model.serving.pool import WorkerPool
+from streamer.model.serving.worker import ModelWorker
 from streamer.server.admission import Admission
 from streamer.server.compat import COMPAT_ENDPOINTS
 from streamer.server.connection import serve_websocket
@@ -46,7 +46,7 @@ from streamer.server.websocket import WebSocket
 from streamer.server.wyoming import WyomingListener
 
 if TYPE_CHECKING:
-    from streamer.model.loading import LoadProgress
+    from streamer.model.backends.loading import LoadProgress
 
 __all__ = ["ConnectionLimits", "ServerOptions", "StreamingServer"]
 

@@ -5,7 +5,7 @@ its own (:mod:`streamer.media.files`) and fed, as fast as the model takes it, to
 :class:`~streamer.core.session.Session` behind the same :class:`SessionPump` as a live
 stream: the same VAD cuts, the same 7 s limit, the same decode path, so an upload's
 finals are exactly the finals protocol v1 gives for the same samples. Its jobs are
-``background``: the worker decodes them after every live job (model/job_queue.py), and
+``background``: the worker decodes them after every live job (model/serving/job_queue.py), and
 the pending-finals gate holds the decoder back while the model is busy.
 
 :class:`FileJobs` bounds how many files are transcribed at once (``--max-file-jobs``);

@@ -32,8 +32,8 @@ from streamer.core.pacing import InputBudget
 from streamer.core.session import State
 from streamer.core.wire import OutFrame
 from streamer.errors import ProtocolError
-from streamer.model.pool import WorkerPool
-from streamer.model.worker import ModelWorker
+from streamer.model.serving.pool import WorkerPool
+from streamer.model.serving.worker import ModelWorker
 from streamer.server.admission import Admission
 from streamer.server.metrics import Metrics
 from streamer.server.options import ConnectionLimits

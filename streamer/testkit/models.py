@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamer.errors import ConfigError, ModelError
-from streamer.model.files import MARKER_FILE
+from streamer.model.artifacts.files import MARKER_FILE
 from streamer.model.sensevoice import (
     FEATURE_DIM,
     FRONTEND_CONF,
@@ -188,7 +188,7 @@ def ensure_random_model(name: str, cache_dir: Path, *, seed: int = 0) -> Path:
 
 @dataclass(frozen=True)
 class RandomModelBuilder:
-    """:class:`streamer.model.files.RandomModels` for the models built here: what the CLI
+    """:class:`streamer.model.artifacts.files.RandomModels` for the models built here: what the CLI
     and the test fixtures pass as ``RecognizerOptions.random_models`` (it pickles, so a
     spawned model process gets it too)."""
 
@@ -219,7 +219,7 @@ def build_random_model(
     require(f"building the random-weight model {name!r}", TORCH, *TORCH_MODULES)
     import torch
 
-    from streamer.model.funasr_quiet import import_funasr
+    from streamer.model.backends.funasr_quiet import import_funasr
 
     import_funasr()
     out_dir.mkdir(parents=True, exist_ok=True)

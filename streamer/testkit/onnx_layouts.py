@@ -34,7 +34,7 @@ def funasr_layout(export_dir: Path, out_dir: Path, *, tokenizer: str = "bpe") ->
     """A FunASR-shaped directory; ``tokenizer`` is "bpe" (sentencepiece) or "json"."""
     import yaml
 
-    from streamer.model.decoding import SentencePieceTokenizer
+    from streamer.model.decode.tokenizer import SentencePieceTokenizer
     from streamer.model.sensevoice import FRONTEND_CONF
 
     out_dir.mkdir(parents=True, exist_ok=True)

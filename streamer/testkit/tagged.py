@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from streamer.errors import ModelError
-from streamer.model.files import file_sha256
+from streamer.model.artifacts.files import file_sha256
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from streamer.errors import ModelError
-from streamer.model.files import file_sha256
+from streamer.model.artifacts.files import file_sha256
 from streamer.model.speakers.layout import (
     EMBEDDING_FILE,
     MANIFEST_FILE,

@@ -5,7 +5,7 @@
 or any directory holding two such graphs (sherpa-onnx's files renamed). ``auto``:
 sherpa-onnx's published ONNX exports of the same two models on Hugging Face
 (:data:`PUBLISHED_SEGMENTATION`, :data:`PUBLISHED_EMBEDDING`), fetched and checked by
-the same hub client, cache and checksum code as the ASR model (``model/published.py``).
+the same hub client, cache and checksum code as the ASR model (``model/artifacts/published.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamer.errors import ModelError
-from streamer.model.files import file_sha256
+from streamer.model.artifacts.files import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _check_manifest(manifest: Path, directory: Path) -> None:
 
 
 def _published(cache_dir: Path) -> DiarizerFiles:
-    from streamer.model.published import fetch_published_files
+    from streamer.model.artifacts.published import fetch_published_files
 
     paths = fetch_published_files((PUBLISHED_SEGMENTATION, PUBLISHED_EMBEDDING), cache_dir)
     return DiarizerFiles(segmentation=paths[0], embedding=paths[1])

@@ -2,7 +2,7 @@
 
 :class:`OnnxRecognizer` loads one of three directory layouts:
 
-- an export made by :mod:`streamer.model.onnx_export` (``manifest.json``,
+- an export made by :mod:`streamer.model.artifacts.onnx_export` (``manifest.json``,
   ``model.onnx``, ``model.int8.onnx``, ``tokens.txt``, ``bpe.model``, ``am.mvn``);
 - FunASR's export (``model.onnx`` / ``model_quant.onnx``, ``am.mvn``, the sentencepiece
   model ``*.bpe.model`` or ``tokens.json``; inputs ``speech``, ``speech_lengths``,
@@ -37,19 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamer.errors import ConfigError, DecodeInterrupted, ModelError
-from streamer.model.decoding import (
-    CtcRecognizer,
-    PieceTableTokenizer,
-    SentencePieceTokenizer,
-    Tokenizer,
-    Utterance,
-    padded_features,
-    read_tokens_json,
-    read_tokens_txt,
-)
-from streamer.model.files import missing_directory, model_source
-from streamer.model.frontend import Cmvn, Frontend, read_am_mvn
-from streamer.model.onnx_export import (
+from streamer.model.artifacts.files import missing_directory, model_source
+from streamer.model.artifacts.onnx_export import (
     CMVN_FILE,
     FP32_FILE,
     INT8_FILE,
@@ -58,11 +47,20 @@ from streamer.model.onnx_export import (
     cached_export,
     read_manifest,
 )
-from streamer.model.published import (
+from streamer.model.artifacts.published import (
     AUTO_MODEL,
     PUBLISHED_ONNX_MODEL,
     fetch_published,
     is_published,
+)
+from streamer.model.decode.decoding import CtcRecognizer, Utterance, padded_features
+from streamer.model.decode.frontend import Cmvn, Frontend, read_am_mvn
+from streamer.model.decode.tokenizer import (
+    PieceTableTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    read_tokens_json,
+    read_tokens_txt,
 )
 from streamer.model.sensevoice import FEATURE_DIM, LID_ROWS, QUERY_FRAMES, TEXTNORM_ROWS
 
@@ -253,8 +251,8 @@ def _download(options: RecognizerOptions) -> Path:
     from streamer.extras import TORCH, TORCH_MODULES, require
 
     require(f"downloading {options.model} and exporting it to ONNX", TORCH, *TORCH_MODULES)
+    from streamer.model.backends.torch_backend import Recognizer
     from streamer.model.options import RecognizerOptions
-    from streamer.model.torch_backend import Recognizer
 
     recognizer = Recognizer(
         RecognizerOptions(

@@ -26,7 +26,7 @@
   in its class;
 * :meth:`JobQueue.drop_session` forgets every queued job of a departed client.
 
-The caller (:class:`~streamer.model.worker.ModelWorker`) holds its lock around every
+The caller (:class:`~streamer.model.serving.worker.ModelWorker`) holds its lock around every
 call; nothing here blocks or reads a clock.
 """
 

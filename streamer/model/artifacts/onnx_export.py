@@ -2,7 +2,7 @@
 
 The graph is SenseVoiceSmall's embedding, encoder and CTC head::
 
-    x           float32 (N, T, 560)   features: fbank -> LFR 7/6 -> CMVN (model/frontend.py)
+    x           float32 (N, T, 560)   features: fbank -> LFR 7/6 -> CMVN (model/decode/frontend.py)
     x_length    int32   (N,)          valid frames of each row of x
     language    int32   (N,)          query row: LID_ROWS
     text_norm   int32   (N,)          query row: TEXTNORM_ROWS
@@ -11,7 +11,7 @@ The graph is SenseVoiceSmall's embedding, encoder and CTC head::
 N and T are dynamic, so one call can decode a padded batch. The names and the metadata
 are sherpa-onnx's (scripts/sense-voice/export-onnx.py), so an export made here is also a
 sherpa-onnx model. ``model.onnx``'s weights are in ``model.onnx.data`` (ONNX external
-data: :mod:`streamer.model.onnx_trace`). ``model.int8.onnx`` holds the same graph with
+data: :mod:`streamer.model.artifacts.onnx_trace`). ``model.int8.onnx`` holds the same graph with
 MatMul weights quantized dynamically to 8 bits (QInt8 on CPUs with an int8 dot-product
 unit, QUInt8 elsewhere: :func:`default_int8_weight_type`). ``manifest.json`` records
 where it came from.
@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from streamer.errors import ConfigError, ModelError
-from streamer.model.decoding import SentencePieceTokenizer, write_tokens_txt
-from streamer.model.export_process import export_in_child
-from streamer.model.files import ModelFiles, file_sha256, model_files
-from streamer.model.frontend import read_am_mvn
-from streamer.model.onnx_trace import DATA_SUFFIX, ONNX_OPSET
+from streamer.model.artifacts.export_process import export_in_child
+from streamer.model.artifacts.files import ModelFiles, file_sha256, model_files
+from streamer.model.artifacts.onnx_trace import DATA_SUFFIX, ONNX_OPSET
+from streamer.model.decode.frontend import read_am_mvn
+from streamer.model.decode.tokenizer import SentencePieceTokenizer, write_tokens_txt
 from streamer.model.sensevoice import LFR_M, LFR_N, LID_ROWS, TEXTNORM_ROWS
 
 logger = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def cached_export(
     Keyed by :func:`source_sha256` and the int8 weight type (default:
     :func:`default_int8_weight_type`): a changed model gets a new export, an unchanged one
     is found in milliseconds. The directory appears atomically, as random models do. The
-    export runs in a child process (:mod:`streamer.model.export_process`), so this
+    export runs in a child process (:mod:`streamer.model.artifacts.export_process`), so this
     process never imports torch for it.
     """
     weight_type = int8_weight_type or default_int8_weight_type()
@@ -222,7 +222,7 @@ def export_onnx(
     )
     import torch
 
-    from streamer.model.onnx_trace import read_torch_model, trace_to_onnx
+    from streamer.model.artifacts.onnx_trace import read_torch_model, trace_to_onnx
     from streamer.model.options import default_threads
 
     started = time.perf_counter()
@@ -349,12 +349,13 @@ def quantize_int8(
     """Write ``target``: graph ``source`` with its MatMul weights quantized dynamically
     (activations are always quantized to uint8 at run time by ONNX Runtime).
 
-    Per tensor, one weight at a time (:func:`~streamer.model.onnx_quantize.quantize_matmuls`:
-    onnxruntime's graph and numbers, a fraction of its memory); ``per_channel`` goes
+    Per tensor, one weight at a time
+    (:func:`~streamer.model.artifacts.onnx_quantize.quantize_matmuls`: onnxruntime's graph
+    and numbers, a fraction of its memory); ``per_channel`` goes
     through onnxruntime's ``quantize_dynamic``, which holds three copies of the weights.
     """
     if not per_channel:
-        from streamer.model.onnx_quantize import quantize_matmuls
+        from streamer.model.artifacts.onnx_quantize import quantize_matmuls
 
         quantize_matmuls(source, target, weight_type, reduce_range=reduce_range)
         return

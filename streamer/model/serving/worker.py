@@ -18,26 +18,12 @@ measured no better (bench/RESULTS.md, "Dynamic batching").
 
 The queue discipline (live finals first, a segment's first partial before refreshes, one
 pending partial per session, then file uploads' background finals round robin among
-their sessions) and the batch selection are :mod:`streamer.model.job_queue`.
+their sessions) and the batch selection are :mod:`streamer.model.serving.job_queue`.
 
 A batch that raises is decoded again job by job, so only the job that fails gets an error.
 
-Watchdog: a decode (one batch) that runs longer than ``decode_timeout_s``, a worker thread
-that dies for any reason, or a model process (:mod:`streamer.model.process`) that dies,
-makes the worker *failed* for good (:attr:`ModelWorker.failure`
-says why): every job waiting or running is answered with ``DecodeFailure.MODEL_STALLED``,
-later jobs are answered so at once, and :attr:`ModelWorker.on_failure` is called (the
-server then turns unready and the process exits non-zero for its supervisor to restart
-it; a stuck native call cannot be interrupted from Python).
-
-Restarts: a recognizer in a process of its own (``restartable``: killing it ends a stuck
-call and frees its device) is instead killed and loaded again, in the worker's thread, at
-most ``max_restarts`` times in ``RESTART_WINDOW_S``. Meanwhile :attr:`ModelWorker.restarting`
-says why, jobs wait in the queue (the queue discipline still applies), and the finals the
-model was decoding are decoded again, alone, once the new model is up; a final that was
-being decoded at a second failure gets ``DecodeFailure.DECODE_FAILED`` (it may be the cause),
-the partials are answered ``dropped`` (the next one replaces them). Past the budget, or if
-loading again fails, the worker fails for good as above.
+Watchdog and restarts (a stalled decode, a dead thread or model process: the model started
+again, or the worker failed for good) are :mod:`streamer.model.serving.supervision`.
 """
 
 from __future__ import annotations
@@ -46,16 +32,16 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamer.core.audio import SAMPLE_RATE
-from streamer.core.jobs import DecodeFailure, DecodeJob, DecodeResult
+from streamer.core.capacity import LiveFigures
+from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.errors import ConfigError, DecodeInterrupted, ModelError
-from streamer.model.decoding import PartialFailures, decode_job, decode_jobs, interrupted
+from streamer.model.decode.decoding import PartialFailures, decode_job, decode_jobs, interrupted
 from streamer.model.interface import SpeechRecognizer
-from streamer.model.job_queue import (
+from streamer.model.serving.job_queue import (
     JobQueue,
     Queued,
     ResultCallback,
@@ -64,7 +50,13 @@ from streamer.model.job_queue import (
     is_refresh,
     select_batch,
 )
-from streamer.model.live_load import LiveLoad
+from streamer.model.serving.live_load import LiveLoad
+from streamer.model.serving.supervision import (
+    DEFAULT_MAX_RESTARTS,
+    Supervised,
+    process_gone,
+    stalled_answer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +71,9 @@ DEFAULT_MAX_PADDING_RATIO = 1.25
 # waits for all of it: bound a batch to one longest segment's audio (7 s)
 CPU_MAX_BATCH_AUDIO_S = 7.0
 # the recognizer in the worker's own thread; True: in a child process
-# (streamer.model.process, serve --model-process)
+# (streamer.model.serving.process, serve --model-process)
 DEFAULT_MODEL_PROCESS = False
 IDLE_CHECK_S = 1.0  # an idle worker looks this often whether its model process has died
-# a model process that dies or stalls is started again at most this often in
-# RESTART_WINDOW_S before the worker fails for good (a crash loop is not served on)
-DEFAULT_MAX_RESTARTS = 3
-RESTART_WINDOW_S = 600.0
-# a restart that has not loaded the model after this long fails the worker (the watchdog's,
-# so only with decode_timeout_s); the model is cached by then, so this is a hang
-RESTART_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -130,23 +115,10 @@ class WorkerStats:
     queued_partials: int
     busy: bool
     restarting: str | None = None  # why the model is being loaded again, or None
-    # for capacity (core/capacity.py); a speculative decode counts as the final it will be
-    final_decode_ms_total: float = 0.0  # time spent decoding finals so far
-    oldest_final_age_ms: float = 0.0  # how long the oldest queued final has waited
-    # file uploads' jobs, decoded after live work (not in the figures above: capacity
-    # is about live sessions, and a file's wait behind them is by design)
+    # file uploads' jobs, decoded after live work (not in ``live``: capacity is about live
+    # sessions, and a file's wait behind them is by design)
     queued_background: int = 0
-    # more for capacity: the live finals decoded so far, their audio, and the sum of
-    # their decode times squared (a final's mean wait behind another is E[S^2] / 2E[S])
-    finals_total: int = 0
-    final_audio_ms_total: float = 0.0
-    final_decode_sq_ms_total: float = 0.0
-    # time spent on live partials (a final waits behind one unless it is interrupted)
-    partial_decode_ms_total: float = 0.0
-    interruptible: bool = False  # whether a final stops a partial's decode midway
-    partials_interrupted: int = 0  # partial decodes stopped so far so that a final went first
-    # the live finals' queue waits so far, counted per capacity.WAIT_BINS_MS bin
-    final_waits: tuple[int, ...] = ()
+    live: LiveFigures = LiveFigures()  # for capacity (core/capacity.py)
 
 
 __all__ = [
@@ -159,7 +131,7 @@ __all__ = [
 ]
 
 
-class ModelWorker:
+class ModelWorker(Supervised):
     """Owns the recognizer in a dedicated thread. Start it once; stop it at shutdown.
 
     ``load`` builds the recognizer inside the worker thread (model loading is slow and
@@ -197,14 +169,7 @@ class ModelWorker:
         # watchdog: the jobs being decoded and since when (perf_counter), guarded by _lock
         self._running: list[Queued] | None = None
         self._running_since = 0.0
-        self.failure: str | None = None  # why the worker failed for good (None: healthy)
-        # why its model process is being started again (None: it is not); guarded by _lock
-        self._restarting: str | None = None
-        self.restarts = 0  # model processes started again so far
-        self._restart_times: deque[float] = deque()  # time.monotonic() of each restart
-        self._restart_started: float | None = None  # time.monotonic() of the one loading
-        self.on_failure = on_failure  # called once, from a thread, when the worker fails
-        self._watchdog = threading.Thread(target=self._watch, name="model-watchdog", daemon=True)
+        self._init_supervision(self.options.max_restarts, on_failure)
 
     # -- control ---------------------------------------------------------------
 
@@ -231,18 +196,6 @@ class ModelWorker:
         return self.recognizer.name if self.recognizer is not None else "loading"
 
     @property
-    def restarting(self) -> str | None:
-        """Why the model is being started again (its process died or stalled), from the
-        moment the process is gone until the new one is up; None otherwise (and once
-        the worker has failed for good)."""
-        if self.failure is not None or self._stopping:
-            return None
-        if self._restarting is not None:
-            return self._restarting
-        gone = _process_gone(self.recognizer)  # died; the worker thread is about to see it
-        return gone if gone is not None and self._may_restart() else None
-
-    @property
     def device(self) -> str | None:
         """Where the loaded model runs ("cpu", "cuda:0"); None until it is loaded (or
         where the recognizer does not say)."""
@@ -253,22 +206,18 @@ class ModelWorker:
         now = time.perf_counter()
         with self._lock:
             oldest = self._queue.oldest_final_submitted()
-            load = self._live
+            live = replace(
+                self._live.figures,
+                oldest_final_age_ms=0.0 if oldest is None else (now - oldest) * 1000,
+                interruptible=self.recognizer is not None and self.recognizer.interruptible,
+            )
             return WorkerStats(
                 len(self._queue.finals),
                 len(self._queue.partials),
                 self._running is not None,
                 self.restarting,
-                load.final_decode_ms_total,
-                0.0 if oldest is None else (now - oldest) * 1000,
                 self._queue.background_jobs,
-                load.finals_total,
-                load.final_audio_ms_total,
-                load.final_decode_sq_ms_total,
-                load.partial_decode_ms_total,
-                self.recognizer is not None and self.recognizer.interruptible,
-                load.partials_interrupted,
-                tuple(load.final_waits),
+                live,
             )
 
     # -- queue -----------------------------------------------------------------
@@ -287,7 +236,7 @@ class ModelWorker:
                     self._interrupt_partials(first_partial=not is_live_final(job))
             self._lock.notify_all()
         if failure is not None:
-            self._answer(item, _stalled(job, failure))
+            self._answer(item, stalled_answer(job, failure))
             return
         if superseded is not None:
             self._answer(superseded, DecodeResult(job=superseded.job, dropped=True))
@@ -304,7 +253,7 @@ class ModelWorker:
             return
         stoppable = is_refresh if not first_partial else _is_later_refresh
         if all(stoppable(q.job) for q in running) and recognizer.interrupt():
-            self._live.partials_interrupted += len(running)
+            self._live.interrupted(len(running))
 
     def drop_session(self, session_id: str) -> int:
         """Forget every queued job of ``session_id`` (its callbacks are not called) and
@@ -321,7 +270,7 @@ class ModelWorker:
         """Wait for work; take the next batch off the queue (see :func:`select_batch`)."""
         with self._lock:
             while True:
-                if self._stopping or self.failure is not None or _process_gone(self.recognizer):
+                if self._stopping or self.failure is not None or process_gone(self.recognizer):
                     return None
                 if self._queue:
                     break
@@ -368,207 +317,20 @@ class ModelWorker:
             while True:
                 batch = self._next()
                 if batch is None:
-                    gone = _process_gone(self.recognizer)
+                    gone = process_gone(self.recognizer)
                     if self._stopping or self.failure is not None or gone is None:
                         break
                     if not self._restart(self._restarting or gone):
                         break
                     continue
-                results = self._decode(batch)
-                with self._lock:
-                    late = self._running is not batch  # the watchdog answered it already
-                    self._running = None
-                    answers = list(zip(batch, results, strict=True))
-                    gone = _process_gone(self.recognizer)
-                    if not late and gone is not None and self._may_restart():
-                        # died while decoding: what it did not decode waits for the next
-                        self._restarting = gone
-                        done = [(q, r) for q, r in answers if r.failure is None]
-                        failed = [q for q, r in answers if r.failure is not None]
-                        answers = done + self._requeue(failed, gone)
-                if not late:
-                    for item, result in answers:
-                        self._answer(item, result)
+                for item, result in self._settle(batch, self._decode(batch)):
+                    self._answer(item, result)
             if self._stopping:
                 # a model process: asked to exit from this thread, whose end would kill it
                 self.recognizer.close()
         except BaseException:  # whatever it was, the server must not go on silently
             logger.exception("the model worker thread died")
             self._fail("the model worker thread died")
-
-    def _watch(self) -> None:
-        """The watchdog thread: when one decode runs too long, restarts the model process
-        (:meth:`_recover`) or fails the worker; fails it when a restart takes too long."""
-        while (running := self._stalled_batch()) is not None:
-            if not running:  # the restart itself hangs
-                logger.error(
-                    "starting the model again has taken over %g s: giving up", RESTART_TIMEOUT_S
-                )
-                self._fail(f"starting the model again took over {RESTART_TIMEOUT_S:g} s")
-                return
-            logger.error(
-                "a decode has run for over %g s (sessions %s): the model is stalled",
-                self.decode_timeout_s,
-                ", ".join(sorted({q.job.session_id for q in running})),
-            )
-            reason = f"a decode ran longer than {self.decode_timeout_s:g} s"
-            if not self._may_restart():
-                self._fail(reason)
-                return
-            self._recover(running, reason)
-
-    def _stalled_batch(self) -> list[Queued] | None:
-        """Wait until the running batch is overdue and return it, or ``[]`` once a restart
-        has taken longer than RESTART_TIMEOUT_S; None once the worker stops or has failed."""
-        assert self.decode_timeout_s is not None
-        with self._lock:
-            while not self._stopping and self.failure is None:
-                if self._restart_started is not None:
-                    left_s = self._restart_started + RESTART_TIMEOUT_S - time.monotonic()
-                    if left_s <= 0:
-                        return []
-                    self._lock.wait(left_s)
-                    continue
-                if self._running is None:
-                    self._lock.wait()
-                    continue
-                running = self._running
-                overdue_s = self._running_since + self.decode_timeout_s - time.perf_counter()
-                if overdue_s > 0:
-                    self._lock.wait(overdue_s)
-                    continue
-                if self._running is running:
-                    return running
-        return None
-
-    # -- restarts --------------------------------------------------------------
-
-    def _may_restart(self) -> bool:
-        """Whether a failed model may be started again: it runs in a process of its own
-        (``restartable``) and the restart budget is not spent."""
-        recognizer = self.recognizer
-        if self.options.max_restarts == 0 or recognizer is None or not recognizer.restartable:
-            return False
-        horizon = time.monotonic() - RESTART_WINDOW_S
-        return sum(1 for t in self._restart_times if t > horizon) < self.options.max_restarts
-
-    def _recover(self, running: list[Queued], reason: str) -> None:
-        """The watchdog's restart: answer or requeue the stalled batch, then kill the model
-        process (which ends the stuck call; the worker thread then loads it again)."""
-        with self._lock:
-            if self._running is not running:  # it finished after all
-                return
-            self._running = None  # the worker thread's late results are not answered
-            self._restarting = reason
-            answers = self._requeue(running, reason)
-            self._lock.notify_all()
-        self._kill_model()
-        for item, result in answers:
-            self._answer(item, result)
-
-    def _requeue(self, items: list[Queued], reason: str) -> list[tuple[Queued, DecodeResult]]:
-        """Call with the lock held, for jobs the failed model did not decode: finals go back
-        to the front of the queue, to be decoded alone by the next model, unless they were
-        already retried once (then they fail: they may be the cause); partials are dropped
-        (the session asks again). Returns the answers to give, outside the lock."""
-        answers = []
-        for item in reversed(items):
-            job = item.job
-            if job.kind != "final":
-                answers.append((item, DecodeResult(job=job, dropped=True)))
-            elif item.retried:
-                logger.error(
-                    "the model failed again while decoding segment %d of session %s: "
-                    "it is answered with an error",
-                    job.segment_id,
-                    job.session_id,
-                )
-                detail = f"the model failed twice while decoding it ({reason})"
-                failure = DecodeResult(job=job, failure=DecodeFailure.DECODE_FAILED, detail=detail)
-                answers.append((item, failure))
-            else:
-                self._queue.retry_first(item)
-        return answers[::-1]
-
-    def _restart(self, reason: str) -> bool:
-        """In the worker thread, after its model process failed (``reason``): load the
-        model again. False when the worker failed for good instead (no budget left, or
-        the load failed)."""
-        if not self._may_restart():
-            self._fail(reason)
-            return False
-        now = time.monotonic()
-        with self._lock:
-            self._restarting = reason
-            while self._restart_times and self._restart_times[0] <= now - RESTART_WINDOW_S:
-                self._restart_times.popleft()
-            self._restart_times.append(now)
-            self._restart_started = now
-            self._lock.notify_all()  # the watchdog times the restart
-            waiting = len(self._queue)
-        logger.warning(
-            "the model failed (%s): starting it again (%d of at most %d restarts in %g s; "
-            "%d jobs wait)",
-            reason,
-            len(self._restart_times),
-            self.options.max_restarts,
-            RESTART_WINDOW_S,
-            waiting,
-        )
-        self._kill_model()  # dead already, or stuck
-        started = time.perf_counter()
-        try:
-            recognizer = self._load()
-        except BaseException as exc:
-            logger.exception("loading the model again failed")
-            self._fail(f"{reason}; loading the model again failed: {exc}")
-            return False
-        with self._lock:
-            late = self.failure is not None  # the watchdog gave up on this restart
-            if not late:
-                self.recognizer = recognizer
-                self._restarting = self._restart_started = None
-                self.restarts += 1
-            self._lock.notify_all()
-        if late:
-            recognizer.close()
-            return False
-        logger.warning(
-            "the model is running again after %.1f s (%s)",
-            time.perf_counter() - started,
-            recognizer.name,
-        )
-        return True
-
-    def _fail(self, reason: str) -> None:
-        """Fail for good: tell the server, then answer every job waiting or running (so
-        that a session hears the fatal error before the finals that failed with it)."""
-        with self._lock:
-            if self.failure is not None:
-                return
-            self.failure = reason
-            self._restarting = self._restart_started = None
-            waiting = self._queue.clear()
-            if self._running is not None:
-                waiting[:0] = self._running
-            self._running = None
-            self._lock.notify_all()
-        self._kill_model()  # a model process: end a stuck call
-        if self.on_failure is not None:
-            try:
-                self.on_failure(reason)
-            except Exception:
-                logger.exception("failure hook failed")
-        for item in waiting:
-            self._answer(item, _stalled(item.job, reason))
-
-    def _kill_model(self) -> None:
-        """End a model process at once (a stuck call cannot be interrupted otherwise)."""
-        if self.recognizer is not None:
-            try:
-                self.recognizer.kill()
-            except Exception:
-                logger.exception("ending the model process failed")
 
     def _decode(self, batch: list[Queued]) -> list[DecodeResult]:
         """Decode ``batch`` in one call; if that raises, job by job (one result each)."""
@@ -647,22 +409,9 @@ def _resolve_max_batch(requested: int | None, recognizer: SpeechRecognizer) -> i
     return DEFAULT_MAX_BATCH if exact and not on_cpu else 1
 
 
-def _process_gone(recognizer: SpeechRecognizer | None) -> str | None:
-    """Why a model process (:class:`~streamer.model.process.ProcessRecognizer`) is gone;
-    None while it runs, and for a recognizer in this process."""
-    failure = recognizer.failure if recognizer is not None else None
-    return None if failure is None else str(failure)
-
-
 def _is_later_refresh(job: DecodeJob) -> bool:
     """A refresh of a segment already shown (not its first partial)."""
     return is_refresh(job) and not job.first
-
-
-def _stalled(job: DecodeJob, reason: str) -> DecodeResult:
-    if job.kind == "partial":
-        return DecodeResult(job=job, dropped=True)
-    return DecodeResult(job=job, failure=DecodeFailure.MODEL_STALLED, detail=reason)
 
 
 def _lower_priority(nice: int) -> None:

@@ -24,17 +24,17 @@ from pathlib import Path
 
 from streamer.errors import ConfigError, ModelError
 from streamer.extras import TORCH, TORCH_MODULES, missing, require
-from streamer.model.allocator import pin_mmap_threshold
-from streamer.model.decoding import CtcRecognizer
-from streamer.model.files import RANDOM_PREFIX, looks_like_path, model_files, random_model
-from streamer.model.options import RecognizerOptions
-from streamer.model.published import (
+from streamer.model.artifacts.allocator import pin_mmap_threshold
+from streamer.model.artifacts.files import RANDOM_PREFIX, looks_like_path, model_files, random_model
+from streamer.model.artifacts.published import (
     AUTO_MODEL,
     DEFAULT_TORCH_MODEL,
     PUBLISHED_ONNX_MODEL,
     is_published,
 )
-from streamer.model.torch_backend import Recognizer
+from streamer.model.backends.torch_backend import Recognizer
+from streamer.model.decode.decoding import CtcRecognizer
+from streamer.model.options import RecognizerOptions, parse_devices
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def preflight(options: RecognizerOptions) -> None:
                 f"{options.model} is an ONNX export: it runs on --backend onnx (or auto), not torch"
             )
     if backend == "onnx" and options.device.startswith("cuda"):
-        from streamer.model.onnx_backend import check_cuda_provider
+        from streamer.model.backends.onnx_backend import check_cuda_provider
 
         check_cuda_provider(options.device)
     elif options.device.startswith("cuda") or options.dtype != "fp32":
@@ -157,8 +157,6 @@ def resolve_devices(spec: str) -> tuple[str, ...]:
     or device it fails at once, without importing torch. Check each device with
     :func:`preflight` afterwards.
     """
-    from streamer.model.pool import parse_devices
-
     devices = parse_devices(spec)
     if devices != ("cuda:all",):
         return devices
@@ -182,7 +180,7 @@ def resolve_model(options: RecognizerOptions) -> RecognizerOptions:
     """``options`` with ``model="auto"`` replaced by the default of the backend that serves.
 
     ONNX Runtime (the CPU's backend) runs sherpa-onnx's published int8 export
-    (:data:`~streamer.model.published.PUBLISHED_ONNX_MODEL`, fetched from Hugging Face,
+    (:data:`~streamer.model.artifacts.published.PUBLISHED_ONNX_MODEL`, fetched from Hugging Face,
     nothing to export); torch runs ``iic/SenseVoiceSmall`` through funasr.
     """
     if options.model != AUTO_MODEL:
@@ -273,7 +271,7 @@ def load_recognizer(
         return _load_onnx(options, progress)
     require_torch_backend()
     with progress.stage_of("import", "importing torch and funasr"):
-        from streamer.model.funasr_quiet import import_funasr
+        from streamer.model.backends.funasr_quiet import import_funasr
 
         import_funasr()
     if options.model.startswith(RANDOM_PREFIX):
@@ -298,7 +296,7 @@ def _load_onnx(options: RecognizerOptions, progress: LoadProgress) -> CtcRecogni
     with progress.stage_of("import", "importing onnxruntime"):
         import onnxruntime  # noqa: F401
 
-        from streamer.model.onnx_backend import OnnxRecognizer, locate_onnx_model
+        from streamer.model.backends.onnx_backend import OnnxRecognizer, locate_onnx_model
     what = (
         f"fetching the published model {options.model} from Hugging Face (once)"
         if is_published(options.model)
@@ -309,7 +307,7 @@ def _load_onnx(options: RecognizerOptions, progress: LoadProgress) -> CtcRecogni
     what = f"loading model {options.model} with ONNX Runtime ({model_dir.graph.name})"
     with progress.stage_of("load", what):
         # what the graph's loading frees goes back to the system (about 200 MiB for
-        # the published model's size; streamer/model/allocator.py says why)
+        # the published model's size; streamer/model/artifacts/allocator.py says why)
         pin_mmap_threshold()
         recognizer = OnnxRecognizer(replace(options, warmup=False), model_dir=model_dir)
     if options.warmup:

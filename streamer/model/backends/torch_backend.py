@@ -1,9 +1,9 @@
 """SenseVoiceSmall on torch/funasr: the torch backend (beside :mod:`onnx_backend`).
 
-:func:`streamer.model.loading.load_recognizer` builds the backend
+:func:`streamer.model.backends.loading.load_recognizer` builds the backend
 :attr:`RecognizerOptions.backend` names (:mod:`streamer.model.options`): :class:`Recognizer`
-here (torch and funasr) or :class:`streamer.model.onnx_backend.OnnxRecognizer` (ONNX
-Runtime). Both decode through :class:`streamer.model.decoding.CtcRecognizer`, so greedy CTC,
+here (torch and funasr) or :class:`streamer.model.backends.onnx_backend.OnnxRecognizer` (ONNX
+Runtime). Both decode through :class:`streamer.model.decode.decoding.CtcRecognizer`, so greedy CTC,
 tokens, tags and token times are computed by the same code whichever runs the network.
 
 :class:`Recognizer` runs the model directly (features, query frames, encoder, CTC logits)
@@ -31,9 +31,15 @@ import numpy as np
 
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, ModelError
-from streamer.model.decoding import (
+from streamer.model.artifacts.files import (
+    check_vocabulary,
+    locate_model,
+    model_files,
+)
+from streamer.model.artifacts.published import AUTO_MODEL, DEFAULT_TORCH_MODEL
+from streamer.model.backends.funasr_quiet import import_funasr, quiet_funasr
+from streamer.model.decode.decoding import (
     CtcRecognizer,
-    SentencePieceTokenizer,
     Utterance,
     as_int16,
     as_waveform,
@@ -41,15 +47,9 @@ from streamer.model.decoding import (
     language_row,
     padded_features,
 )
-from streamer.model.files import (
-    check_vocabulary,
-    locate_model,
-    model_files,
-)
-from streamer.model.frontend import Cmvn, Frontend
-from streamer.model.funasr_quiet import import_funasr, quiet_funasr
+from streamer.model.decode.frontend import Cmvn, Frontend
+from streamer.model.decode.tokenizer import SentencePieceTokenizer
 from streamer.model.options import RecognizerOptions, default_threads
-from streamer.model.published import AUTO_MODEL, DEFAULT_TORCH_MODEL
 from streamer.model.sensevoice import (
     EMO_UNKNOWN_ID,
     FRONTEND_CONF,
@@ -263,7 +263,7 @@ class Recognizer(CtcRecognizer):
 
 
 class _FunasrTokenizer:
-    """funasr's SentencepiecesTokenizer as a :class:`~streamer.model.decoding.Tokenizer`."""
+    """funasr's SentencepiecesTokenizer as a :class:`~streamer.model.decode.decoding.Tokenizer`."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer

@@ -10,10 +10,10 @@ and watchdog stay in the server; each decode (a batch of jobs) goes to the child
 pipe and its transcripts come back.
 
 :class:`ProcessRecognizer` is that recognizer seen from the server: a
-:class:`~streamer.model.worker.SpeechRecognizer` with ``decode_jobs`` (so the child's
+:class:`~streamer.model.serving.worker.SpeechRecognizer` with ``decode_jobs`` (so the child's
 feature cache still knows each job's segment), ``forget_session``, and :attr:`failure`,
 set when the child dies (the worker then starts another, or fails for good: see
-:class:`~streamer.model.worker.ModelWorker`'s restarts).
+:class:`~streamer.model.serving.worker.ModelWorker`'s restarts).
 The child's log records are handled by the server's logging, and its loading stages
 are shown by ``/readyz``. The child is started with ``spawn`` (forking a process that
 holds threads and CUDA is unsafe) and ends when the server closes it, kills it (a
@@ -46,8 +46,8 @@ import numpy as np
 from streamer.core.jobs import DecodeJob
 from streamer.core.transcript import Transcript
 from streamer.errors import ConfigError, DecodeError, ModelError, ModelProcessGone
+from streamer.model.backends.loading import LoadProgress
 from streamer.model.interface import RecognizerBase
-from streamer.model.loading import LoadProgress
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class ProcessRecognizer(RecognizerBase):
         return self.decode_jobs(jobs)
 
     def decode_jobs(self, jobs: Sequence[DecodeJob]) -> list[Transcript]:
-        """The child's :func:`~streamer.model.decoding.decode_jobs` of ``jobs``. Raises
+        """The child's :func:`~streamer.model.decode.decoding.decode_jobs` of ``jobs``. Raises
         DecodeError when it raised there, ModelProcessGone when the child is gone
         (:attr:`failure`)."""
         pending = _Pending()
@@ -341,7 +341,7 @@ def _child_main(
             logging.getLogger(__name__).exception("loading the model failed")
         send(("load_error", "model", str(error)))
         return
-    from streamer.model.decoding import decode_jobs
+    from streamer.model.decode.decoding import decode_jobs
 
     send(
         (

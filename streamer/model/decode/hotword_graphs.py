@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streamer.core.context_graph import ContextGraph
 from streamer.core.hotwords import MAX_PHRASE_TOKENS, Hotwords, active
 from streamer.errors import ModelError
+from streamer.model.decode.context_graph import ContextGraph
 
 if TYPE_CHECKING:
-    from streamer.model.decoding import Tokenizer
+    from streamer.model.decode.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +107,8 @@ class HotwordGraphs:
     def _encodings(self, phrase: str) -> list[list[int]]:
         """The phrase's token ids with its word-start ``▁`` (first) and without it;
         empty when it cannot be encoded."""
-        encode = getattr(self._tokenizer, "encode", None)
-        if encode is None:
-            return []
         try:
-            ids = [int(i) for i in encode(phrase)]
+            ids = [int(i) for i in self._tokenizer.encode(phrase)]
             pieces = self._piece_table()
         except ModelError as error:
             logger.debug("hotwords cannot be encoded: %s", error)

@@ -36,7 +36,7 @@ _TAIL_LINES = 20  # of the child's other output, quoted when it fails
 def export_in_child(
     model_dir: Path, out_dir: Path, *, int8_weight_type: str, name: str | None, digest: str
 ) -> None:
-    """:func:`~streamer.model.onnx_export.export_onnx` of ``model_dir`` into the empty
+    """:func:`~streamer.model.artifacts.onnx_export.export_onnx` of ``model_dir`` into the empty
     directory ``out_dir``, in a child process; ModelError when it fails."""
     level = logging.getLevelName(logging.getLogger("streamer").getEffectiveLevel()).lower()
     command = [

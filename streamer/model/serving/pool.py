@@ -1,6 +1,6 @@
 """Several model workers behind the one worker interface: every device of a machine.
 
-A :class:`WorkerPool` owns N :class:`~streamer.model.worker.ModelWorker` objects, each
+A :class:`WorkerPool` owns N :class:`~streamer.model.serving.worker.ModelWorker` objects, each
 with its own thread and its own copy of the model, built by a factory from a
 :class:`WorkerSlot` (which device, how many threads). The server and its connections
 use the pool exactly as they used the one worker (``submit``, ``drop_session``,
@@ -17,7 +17,7 @@ forwards to that worker and unpins the session.
 Readiness and failure: :attr:`WorkerPool.ready` is set once every worker has loaded,
 or as soon as one fails to load (:attr:`WorkerPool.load_error` says which). A worker
 whose model process is being started again (``--model-process``; see
-:class:`~streamer.model.worker.ModelWorker`'s restarts) keeps its sessions, whose jobs
+:class:`~streamer.model.serving.worker.ModelWorker`'s restarts) keeps its sessions, whose jobs
 wait for it, but gets no new ones while another worker can take them;
 :attr:`WorkerPool.restarting` says why while none can. A worker
 that fails for good (its watchdog saw a stalled decode, or its thread died) fails the
@@ -39,10 +39,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
+from streamer.core.capacity import LiveFigures
 from streamer.core.jobs import DecodeJob, DecodeResult
 from streamer.errors import ConfigError
+from streamer.model.serving.worker import ModelWorker, ResultCallback, WorkerStats
 from streamer.model.speakers.worker import SpeakerWorker
-from streamer.model.worker import ModelWorker, ResultCallback, WorkerStats
 
 logger = logging.getLogger(__name__)
 
@@ -102,25 +103,6 @@ class WorkerLoad:
         if self.restarting:
             return "restarting"
         return "ready" if self.ready else "loading"
-
-
-def parse_devices(spec: str) -> tuple[str, ...]:
-    """``"cuda:0,cuda:1"`` -> ``("cuda:0", "cuda:1")``; ``cuda:all`` stays as it is.
-
-    Raises :class:`ConfigError` for empty items, repeats, and ``auto``/``cuda:all`` in a
-    list. Each item is validated further by the recognizer's options.
-    """
-    items = tuple(part.strip() for part in spec.split(","))
-    if any(not item for item in items):
-        raise ConfigError(f"--device {spec!r}: an empty item in the device list")
-    if len(items) > 1:
-        for special in ("auto", "cuda:all"):
-            if special in items:
-                raise ConfigError(f"--device {spec!r}: {special} cannot be part of a list")
-        normalized = [("cuda:0" if item == "cuda" else item) for item in items]
-        if len(set(normalized)) != len(normalized):
-            raise ConfigError(f"--device {spec!r} names a device twice; use --workers for more")
-    return items
 
 
 def plan_slots(
@@ -344,16 +326,8 @@ class WorkerPool:
             sum(s.queued_partials for s in each),
             any(s.busy for s in each),
             self.restarting,
-            sum(s.final_decode_ms_total for s in each),
-            max((s.oldest_final_age_ms for s in each), default=0.0),
             sum(s.queued_background for s in each),
-            sum(s.finals_total for s in each),
-            sum(s.final_audio_ms_total for s in each),
-            sum(s.final_decode_sq_ms_total for s in each),
-            sum(s.partial_decode_ms_total for s in each),
-            all(s.interruptible for s in each),
-            sum(s.partials_interrupted for s in each),
-            tuple(map(sum, zip(*(s.final_waits for s in each), strict=True))),
+            LiveFigures.combined([s.live for s in each]),
         )
 
     def loads(self) -> list[WorkerLoad]:

@@ -1,10 +1,11 @@
 """What every backend shares: audio in, CTC logits from the backend, a transcript out.
 
-A backend (:mod:`streamer.model.torch_backend` for torch, :mod:`streamer.model.onnx_backend`
-for ONNX Runtime) only turns a batch of waveforms into CTC logits, one ``(frames, vocab)``
-array per utterance. Everything around that lives here, once: checking the audio and the
-options, greedy CTC decoding (argmax, repeats collapsed, blanks dropped) with each token's
-first encoder frame and posterior, the tokenizer, and the tagged transcript; and
+A backend (:mod:`streamer.model.backends.torch_backend` for torch,
+:mod:`streamer.model.backends.onnx_backend` for ONNX Runtime) only turns a batch of
+waveforms into CTC logits, one ``(frames, vocab)`` array per utterance. Everything around
+that lives here, once: checking the audio and the options, CTC decoding (greedy,
+:mod:`streamer.model.decode.ctc`; with hotwords, :mod:`streamer.model.decode.ctc_beam`),
+the tokenizer (:mod:`streamer.model.decode.tokenizer`) and the tagged transcript; and
 :func:`decode_job`, the one path from a decode job to its result (the worker thread's and
 offline transcription's).
 
@@ -14,13 +15,11 @@ event, ITN); frame ``f >= 4`` covers audio from ``(f - 4) * FRAME_MS`` milliseco
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,9 +32,12 @@ from streamer.errors import (
     ModelError,
     ModelProcessGone,
 )
+from streamer.model.decode.ctc import greedy_ctc
+from streamer.model.decode.tokenizer import (
+    Tokenizer,
+)
 from streamer.model.interface import RecognizerBase
 from streamer.model.sensevoice import (
-    BLANK_ID,
     LANGUAGES,
     LID_ROWS,
     MIN_DECODE_SAMPLES,
@@ -45,19 +47,15 @@ from streamer.model.sensevoice import (
 )
 
 if TYPE_CHECKING:
-    from streamer.model.features import FeatureCache
-    from streamer.model.frontend import Frontend
-    from streamer.model.hotword_graphs import CompiledHotwords, HotwordGraphs
+    from streamer.model.decode.features import FeatureCache
+    from streamer.model.decode.frontend import Frontend
+    from streamer.model.decode.hotword_graphs import CompiledHotwords, HotwordGraphs
     from streamer.model.interface import SpeechRecognizer
     from streamer.model.options import RecognizerOptions
 
 logger = logging.getLogger(__name__)
 
 WARMUP_SECONDS = (1.0, 3.0, 7.0)  # lengths decoded at start-up
-# log_softmax subtracts one constant per frame, so the argmax of the logits is the argmax
-# of inference()'s log-probabilities except where rounding makes two near-equal logits
-# equal; frames whose best two logits are this close (relative) are decided on log_softmax.
-_TIE_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -75,61 +73,6 @@ class Utterance:
     beam: int = 1
 
 
-@dataclass(frozen=True)
-class CtcTokens:
-    """Greedy CTC output of one utterance."""
-
-    ids: tuple[int, ...]  # token ids, repeats collapsed and blanks removed
-    frames: tuple[int, ...]  # encoder frame where each token's run starts
-    confidences: tuple[float, ...]  # softmax posterior of each token at that frame
-    end_frames: tuple[int, ...] = ()  # one past the last frame of each token's run
-
-
-def greedy_ctc(
-    logits: np.ndarray, *, blank_id: int = BLANK_ID, banned_ids: Sequence[int] = ()
-) -> CtcTokens:
-    """Greedy CTC decoding of ``logits`` (frames, vocab), as SenseVoice's inference().
-
-    ``banned_ids`` never win a frame (inference()'s ``ban_emo_unk``).
-    """
-    logits = np.asarray(logits, dtype=np.float32)
-    if logits.ndim != 2:
-        raise DecodeError(f"CTC logits must be (frames, vocab), not shape {logits.shape}")
-    if logits.shape[0] == 0:
-        return CtcTokens((), (), (), ())
-    if banned_ids:
-        logits = logits.copy()
-        logits[:, list(banned_ids)] = -np.inf
-    best = logits.argmax(axis=-1)
-    rows = np.arange(logits.shape[0])
-    top = logits[rows, best]
-    runner_up = logits.copy()
-    runner_up[rows, best] = -np.inf
-    second = runner_up.max(axis=-1)
-    close = (top - second) <= _TIE_TOLERANCE * np.maximum(np.abs(top), 1.0)
-    if close.any():
-        best[close] = _log_softmax(logits[close]).argmax(axis=-1)
-    runs = np.flatnonzero(np.concatenate(([True], best[1:] != best[:-1])))
-    run_ends = np.append(runs[1:], best.size)
-    spoken = best[runs] != blank_id
-    starts, ends = runs[spoken], run_ends[spoken]
-    if starts.size == 0:
-        return CtcTokens((), (), (), ())
-    ids = best[starts]
-    log_posteriors = _log_softmax(logits[starts])[np.arange(starts.size), ids]
-    return CtcTokens(
-        ids=tuple(int(i) for i in ids),
-        frames=tuple(int(f) for f in starts),
-        confidences=tuple(float(p) for p in np.exp(log_posteriors)),
-        end_frames=tuple(int(f) for f in ends),
-    )
-
-
-def _log_softmax(rows: np.ndarray) -> np.ndarray:
-    shifted = rows - rows.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def padded_features(frontend: Frontend, batch: Sequence[Utterance]) -> tuple[np.ndarray, list[int]]:
     """The batch's features, zero-padded to the longest, (N, T, 560) float32, and each
     one's frames: an utterance's own (the feature cache's) or ``frontend``'s of its
@@ -140,120 +83,6 @@ def padded_features(frontend: Frontend, batch: Sequence[Utterance]) -> tuple[np.
     for row, rows in enumerate(features):
         padded[row, : rows.shape[0]] = rows
     return padded, lengths
-
-
-# --- tokenizers -----------------------------------------------------------------------------
-
-
-class Tokenizer(Protocol):
-    """Token ids to text, as funasr's SentencepiecesTokenizer decodes them."""
-
-    @property
-    def size(self) -> int: ...
-
-    def decode(self, token_ids: Sequence[int]) -> str: ...
-
-    def pieces(self) -> list[str]: ...
-
-
-class SentencePieceTokenizer:
-    """A sentencepiece model file (bpe.model, chn_jpn_yue_eng_ko_spectok.bpe.model)."""
-
-    def __init__(self, path: Path) -> None:
-        import sentencepiece as spm
-
-        try:
-            self._processor = spm.SentencePieceProcessor(model_file=str(path))
-        except (OSError, RuntimeError) as error:
-            raise ModelError(f"Tokenizer {path} cannot be read ({error})") from error
-        self.path = path
-
-    @property
-    def size(self) -> int:
-        return int(self._processor.get_piece_size())
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self._processor.decode([int(t) for t in token_ids]))
-
-    def pieces(self) -> list[str]:
-        return [self._processor.id_to_piece(i) for i in range(self.size)]
-
-    def encode(self, text: str) -> list[int]:
-        """The token ids of ``text`` (unknown characters give the unknown piece, id 0)."""
-        return [int(i) for i in self._processor.encode(text)]
-
-
-class PieceTableTokenizer:
-    """A list of pieces (sherpa-onnx tokens.txt, FunASR tokens.json), decoded like
-    sentencepiece: pieces joined, ``▁`` read as a space, the leading space dropped."""
-
-    def __init__(self, pieces: Sequence[str]) -> None:
-        self._pieces = list(pieces)
-        self._index: dict[str, int] | None = None  # piece -> id, made at the first encode
-        self._longest = 1
-
-    @property
-    def size(self) -> int:
-        return len(self._pieces)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        text = "".join(self._pieces[int(t)] for t in token_ids).replace("▁", " ")
-        return text[1:] if text.startswith(" ") else text
-
-    def pieces(self) -> list[str]:
-        return list(self._pieces)
-
-    def encode(self, text: str) -> list[int]:
-        """``text`` as pieces, longest match first, spaces read as ``▁`` and a ``▁``
-        in front (as sentencepiece's dummy prefix); a character no piece covers is
-        the unknown piece (id 0)."""
-        index = self._index
-        if index is None:
-            index = self._index = {piece: i for i, piece in enumerate(self._pieces)}
-            self._longest = max((len(p) for p in self._pieces), default=1)
-        rest = "▁" + text.replace(" ", "▁")
-        ids = []
-        while rest:
-            for size in range(min(self._longest, len(rest)), 0, -1):
-                piece = index.get(rest[:size])
-                if piece is not None:
-                    ids.append(piece)
-                    rest = rest[size:]
-                    break
-            else:
-                ids.append(0)
-                rest = rest[1:]
-        return ids
-
-
-def read_tokens_txt(path: Path) -> list[str]:
-    """sherpa-onnx's ``tokens.txt``: one ``piece id`` per line, ids 0..V-1."""
-    pieces: dict[int, str] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        piece, _, index = line.rstrip("\n").rpartition(" ")
-        if not piece or not index.isdigit():
-            raise ModelError(f"{path}:{number} is not 'piece id': {line!r}")
-        pieces[int(index)] = piece
-    if sorted(pieces) != list(range(len(pieces))):
-        raise ModelError(f"{path} does not number its pieces 0..{len(pieces) - 1}")
-    return [pieces[i] for i in range(len(pieces))]
-
-
-def read_tokens_json(path: Path) -> list[str]:
-    """FunASR's ``tokens.json``: a JSON list of pieces, in id order."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ModelError(f"{path} is not a JSON list of tokens ({error})") from error
-    if not isinstance(data, list) or not all(isinstance(p, str) for p in data):
-        raise ModelError(f"{path} is not a JSON list of token strings")
-    return data
-
-
-def write_tokens_txt(path: Path, pieces: Sequence[str]) -> None:
-    path.write_text("".join(f"{p} {i}\n" for i, p in enumerate(pieces)), encoding="utf-8")
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -386,7 +215,7 @@ class CtcRecognizer(RecognizerBase):
     def decode_jobs(self, jobs: Sequence[DecodeJob]) -> list[Transcript]:
         """:meth:`decode_batch` of the jobs' audio, with each segment's features computed
         incrementally: the filterbank of samples an earlier job of the same segment had
-        is reused (:class:`~streamer.model.features.FeatureCache`), bit for bit the same.
+        is reused (:class:`~streamer.model.decode.features.FeatureCache`), bit for bit the same.
         """
         started = time.perf_counter()
         cache = self.feature_cache
@@ -405,7 +234,7 @@ class CtcRecognizer(RecognizerBase):
         """``request`` with the job's phrase set compiled (once per set: cached)."""
         graphs = self._hotword_graphs
         if graphs is None:
-            from streamer.model.hotword_graphs import HotwordGraphs
+            from streamer.model.decode.hotword_graphs import HotwordGraphs
 
             graphs = HotwordGraphs(self.tokenizer, max_tokens=self.options.hotwords_max_tokens)
             self._hotword_graphs = graphs
@@ -417,7 +246,7 @@ class CtcRecognizer(RecognizerBase):
     def feature_cache(self) -> FeatureCache | None:
         """The open segments' features (None where the backend computes its own)."""
         if self._feature_cache is None and self.frontend is not None:
-            from streamer.model.features import FeatureCache
+            from streamer.model.decode.features import FeatureCache
 
             self._feature_cache = FeatureCache(self.frontend)
         return self._feature_cache
@@ -447,7 +276,7 @@ class CtcRecognizer(RecognizerBase):
             if hotwords is None or hotwords.graph is None:
                 tokens = greedy_ctc(logits[index], banned_ids=self.banned_ids)
             else:
-                from streamer.model.ctc_beam import biased_ctc
+                from streamer.model.decode.ctc_beam import biased_ctc
 
                 tokens = biased_ctc(
                     logits[index], hotwords.graph, beam=request.beam, banned_ids=self.banned_ids
@@ -499,26 +328,10 @@ class CtcRecognizer(RecognizerBase):
 
 
 def decode_jobs(recognizer: SpeechRecognizer, jobs: Sequence[DecodeJob]) -> list[Transcript]:
-    """The transcripts of ``jobs``, in one model call where the recognizer batches.
-
-    A :class:`CtcRecognizer` (or a :class:`~streamer.model.process.ProcessRecognizer`)
-    gets the jobs themselves (its feature cache knows their segments); other recognizers
-    (test doubles) get their audio. Raises what the
-    recognizer raises.
-    """
-    by_job = getattr(recognizer, "decode_jobs", None)  # a CtcRecognizer, or its process
-    if by_job is not None:
-        return list(by_job(jobs))
-    decode_batch = getattr(recognizer, "decode_batch", None)
-    if len(jobs) == 1 or decode_batch is None:
-        return [recognizer.decode(j.pcm, language=j.language, use_itn=j.itn) for j in jobs]
-    return list(
-        decode_batch(
-            [job.pcm for job in jobs],
-            languages=[job.language for job in jobs],
-            use_itns=[job.itn for job in jobs],
-        )
-    )
+    """The transcripts of ``jobs``, in one model call where the recognizer batches
+    (:meth:`~streamer.model.interface.SpeechRecognizer.decode_jobs`). Raises what the
+    recognizer raises."""
+    return list(recognizer.decode_jobs(jobs))
 
 
 class PartialFailures:

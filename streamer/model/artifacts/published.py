@@ -28,7 +28,7 @@ from pathlib import Path
 
 from streamer.errors import ModelError
 from streamer.extras import TORCH, TORCH_MODULES, install_hint, missing
-from streamer.model.files import HASH_CHUNK_BYTES, file_sha256
+from streamer.model.artifacts.files import HASH_CHUNK_BYTES, file_sha256
 
 logger = logging.getLogger(__name__)
 

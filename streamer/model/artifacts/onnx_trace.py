@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from streamer.errors import ModelError
-from streamer.model.files import ModelFiles
+from streamer.model.artifacts.files import ModelFiles
 from streamer.model.sensevoice import (
     EVENT_EMO_ROWS,
     FEATURE_DIM,
@@ -53,7 +53,7 @@ def read_torch_model(files: ModelFiles, vocab_size: int) -> Any:
     import torch
     import yaml
 
-    from streamer.model.funasr_quiet import import_funasr, quiet_funasr
+    from streamer.model.backends.funasr_quiet import import_funasr, quiet_funasr
 
     import_funasr()
     from funasr.register import tables

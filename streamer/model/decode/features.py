@@ -11,7 +11,7 @@ shorter than the last partial, cut at a quiet point, takes a prefix of them). On
 cheap part is redone per job: LFR stacking and CMVN over the frames (the last LFR
 frames depend on where the audio ends).
 
-The result is bit for bit :class:`~streamer.model.frontend.Frontend`'s from scratch
+The result is bit for bit :class:`~streamer.model.decode.frontend.Frontend`'s from scratch
 (tests/test_features.py): a filterbank frame depends on the samples of its own 25 ms
 window only, and kaldi-native-fbank computes it the same way whether the audio came in
 one piece or many.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamer.core.jobs import DecodeJob
-from streamer.model.frontend import (
+from streamer.model.decode.frontend import (
     SHIFT_SAMPLES,
     WINDOW_SAMPLES,
     Frontend,

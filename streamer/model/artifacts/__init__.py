@@ -1,0 +1,1 @@
+"""Model files on disk: hubs, published exports, ONNX export and quantization, the allocator."""

@@ -1,0 +1,1 @@
+"""The recognizers: ONNX Runtime, torch (funasr), Silero VAD, and the loading that picks one."""

@@ -1,0 +1,1 @@
+"""The decoding every backend shares: features, the CTC decoders, hotword graphs."""
