@@ -323,6 +323,8 @@ class Session:
             elif self._open is not None:
                 self._maybe_speculate()
                 self._maybe_partial()
+        if self.speakers is not None and self._open is not None:  # windows embedded early
+            self.speakers.grow(self._open, self._segmenter.position_sample, self._buffer.slice)
         self._buffer.discard_before(self._segmenter.keep_from_sample)
 
     def _handle_events(self, events: list[SegmentEvent]) -> None:
