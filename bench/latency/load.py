@@ -43,6 +43,7 @@ class StepOptions:
     chunk_ms: int = 100  # audio per WebSocket frame
     speed: float = 1.0  # 1.0 = real time
     drain_timeout_s: float = 60.0  # after the last chunk, wait this long for the end
+    diarize: bool = False  # ask for speaker labels (the server needs --diarize-model)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,10 @@ async def run_client(
     record = ClientRecord(plan)
     await asyncio.sleep(plan.delay_s)
     stream = StreamOptions(
-        language=options.language, partials=options.partials, endpoint_ms=options.endpoint_ms
+        language=options.language,
+        partials=options.partials,
+        endpoint_ms=options.endpoint_ms,
+        diarize=options.diarize,
     )
     client_options = ClientOptions(url=options.url, stream=stream, open_timeout_s=30.0)
 
