@@ -174,8 +174,7 @@ class Session:
 
     def speakers_finished(self, segment_id: int, analysis: SpeakerAnalysis | None) -> None:
         """The speaker models' answer for a closed segment; None: no answer in time."""
-        final = self.speakers.analysed(segment_id, analysis) if self.speakers else None
-        if final is not None:
+        if self.speakers and (final := self.speakers.analysed(segment_id, analysis)):
             self._send_final(final)
 
     def decode_finished(self, result: DecodeResult) -> None:
