@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from streamer.core.diarization import (
+    END_TO_END,
     PIECE_STEP_SAMPLES,
     PIECE_WINDOW_SAMPLES,
     SEGMENTATION_STEP_SAMPLES,
@@ -115,6 +116,9 @@ def test_grid_windows_closed_and_inside_regions() -> None:
     assert all(region[0] <= window_span(k)[0] < window_span(k)[1] <= region[1] for k in inside)
     assert windows_inside([region], 4 * RATE) == []  # a region shorter than asked: none
     assert windows_inside([(0, window - 1)]) == []  # shorter than one window: none
+    end_to_end = windows_inside([(0, 6 * RATE)], every=END_TO_END)
+    spans = [window_span(k) for k in end_to_end]
+    assert len(spans) == 4 and all(a[1] == b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))
 
 
 def test_speaker_labels_are_letters() -> None:

@@ -10,7 +10,12 @@ import numpy as np
 import orjson
 import pytest
 
-from streamer.core.diarization import DiarizationOptions, SpeakerAnalysis, SpeakerTracker
+from streamer.core.diarization import (
+    DiarizationOptions,
+    SpeakerAnalysis,
+    SpeakerTracker,
+    closed_windows,
+)
 from streamer.core.session_speakers import SpeakerJob
 from streamer.model.speakers.models import WindowCache
 from streamer.model.speakers.worker import SpeakerWorker
@@ -321,5 +326,8 @@ def test_windows_embed_long_voices_unless_turned_off(models, cache_dir: Path) ->
     with_windows = models.analyse(0, clip)
     assert any(len(s.pieces) >= 4 for s in with_windows.speakers)
     files = resolve_diarizer(str(ensure_diarizer(cache_dir)), cache_dir)
-    lean = SpeakerModels(files, DiarizationOptions(change_windows=False)).analyse(0, clip)
+    lean_models = SpeakerModels(files, DiarizationOptions(change_windows=False))
+    lean = lean_models.analyse(0, clip)
     assert lean.speakers and all(s.pieces == () for s in lean.speakers)
+    # early, only the windows end to end (the solo embeddings' means) are embedded
+    assert lean_models.embed_closed(clip, WindowCache()) == -(-closed_windows(len(clip)) // 4)

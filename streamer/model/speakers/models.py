@@ -23,6 +23,7 @@ import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import (
+    END_TO_END,
     FBANK_BINS,
     LOCAL_SPEAKERS,
     MIN_PIECES_REGION_SAMPLES,
@@ -106,8 +107,9 @@ class SpeakerModels:
             end = min(samples, offset + SEGMENTATION_WINDOW_SAMPLES)
             found.extend((window, *r) for r in local_regions(activity, offset, end))
         wanted: set[int] = set()
+        every = 1 if self.options.change_windows else END_TO_END
         for _, _, regions, solo in found:
-            if len(inside := windows_inside(solo)) >= MIN_SOLO_WINDOWS:
+            if len(inside := windows_inside(solo, every=every)) >= MIN_SOLO_WINDOWS:
                 wanted.update(inside)
             if self.options.change_windows:
                 wanted.update(windows_inside(regions, MIN_PIECES_REGION_SAMPLES))
@@ -116,7 +118,7 @@ class SpeakerModels:
             solo_samples = sum(b - a for a, b in solo)
             embedding = None
             if solo_samples >= max(min_solo, MIN_EMBED_SAMPLES):
-                inside = windows_inside(solo)
+                inside = windows_inside(solo, every=every)
                 if len(inside) >= MIN_SOLO_WINDOWS:  # the windows' mean: no second pass
                     embedding = _unit(np.mean([cache.get(k) for k in inside], axis=0))
                 else:
@@ -140,7 +142,9 @@ class SpeakerModels:
     def embed_closed(self, pcm: np.ndarray, cache: WindowCache) -> int:
         """Embed the grid windows an utterance's audio so far (16 kHz int16) holds whole
         and ``cache`` lacks; how many were embedded."""
-        missing = [k for k in range(closed_windows(len(pcm))) if not cache.has(k, pcm)]
+        every = 1 if self.options.change_windows else END_TO_END
+        windows = range(0, closed_windows(len(pcm)), every)
+        missing = [k for k in windows if not cache.has(k, pcm)]
         if missing:
             self._embed_windows(pcm, pcm.astype(np.float32) / 32768.0, missing, cache)
         return len(missing)
