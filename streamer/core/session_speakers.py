@@ -6,7 +6,9 @@ segment closes, :meth:`segment_closed` queues a :class:`SpeakerJob` with the seg
 audio (the transport sends it to the speaker models, in parallel with the final's
 decode); in a pause that may close it, :meth:`speculate` sends the audio at once, as
 the final's speculative decode does, and a closing on exactly that audio needs no
-second job (an answer for other audio is told by its length and ignored). When the
+second job (an answer for other audio is told by its length and ignored). While a
+segment is still spoken, :meth:`grow` offers its audio so far at each new whole window
+(:meth:`early_job`), so that the models embed those windows before it ends. When the
 final's transcript is ready, :meth:`label` returns it labelled if the speakers' answer
 is there, or holds it; :meth:`analysed` gives the answer (or None: the
 models failed, were full, or were later than the server's bound) and returns a held

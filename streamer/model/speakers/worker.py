@@ -86,7 +86,7 @@ class SpeakerWorker:
         self._live: deque[tuple[SpeakerJob, SpeakerCallback]] = deque()
         self._background: deque[tuple[SpeakerJob, SpeakerCallback]] = deque()
         self._early: OrderedDict[SegmentKey, SpeakerJob] = OrderedDict()
-        self._windows: OrderedDict[SegmentKey, WindowCache] = OrderedDict()  # worker's own
+        self._windows: OrderedDict[SegmentKey, WindowCache] = OrderedDict()
         self._cond = threading.Condition()
         self._stopping = False
         self.failure: str | None = None  # why loading failed; jobs are then refused
@@ -195,14 +195,16 @@ class SpeakerWorker:
 
     def _cache(self, job: SpeakerJob) -> WindowCache:
         """The segment's window cache (made now if new); older segments' of its session
-        are done with, and the least recent go past MAX_CACHED_SEGMENTS."""
+        are done with, and the least recent go past MAX_CACHED_SEGMENTS. Under the lock:
+        drop_session forgets a session's caches from the event loop's thread."""
         key = (job.session_id, job.segment_id)
-        cache = self._windows.pop(key, None) or WindowCache()
-        for old in [k for k in self._windows if k[0] == job.session_id and k[1] < key[1]]:
-            del self._windows[old]
-        self._windows[key] = cache
-        while len(self._windows) > MAX_CACHED_SEGMENTS:
-            self._windows.popitem(last=False)
+        with self._cond:
+            cache = self._windows.pop(key, None) or WindowCache()
+            for old in [k for k in self._windows if k[0] == job.session_id and k[1] < key[1]]:
+                del self._windows[old]
+            self._windows[key] = cache
+            while len(self._windows) > MAX_CACHED_SEGMENTS:
+                self._windows.popitem(last=False)
         return cache
 
     def _embed_early(self, models: WindowedAnalyser, job: SpeakerJob) -> None:
