@@ -36,6 +36,7 @@ from bench.latency.monitor import scrape
 from streamer.core.diarization import DiarizationOptions
 from streamer.testkit import diarizer as kit
 
+PREFIX_STEP_SAMPLES = 6000  # close_ms: an open utterance's audio as early jobs see it grow
 CONVERSATIONS = [
     (("reader", "cards"), 0),
     (("reader", "digits"), 1),
@@ -78,11 +79,36 @@ def measure_der(models: Any, out: Path, turns: int) -> list[dict[str, Any]]:
             "offline_eigengap": _score(reference, kit.offline_turns(run, options, None)),
             "online_speakers_found": len({t.speaker for t in run.online}),
             "models_s_per_audio_s": round(run.analyse_s / audio_s, 4),
+            "close_ms": close_ms(models, pcm, run),
             "process_cpu_s_per_audio_s": round(cpu_s / audio_s, 4),
         }
         rows.append(row)
         print(json.dumps(row))
     return rows
+
+
+def close_ms(models: Any, pcm: Any, run: kit.DiarizedRun) -> dict[str, float]:
+    """The models' time per utterance once it has ended (one thread): with models that
+    embed windows early (``embed_closed``), after every window that closed before its end
+    was embedded, as a worker that keeps up leaves it; else the whole analysis."""
+    times = []
+    for start, analysis in run.analyses:
+        audio = pcm[start : start + analysis.samples]
+        windows = None
+        if hasattr(models, "embed_closed"):
+            from streamer.model.speakers.models import WindowCache
+
+            windows = WindowCache()
+            for end in range(PREFIX_STEP_SAMPLES, len(audio), PREFIX_STEP_SAMPLES):
+                models.embed_closed(audio[:end], windows)
+        started = time.perf_counter()
+        if windows is None:
+            models.analyse(0, audio)
+        else:
+            models.analyse(0, audio, windows)
+        times.append((time.perf_counter() - started) * 1000)
+    quantiles = common.percentiles(times, (50.0, 95.0))
+    return {q: round(v or 0.0, 1) for q, v in quantiles.items()}
 
 
 async def _latency(args: argparse.Namespace, out: Path, diarizer_dir: Path) -> dict[str, Any]:

@@ -504,6 +504,7 @@ def test_capacity_sweep_configurations_are_server_flags() -> None:
     assert config_args("default") == ()
     assert config_args("off") == ("--no-capacity-admission",)
     assert config_args("off-w2") == ("--no-capacity-admission", "--workers", "2")
+    assert config_args("off+diarize") == ("--no-capacity-admission",)  # the clients' option
     with pytest.raises(SystemExit):
         config_args("on")
 

@@ -7,17 +7,23 @@ import numpy as np
 import pytest
 
 from streamer.core.diarization import (
+    END_TO_END,
+    PIECE_STEP_SAMPLES,
+    PIECE_WINDOW_SAMPLES,
     SEGMENTATION_STEP_SAMPLES,
     DiarizationOptions,
     LocalSpeaker,
     SpeakerAnalysis,
     SpeakerTracker,
     Turn,
+    closed_windows,
     local_regions,
     main_speaker,
     powerset_activity,
     speaker_label,
     speaker_turns,
+    window_span,
+    windows_inside,
     word_speaker,
 )
 from streamer.core.jobs import DecodeResult
@@ -98,6 +104,21 @@ def test_local_regions_in_samples_with_solo_parts() -> None:
     assert spans[0][0] == pytest.approx(1000 + 10 * STEP + 495 - 135, abs=1)
     assert solo[0][1] < spans[0][1]  # the overlap is not solo
     assert sum(b - a for a, b in solo) == pytest.approx(40 * STEP, abs=2)
+
+
+def test_grid_windows_closed_and_inside_regions() -> None:
+    window, step = PIECE_WINDOW_SAMPLES, PIECE_STEP_SAMPLES
+    assert [closed_windows(n) for n in (0, window - 1, window, window + step)] == [0, 0, 1, 2]
+    assert window_span(2) == (2 * step, 2 * step + window)
+    region = (RATE // 10, 3 * RATE)  # 0.1 s to 3 s: from the first grid start after 0.1 s
+    inside = windows_inside([region])
+    assert inside == list(range(1, closed_windows(3 * RATE)))
+    assert all(region[0] <= window_span(k)[0] < window_span(k)[1] <= region[1] for k in inside)
+    assert windows_inside([region], 4 * RATE) == []  # a region shorter than asked: none
+    assert windows_inside([(0, window - 1)]) == []  # shorter than one window: none
+    end_to_end = windows_inside([(0, 6 * RATE)], every=END_TO_END)
+    spans = [window_span(k) for k in end_to_end]
+    assert len(spans) == 4 and all(a[1] == b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))
 
 
 def test_speaker_labels_are_letters() -> None:
@@ -434,3 +455,30 @@ def test_speaker_analysis_is_speculated_in_the_pause_like_the_final() -> None:
         )
         is not None
     )
+
+
+def test_an_open_segments_whole_windows_go_early_and_uploads_skip_it() -> None:
+    """While a segment is spoken, each new whole window sends its audio so far (one job
+    kept, the newest): the models embed those windows before the segment ends."""
+    for background in (False, True):
+        options = SessionOptions(model_name="fake", diarization=DiarizationOptions())
+        stream = StreamOptions(diarize=True)
+        session = Session("s1", options, stream, loudness_classifier(), background=background)
+        session.start()
+        data = np.concatenate([silence(300), tone(3000)]).tobytes()  # still speaking
+        early = []
+        for i in range(0, len(data), 3200):
+            session.receive_audio(data[i : i + 3200])
+            decode_all(session)
+            assert session.speakers is not None
+            if (job := session.speakers.early_job()) is not None:
+                early.append(job)
+        assert session.speakers is not None
+        assert session.speakers.jobs_to_submit() == []  # nothing closed: no analysis yet
+        if background:
+            assert early == []
+            continue
+        windows = [closed_windows(len(j.pcm)) for j in early]
+        assert windows[0] >= 1 and windows == sorted(set(windows))  # one per new window
+        assert all(j.early and j.segment_id == 0 and j.start_sample == 0 for j in early)
+        assert np.abs(early[-1].pcm).max() > 1000  # the tone, from the segment's start

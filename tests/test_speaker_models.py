@@ -10,8 +10,14 @@ import numpy as np
 import orjson
 import pytest
 
-from streamer.core.diarization import DiarizationOptions, SpeakerAnalysis, SpeakerTracker
+from streamer.core.diarization import (
+    DiarizationOptions,
+    SpeakerAnalysis,
+    SpeakerTracker,
+    closed_windows,
+)
 from streamer.core.session_speakers import SpeakerJob
+from streamer.model.speakers.models import WindowCache
 from streamer.model.speakers.worker import SpeakerWorker
 from tests.timing import eventually_sync as eventually
 from tests.timing import timeout_s
@@ -108,6 +114,81 @@ def test_worker_queue_is_bounded_live_first_and_failures_answer_none() -> None:
     assert worker.stats.failed == 1
     worker.stop(timeout_s(5))
     assert not worker.submit(job(4), done)
+
+
+class Windowed(Gate):
+    """Gate models that embed windows early: what the early jobs and analyses were given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.early: list[int] = []
+        self.caches: list[WindowCache | None] = []
+
+    def embed_closed(self, pcm: np.ndarray, cache: WindowCache) -> int:
+        self.early.append(len(pcm))
+        cache.put(0, pcm, np.ones(192, np.float32))
+        return 1
+
+    def analyse(
+        self, segment_id: int, pcm: np.ndarray, windows: WindowCache | None = None
+    ) -> SpeakerAnalysis:
+        self.caches.append(windows)
+        return super().analyse(segment_id, pcm)
+
+
+def test_worker_embeds_early_after_live_jobs_and_a_new_job_supersedes_queued_ones() -> None:
+    models = Windowed()
+    answers: list[tuple[int, int]] = []
+    worker = SpeakerWorker(lambda: models)
+    worker.start()
+    assert worker.wait_ready(timeout_s(10))
+
+    def done(j: SpeakerJob, a: SpeakerAnalysis | None) -> None:
+        answers.append((j.segment_id, len(j.pcm)))
+
+    def sized(segment_id: int, samples: int, early: bool = False) -> SpeakerJob:
+        return SpeakerJob("s", segment_id, np.zeros(samples, np.int16), 0, early=early)
+
+    assert worker.submit(job(0), done)  # taken at once, waits in the gate
+    eventually(lambda: worker.queued == 0)
+    assert worker.submit(sized(1, 100, early=True), done)
+    assert worker.submit(sized(1, 200, early=True), done)  # the newest replaces it
+    assert worker.submit(sized(2, 300), done)  # a speculation ...
+    assert worker.submit(sized(2, 400), done)  # ... then the segment's end: it alone runs
+    assert worker.stats.superseded == 1
+    models.go.set()
+    eventually(lambda: models.early == [200])  # after the live jobs, never answered
+    assert models.seen == [0, 2] and answers == [(0, 1600), (2, 400)]
+    assert worker.submit(sized(1, 500), done)  # segment 1 ends: its early windows reused
+    eventually(lambda: len(answers) == 3)
+    cache = models.caches[-1]
+    assert cache is not None and len(cache) == 1
+    worker.stop(timeout_s(5))
+
+
+def test_windows_embedded_early_give_the_same_analysis(models) -> None:
+    """The early windows are a cache, not a second opinion: the analysis with them is the
+    one without them, and windows of other audio are not taken for this one's."""
+    from streamer.model.speakers.models import WindowCache
+    from streamer.testkit.diarizer import conversation
+
+    pcm, _ = conversation(["reader", "cards"], 2, seed=0)
+    pcm = pcm[: 9 * 16000]
+    cache = WindowCache()
+    for end in range(16000, len(pcm), 8000):  # as the worker sees an open segment grow
+        models.embed_closed(pcm[:end], cache)
+    assert len(cache) > 10
+    stale = WindowCache()
+    models.embed_closed(np.roll(pcm, 4000), stale)
+    plain = models.analyse(0, pcm)
+    for cached in (models.analyse(0, pcm, cache), models.analyse(0, pcm, stale)):
+        assert len(cached.speakers) == len(plain.speakers) > 0
+        for a, b in zip(cached.speakers, plain.speakers, strict=True):
+            assert a.regions == b.regions and a.solo_samples == b.solo_samples
+            assert (a.embedding is None) == (b.embedding is None)
+            if a.embedding is not None and b.embedding is not None:
+                assert float(np.dot(a.embedding, b.embedding)) > 0.9999
+            assert [(p.start, p.end) for p in a.pieces] == [(p.start, p.end) for p in b.pieces]
 
 
 def test_worker_drops_a_departed_sessions_jobs_and_answers_the_rest_at_stop() -> None:
@@ -245,5 +326,8 @@ def test_windows_embed_long_voices_unless_turned_off(models, cache_dir: Path) ->
     with_windows = models.analyse(0, clip)
     assert any(len(s.pieces) >= 4 for s in with_windows.speakers)
     files = resolve_diarizer(str(ensure_diarizer(cache_dir)), cache_dir)
-    lean = SpeakerModels(files, DiarizationOptions(change_windows=False)).analyse(0, clip)
+    lean_models = SpeakerModels(files, DiarizationOptions(change_windows=False))
+    lean = lean_models.analyse(0, clip)
     assert lean.speakers and all(s.pieces == () for s in lean.speakers)
+    # early, only the windows end to end (the solo embeddings' means) are embedded
+    assert lean_models.embed_closed(clip, WindowCache()) == -(-closed_windows(len(clip)) // 4)

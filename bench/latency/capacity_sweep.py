@@ -8,10 +8,14 @@ hog (a busy loop on one core) beside the server.
 Each server configuration (``off``: ``--no-capacity-admission``; ``default``: every
 default; ``--old-code DIR`` runs each again on another checkout, e.g. ``git archive``
 of main, as ``off@old``, ``default@old``) is started once, warmed up, and runs every
-client count quiet, then each of ``--hog-clients`` beside the hog. Clients start ``--start-every-s``
-apart (2 s: "8 clients started 2 s apart") and stream at real time; a client the server
-refuses (503) is not retried, and counts as refused with the refusal's text. Latencies
-are the admitted clients', as :mod:`bench.latency.metrics` measures them on the client.
+client count quiet, then each of ``--hog-clients`` beside the hog. A name ending in
+``+diarize`` (``off+diarize``) asks its clients for speaker labels (the stream option
+``diarize``): give every server the speaker models with
+``--server-arg=--diarize-model=DIR``, so that the two differ in the option only.
+Clients start ``--start-every-s`` apart (2 s: "8 clients started 2 s apart") and stream
+at real time; a client the server refuses (503) is not retried, and counts as refused
+with the refusal's text. Latencies are the admitted clients', as
+:mod:`bench.latency.metrics` measures them on the client.
 """
 
 from __future__ import annotations
@@ -48,11 +52,13 @@ class Config:
     name: str
     extra_args: tuple[str, ...]
     code_dir: Path | None = None
+    diarize: bool = False  # the clients ask for speaker labels
 
 
 def config_args(name: str) -> tuple[str, ...]:
-    """``off`` or ``default``, optionally ``-wN`` (``--workers N``): its server flags."""
-    admission, _, workers = name.partition("-w")
+    """``off`` or ``default``, optionally ``-wN`` (``--workers N``) and ``+diarize`` (the
+    clients', not the server's): its server flags."""
+    admission, _, workers = name.removesuffix("+diarize").partition("-w")
     if admission not in ("off", "default") or (workers and not workers.isdigit()):
         raise SystemExit(f"configuration {name!r}: off or default, optionally -wN")
     flags = ("--no-capacity-admission",) if admission == "off" else ()
@@ -100,6 +106,7 @@ async def run_config(
                         clients=clients,
                         duration_s=args.duration_s,
                         stagger_s=args.start_every_s * clients,
+                        diarize=config.diarize,
                     )
                     load_before = os.getloadavg()[0]
                     cpu_before = _cpu_s(server.pid)
@@ -183,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--configs",
         default="off,default",
-        help="comma list of off, default, each optionally -wN (--workers N), e.g. off-w2",
+        help="comma list of off, default, each optionally -wN (--workers N) and +diarize, "
+        "e.g. off-w2, off+diarize",
     )
     p.add_argument("--old-code", type=Path, help="a checkout each configuration also runs on")
     p.add_argument("--server-arg", action="append", default=[], help="for every server")
@@ -206,10 +214,15 @@ def main(argv: list[str] | None = None) -> None:
     out: Path = args.out or REPO / "bench" / "out" / f"capacity-{dt.datetime.now():%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
     audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
-    configs = [Config(name, config_args(name)) for name in args.configs.split(",")]
+    configs = [
+        Config(name, config_args(name), diarize=name.endswith("+diarize"))
+        for name in args.configs.split(",")
+    ]
     if args.old_code is not None:  # each configuration again on the older checkout
         old = args.old_code.resolve()
-        configs += [Config(f"{c.name}@old", c.extra_args, old) for c in list(configs)]
+        configs += [
+            dataclasses.replace(c, name=f"{c.name}@old", code_dir=old) for c in list(configs)
+        ]
     rows: list[dict[str, Any]] = []
     for config in configs:
         rows += asyncio.run(run_config(config, args, audio, out))

@@ -41,6 +41,7 @@ class StepOptions:
     chunk_ms: int = 100  # audio per WebSocket frame
     speed: float = 1.0  # 1.0 = real time
     drain_timeout_s: float = 60.0  # after the last chunk, wait this long for the end
+    diarize: bool = False  # ask for speaker labels (the server needs --diarize-model)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ async def run_client(plan: ClientPlan, options: StepOptions) -> ClientRecord:
     """Stream one client's track after its delay; errors are recorded, not raised."""
     record = ClientRecord(plan)
     await asyncio.sleep(plan.delay_s)
-    stream = StreamOptions(partials=options.partials, endpoint_ms=options.endpoint_ms)
+    stream = StreamOptions(
+        partials=options.partials, endpoint_ms=options.endpoint_ms, diarize=options.diarize
+    )
     client_options = ClientOptions(url=options.url, stream=stream, open_timeout_s=30.0)
 
     def on_message(item: Received) -> None:

@@ -32,12 +32,22 @@ LOCAL_SPEAKERS = 3  # per window
 POWERSET: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2))
 EMBEDDING_DIM = 192  # CAM++'s speaker embedding
 FBANK_BINS = 80  # CAM++'s input features per frame
-# a long local speaker is also embedded in windows, which catch a change of voice the
-# segmentation missed (two voices in one local speaker): 1.5 s every 0.75 s (end to end
-# windows cost half as much and found fewer changes: bench/RESULTS.md, "Speaker diarization")
+# a long local speaker (2.25 s of speech at least) is also embedded in windows, which
+# catch a change of voice the segmentation missed (two voices in one local speaker):
+# 1.5 s every 0.375 s (every 0.75 s on a grid missed more changes than windows from each
+# region's start; end to end windows found fewer: bench/RESULTS.md, "Speaker diarization")
 PIECE_WINDOW_SAMPLES = 3 * SAMPLE_RATE // 2
-PIECE_STEP_SAMPLES = 3 * SAMPLE_RATE // 4
+PIECE_STEP_SAMPLES = 3 * SAMPLE_RATE // 8
+MIN_PIECES_REGION_SAMPLES = 9 * SAMPLE_RATE // 4
 MIN_CENTROID_SAMPLES = SAMPLE_RATE  # a speaker a piece may switch to has 1 s behind it
+# the windows lie on one grid from the utterance's first sample (window k starts at
+# k * PIECE_STEP_SAMPLES), so those closed while it is still spoken can be embedded early
+# and only the tail remains when it ends; a local speaker with at least this many whole
+# windows in its solo speech takes their mean as its embedding (no second pass over it)
+MIN_SOLO_WINDOWS = 2
+# without the windowed changes (change_windows off) only windows end to end are embedded:
+# every END_TO_END-th of the grid, for the solo embeddings' means (a quarter of the work)
+END_TO_END = PIECE_WINDOW_SAMPLES // PIECE_STEP_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,31 @@ def frame_span(frame: int) -> tuple[int, int]:
     centre = frame * SEGMENTATION_STEP_SAMPLES + SEGMENTATION_FRAME_SAMPLES // 2
     half = SEGMENTATION_STEP_SAMPLES // 2
     return max(0, centre - half), centre - half + SEGMENTATION_STEP_SAMPLES
+
+
+def closed_windows(samples: int) -> int:
+    """How many grid windows ``samples`` samples from an utterance's start hold whole."""
+    return max(0, (samples - PIECE_WINDOW_SAMPLES) // PIECE_STEP_SAMPLES + 1)
+
+
+def window_span(window: int) -> tuple[int, int]:
+    """Grid window ``window``'s samples from the utterance's start."""
+    start = window * PIECE_STEP_SAMPLES
+    return start, start + PIECE_WINDOW_SAMPLES
+
+
+def windows_inside(
+    regions: Sequence[tuple[int, int]], min_samples: int = 0, every: int = 1
+) -> list[int]:
+    """The grid windows lying whole inside one of ``regions`` of at least ``min_samples``
+    (of those, every ``every``-th of the grid: ``END_TO_END`` gives windows end to end)."""
+    out: list[int] = []
+    for start, end in regions:
+        if end - start < max(min_samples, PIECE_WINDOW_SAMPLES):
+            continue
+        first = -(-start // PIECE_STEP_SAMPLES)
+        out.extend(k for k in range(first, closed_windows(end)) if k % every == 0)
+    return out
 
 
 def runs(mask: np.ndarray) -> list[tuple[int, int]]:

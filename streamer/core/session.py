@@ -171,8 +171,7 @@ class Session:
 
     def speakers_finished(self, segment_id: int, analysis: SpeakerAnalysis | None) -> None:
         """The speaker models' answer for a closed segment; None: no answer in time."""
-        final = self.speakers.analysed(segment_id, analysis) if self.speakers else None
-        if final is not None:
+        if self.speakers and (final := self.speakers.analysed(segment_id, analysis)):
             self._send_final(final)
 
     def decode_finished(self, result: DecodeResult) -> None:
@@ -320,6 +319,8 @@ class Session:
             elif self._open is not None:
                 self._maybe_speculate()
                 self._maybe_partial()
+        if self.speakers is not None and self._open is not None:  # windows embedded early
+            self.speakers.grow(self._open, self._segmenter.position_sample, self._buffer.slice)
         self._buffer.discard_before(self._segmenter.keep_from_sample)
 
     def _handle_events(self, events: list[SegmentEvent]) -> None:

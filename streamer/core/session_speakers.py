@@ -6,7 +6,9 @@ segment closes, :meth:`segment_closed` queues a :class:`SpeakerJob` with the seg
 audio (the transport sends it to the speaker models, in parallel with the final's
 decode); in a pause that may close it, :meth:`speculate` sends the audio at once, as
 the final's speculative decode does, and a closing on exactly that audio needs no
-second job (an answer for other audio is told by its length and ignored). When the
+second job (an answer for other audio is told by its length and ignored). While a
+segment is still spoken, :meth:`grow` offers its audio so far at each new whole window
+(:meth:`early_job`), so that the models embed those windows before it ends. When the
 final's transcript is ready, :meth:`label` returns it labelled if the speakers' answer
 is there, or holds it; :meth:`analysed` gives the answer (or None: the
 models failed, were full, or were later than the server's bound) and returns a held
@@ -28,6 +30,7 @@ from streamer.core.diarization import (
     DiarizationOptions,
     SpeakerAnalysis,
     SpeakerTracker,
+    closed_windows,
     main_speaker,
     speaker_label,
     speaker_turns,
@@ -50,6 +53,9 @@ class SpeakerJob:
     pcm: np.ndarray  # 16 kHz mono int16, the segment's audio as the final decodes it
     start_sample: int  # where it begins in the session's timeline
     background: bool = False  # a file upload's: no latency bound worth the name
+    # the audio so far of a segment still open: the models embed the windows it holds
+    # whole, ahead of its end, and answer nothing
+    early: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,10 +122,18 @@ class SessionSpeakers:
         self._starts: dict[int, int] = {}  # segment -> its first sample
         self._lengths: dict[int, int] = {}  # closed segment -> its samples
         self._speculated: dict[int, tuple[int, int]] = {}  # open segment -> (start, samples)
+        self._early_windows: dict[int, int] = {}  # open segment -> whole windows sent early
+        self._early: SpeakerJob | None = None
 
     def jobs_to_submit(self) -> list[SpeakerJob]:
         out, self._jobs = self._jobs, []
         return out
+
+    def early_job(self) -> SpeakerJob | None:
+        """The open segment's latest early job, if not taken yet (see :meth:`grow`): a
+        caller that waits for its analyses at once may leave it, only the newest is kept."""
+        job, self._early = self._early, None
+        return job
 
     def enrol(self, known: KnownSpeaker) -> None:
         """A known speaker: matched like the others, labelled with its name."""
@@ -130,6 +144,22 @@ class SessionSpeakers:
         """Segments whose final is ready and waits for its speakers (the transport's
         bound on that wait starts now)."""
         return list(self._held)
+
+    def grow(
+        self, segment: OpenSegment, end_sample: int, audio: Callable[[int, int], np.ndarray]
+    ) -> None:
+        """The open segment reaches ``end_sample``: when it holds another whole window,
+        its audio so far (``audio(start, end)``) goes to the speaker models, which embed
+        the closed windows now, so that at its end only the tail is left to analyse.
+        Uploads, which do not wait for a pause, skip it."""
+        windows = closed_windows(end_sample - segment.start_sample)
+        if self.background or windows <= self._early_windows.get(segment.segment_id, 0):
+            return
+        self._early_windows = {segment.segment_id: windows}  # the open segment's only
+        pcm = audio(segment.start_sample, end_sample)
+        self._early = SpeakerJob(
+            self.session_id, segment.segment_id, pcm, segment.start_sample, early=True
+        )
 
     def speculate(self, segment: OpenSegment, pcm: np.ndarray) -> None:
         """A pause that may end the open segment: analyse what it holds now, so that the

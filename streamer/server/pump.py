@@ -284,6 +284,9 @@ class SessionPump:
 
     def _pump_speakers(self, speakers: SessionSpeakers) -> None:
         """Closed segments' audio to the speaker worker; a bound on each held final."""
+        early = speakers.early_job()  # a head start; refused, the analysis does it all
+        if early is not None and self.speaker_worker is not None:
+            self.speaker_worker.submit(early, self._speakers_from_worker)
         for job in speakers.jobs_to_submit():
             worker = self.speaker_worker
             if worker is None or not worker.submit(job, self._speakers_from_worker):

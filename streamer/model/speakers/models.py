@@ -6,7 +6,12 @@ is used by one thread at a time (the diarizer's worker). :meth:`SpeakerModels.an
 is the whole per-utterance path: segmentation in 10 s windows, the powerset decoded by
 ``core/diarization.py``, and one CAM++ embedding per local speaker with enough solo
 speech, computed from 80-bin Kaldi filterbanks (kaldi-native-fbank, mean-normalised over
-the speaker's frames, as 3D-Speaker and sherpa-onnx do).
+the speaker's frames, as 3D-Speaker and sherpa-onnx do). CAM++ also embeds 1.5 s windows
+on a grid from the utterance's start (:class:`WindowCache`, one batch per call): a local
+speaker with at least ``MIN_SOLO_WINDOWS`` of them in its solo speech takes their mean
+(the labels were the same as with one pass over its speech, bench/RESULTS.md), and its
+long regions' windows are its pieces. :meth:`SpeakerModels.embed_closed` embeds the
+windows an open utterance already holds, so that its analysis has only the tail left.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import (
+    END_TO_END,
     FBANK_BINS,
     LOCAL_SPEAKERS,
-    PIECE_STEP_SAMPLES,
-    PIECE_WINDOW_SAMPLES,
+    MIN_PIECES_REGION_SAMPLES,
+    MIN_SOLO_WINDOWS,
     POWERSET,
     SEGMENTATION_FRAME_SAMPLES,
     SEGMENTATION_WINDOW_SAMPLES,
@@ -29,8 +35,11 @@ from streamer.core.diarization import (
     LocalSpeaker,
     Piece,
     SpeakerAnalysis,
+    closed_windows,
     local_regions,
     powerset_activity,
+    window_span,
+    windows_inside,
 )
 from streamer.errors import ModelError
 from streamer.model.speakers.layout import DiarizerFiles
@@ -75,13 +84,20 @@ class SpeakerModels:
         if emb.ndim != 1:
             raise ModelError(f"embedding graph gives {emb.shape}, not (N, dim)")
 
-    def analyse(self, segment_id: int, pcm: np.ndarray) -> SpeakerAnalysis:
-        """One utterance (16 kHz int16) -> its local speakers with their embeddings."""
+    def analyse(
+        self, segment_id: int, pcm: np.ndarray, windows: WindowCache | None = None
+    ) -> SpeakerAnalysis:
+        """One utterance (16 kHz int16) -> its local speakers with their embeddings.
+
+        ``windows``: the grid windows' embeddings of this utterance computed before (by
+        :meth:`embed_closed` while it was spoken); whatever they lack is computed now."""
         started = time.perf_counter()
         audio = pcm.astype(np.float32) / 32768.0
         samples = len(audio)
+        cache = windows if windows is not None else WindowCache()
         speakers: list[LocalSpeaker] = []
         min_solo = self.options.min_speaker_ms * SAMPLE_RATE / 1000
+        found: list[tuple[int, int, list[tuple[int, int]], list[tuple[int, int]]]] = []
         for window, offset in enumerate(_windows(samples)):
             chunk = audio[offset : offset + SEGMENTATION_WINDOW_SAMPLES]
             if len(chunk) < SEGMENTATION_FRAME_SAMPLES:
@@ -89,20 +105,33 @@ class SpeakerModels:
             log_probs = self._seg.run(None, {self._seg_input: chunk[None, None, :]})[0][0]
             activity = powerset_activity(log_probs)
             end = min(samples, offset + SEGMENTATION_WINDOW_SAMPLES)
-            for slot, regions, solo in local_regions(activity, offset, end):
-                solo_samples = sum(b - a for a, b in solo)
-                embedding = None
-                if solo_samples >= max(min_solo, MIN_EMBED_SAMPLES):
+            found.extend((window, *r) for r in local_regions(activity, offset, end))
+        wanted: set[int] = set()
+        every = 1 if self.options.change_windows else END_TO_END
+        for _, _, regions, solo in found:
+            if len(inside := windows_inside(solo, every=every)) >= MIN_SOLO_WINDOWS:
+                wanted.update(inside)
+            if self.options.change_windows:
+                wanted.update(windows_inside(regions, MIN_PIECES_REGION_SAMPLES))
+        self._embed_windows(pcm, audio, sorted(wanted), cache)
+        for window, slot, regions, solo in found:
+            solo_samples = sum(b - a for a, b in solo)
+            embedding = None
+            if solo_samples >= max(min_solo, MIN_EMBED_SAMPLES):
+                inside = windows_inside(solo, every=every)
+                if len(inside) >= MIN_SOLO_WINDOWS:  # the windows' mean: no second pass
+                    embedding = _unit(np.mean([cache.get(k) for k in inside], axis=0))
+                else:
                     embedding = self.embed(np.concatenate([audio[a:b] for a, b in solo]))
-                speakers.append(
-                    LocalSpeaker(
-                        index=window * LOCAL_SPEAKERS + slot,
-                        regions=tuple(regions),
-                        solo_samples=solo_samples,
-                        embedding=embedding,
-                        pieces=self._pieces(audio, regions),
-                    )
+            speakers.append(
+                LocalSpeaker(
+                    index=window * LOCAL_SPEAKERS + slot,
+                    regions=tuple(regions),
+                    solo_samples=solo_samples,
+                    embedding=embedding,
+                    pieces=self._pieces(regions, cache),
                 )
+            )
         return SpeakerAnalysis(
             segment_id=segment_id,
             samples=samples,
@@ -110,25 +139,70 @@ class SpeakerModels:
             analyse_ms=(time.perf_counter() - started) * 1000,
         )
 
-    def _pieces(self, audio: np.ndarray, regions: list[tuple[int, int]]) -> tuple[Piece, ...]:
-        """Windows of the regions long enough to hold two of them, each embedded."""
+    def embed_closed(self, pcm: np.ndarray, cache: WindowCache) -> int:
+        """Embed the grid windows an utterance's audio so far (16 kHz int16) holds whole
+        and ``cache`` lacks; how many were embedded."""
+        every = 1 if self.options.change_windows else END_TO_END
+        windows = range(0, closed_windows(len(pcm)), every)
+        missing = [k for k in windows if not cache.has(k, pcm)]
+        if missing:
+            self._embed_windows(pcm, pcm.astype(np.float32) / 32768.0, missing, cache)
+        return len(missing)
+
+    def _embed_windows(
+        self, pcm: np.ndarray, audio: np.ndarray, windows: list[int], cache: WindowCache
+    ) -> None:
+        """The grid windows ``cache`` lacks, embedded in one batch."""
+        missing = [k for k in windows if not cache.has(k, pcm)]
+        if not missing:
+            return
+        features = np.stack([fbank(audio[slice(*window_span(k))]) for k in missing])
+        out = self._emb.run(None, {self._emb_input: features})[0]
+        for k, vector in zip(missing, out, strict=True):
+            cache.put(k, pcm, _unit(vector).astype(np.float32))
+
+    def _pieces(self, regions: list[tuple[int, int]], cache: WindowCache) -> tuple[Piece, ...]:
+        """The grid windows of the regions long enough to hold two of them, embedded."""
         if not self.options.change_windows:
             return ()
-        pieces = []
-        for start, end in regions:
-            if end - start < PIECE_WINDOW_SAMPLES + PIECE_STEP_SAMPLES:
-                continue
-            for a in range(start, end - PIECE_WINDOW_SAMPLES + 1, PIECE_STEP_SAMPLES):
-                b = a + PIECE_WINDOW_SAMPLES
-                pieces.append(Piece(a, b, self.embed(audio[a:b])))
-        return tuple(pieces)
+        inside = windows_inside(regions, MIN_PIECES_REGION_SAMPLES)
+        return tuple(Piece(*window_span(k), cache.get(k)) for k in inside)
 
     def embed(self, audio: np.ndarray) -> np.ndarray:
         """A CAM++ embedding (unit length) of float audio in [-1, 1]."""
         features = fbank(audio)
         out = self._emb.run(None, {self._emb_input: features[None]})[0][0]
-        norm = float(np.linalg.norm(out))
-        return (out / norm if norm > 0 else out).astype(np.float32)
+        return _unit(out).astype(np.float32)
+
+
+class WindowCache:
+    """One utterance's grid windows' embeddings, each with a digest of the audio it heard
+    (a window of other audio is not taken for it)."""
+
+    def __init__(self) -> None:
+        self._windows: dict[int, tuple[int, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def has(self, window: int, pcm: np.ndarray) -> bool:
+        held = self._windows.get(window)
+        return held is not None and held[0] == _digest(pcm, window)
+
+    def get(self, window: int) -> np.ndarray:
+        return self._windows[window][1]
+
+    def put(self, window: int, pcm: np.ndarray, embedding: np.ndarray) -> None:
+        self._windows[window] = (_digest(pcm, window), embedding)
+
+
+def _digest(pcm: np.ndarray, window: int) -> int:
+    return hash(pcm[slice(*window_span(window))].tobytes())
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
 
 
 def fbank(audio: np.ndarray) -> np.ndarray:

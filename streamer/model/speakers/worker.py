@@ -7,6 +7,14 @@ goes out without labels), one thread loads the graphs and analyses the jobs in o
 and each answer goes to its callback from that thread (the transport hands it to the
 event loop). Live jobs go before file uploads' (``background``); a departed session's
 queued jobs are dropped. The transport bounds how long a final waits for its answer.
+
+An open segment's *early* jobs (its audio so far) are embedded between the live jobs, at
+most one queued per segment (a newer one replaces it), into a per-segment cache of
+window embeddings (:class:`~streamer.model.speakers.models.WindowCache`, the latest
+:data:`MAX_CACHED_SEGMENTS`) that the segment's analysis then reuses: when it ends, only
+its tail is left. A segment's new analysis job drops its queued jobs (answered by the
+newest; the session ignores an answer for other audio anyway), and never is an early job
+answered.
 """
 
 from __future__ import annotations
@@ -14,13 +22,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import SpeakerAnalysis
 from streamer.core.session_speakers import SpeakerAnalyser, SpeakerJob
+from streamer.model.speakers.models import WindowCache
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +40,21 @@ SpeakerCallback = Callable[[SpeakerJob, SpeakerAnalysis | None], None]
 DEFAULT_MAX_QUEUED = 64  # jobs waiting (live and background together)
 LOAD_TIMEOUT_S = 120.0
 IDLE_WAIT_S = 5.0  # an idle worker's wait is bounded too (a notify ends it at once)
+MAX_CACHED_SEGMENTS = 64  # segments whose windows' embeddings are kept (a few KB each)
+
+SegmentKey = tuple[str, int]  # (session, segment)
+
+
+@runtime_checkable
+class WindowedAnalyser(Protocol):
+    """Models that can embed an open segment's windows ahead of its analysis
+    (:class:`~streamer.model.speakers.models.SpeakerModels`)."""
+
+    def analyse(
+        self, segment_id: int, pcm: np.ndarray, windows: WindowCache | None = None
+    ) -> SpeakerAnalysis: ...
+
+    def embed_closed(self, pcm: np.ndarray, cache: WindowCache) -> int: ...
 
 
 @dataclass
@@ -35,6 +62,8 @@ class SpeakerStats:
     analysed: int = 0  # jobs answered with an analysis
     failed: int = 0  # jobs whose analysis raised (answered None)
     refused: int = 0  # jobs refused: queue full, or the worker stopped or failed
+    superseded: int = 0  # queued jobs dropped for a newer one of the same segment
+    early_windows: int = 0  # windows embedded ahead of their segment's analysis
     audio_s: float = 0.0  # audio analysed
     busy_s: float = 0.0  # time spent analysing
 
@@ -56,6 +85,8 @@ class SpeakerWorker:
         self._on_analysed = on_analysed
         self._live: deque[tuple[SpeakerJob, SpeakerCallback]] = deque()
         self._background: deque[tuple[SpeakerJob, SpeakerCallback]] = deque()
+        self._early: OrderedDict[SegmentKey, SpeakerJob] = OrderedDict()
+        self._windows: OrderedDict[SegmentKey, WindowCache] = OrderedDict()
         self._cond = threading.Condition()
         self._stopping = False
         self.failure: str | None = None  # why loading failed; jobs are then refused
@@ -75,19 +106,33 @@ class SpeakerWorker:
             return len(self._live) + len(self._background)
 
     def submit(self, job: SpeakerJob, callback: SpeakerCallback) -> bool:
-        """Queue ``job``; False (and no callback) when full, stopped or failed."""
+        """Queue ``job``; False (and no callback) when full, stopped or failed. An early
+        job is never answered; a segment's queued jobs make way for its new one."""
+        key = (job.session_id, job.segment_id)
         with self._cond:
-            refused = (
-                self._stopping
-                or self.failure is not None
-                or len(self._live) + len(self._background) >= self.max_queued
-            )
-            if refused:
+            full = len(self._early if job.early else self._live) + len(self._background)
+            if self._stopping or self.failure is not None or full >= self.max_queued:
                 self.stats.refused += 1
                 return False
-            (self._background if job.background else self._live).append((job, callback))
+            if job.early:
+                self._early.pop(key, None)
+                self._early[key] = job
+            else:
+                self._supersede(key)
+                (self._background if job.background else self._live).append((job, callback))
             self._cond.notify()
         return True
+
+    def _supersede(self, key: SegmentKey) -> None:
+        """Drop the segment's queued jobs (under the lock)."""
+        if self._early.pop(key, None) is not None:
+            self.stats.superseded += 1
+        for queue in (self._live, self._background):
+            kept = [(j, c) for j, c in queue if (j.session_id, j.segment_id) != key]
+            self.stats.superseded += len(queue) - len(kept)
+            if len(kept) != len(queue):
+                queue.clear()
+                queue.extend(kept)
 
     def drop_session(self, session_id: str) -> int:
         """Forget a departed session's queued jobs (their callbacks are not called)."""
@@ -98,6 +143,9 @@ class SpeakerWorker:
                 dropped += len(queue) - len(kept)
                 queue.clear()
                 queue.extend(kept)
+            for table in (self._early, self._windows):
+                for key in [k for k in table if k[0] == session_id]:
+                    del table[key]
             return dropped
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -107,6 +155,7 @@ class SpeakerWorker:
             pending = list(self._live) + list(self._background)
             self._live.clear()
             self._background.clear()
+            self._early.clear()
             self._cond.notify_all()
         for job, callback in pending:
             callback(job, None)
@@ -130,18 +179,55 @@ class SpeakerWorker:
         self.ready.set()
         while True:
             with self._cond:
-                while not (self._live or self._background or self._stopping):
+                while not (self._live or self._early or self._background or self._stopping):
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
-                job, callback = (self._live or self._background).popleft()
-            self._analyse(models, job, callback)
+                if not self._live and self._early:
+                    early = self._early.popitem(last=False)[1]
+                else:
+                    early = None
+                    job, callback = (self._live or self._background).popleft()
+            if early is None:
+                self._analyse(models, job, callback)
+            elif isinstance(models, WindowedAnalyser):  # else early jobs are dropped
+                self._embed_early(models, early)
+
+    def _cache(self, job: SpeakerJob) -> WindowCache:
+        """The segment's window cache (made now if new); older segments' of its session
+        are done with, and the least recent go past MAX_CACHED_SEGMENTS. Under the lock:
+        drop_session forgets a session's caches from the event loop's thread."""
+        key = (job.session_id, job.segment_id)
+        with self._cond:
+            cache = self._windows.pop(key, None) or WindowCache()
+            for old in [k for k in self._windows if k[0] == job.session_id and k[1] < key[1]]:
+                del self._windows[old]
+            self._windows[key] = cache
+            while len(self._windows) > MAX_CACHED_SEGMENTS:
+                self._windows.popitem(last=False)
+        return cache
+
+    def _embed_early(self, models: WindowedAnalyser, job: SpeakerJob) -> None:
+        started = time.perf_counter()
+        try:
+            embedded = models.embed_closed(job.pcm, self._cache(job))
+        except Exception:  # the analysis at the segment's end will do it (or say why)
+            logger.exception(
+                "early speaker windows of %s/%d failed", job.session_id, job.segment_id
+            )
+            return
+        with self._cond:
+            self.stats.early_windows += embedded
+            self.stats.busy_s += time.perf_counter() - started
 
     def _analyse(self, models: SpeakerAnalyser, job: SpeakerJob, callback: SpeakerCallback) -> None:
         started = time.perf_counter()
         answer: SpeakerAnalysis | None
         try:
-            answer = models.analyse(job.segment_id, job.pcm)
+            if isinstance(models, WindowedAnalyser) and job.segment_id >= 0:
+                answer = models.analyse(job.segment_id, job.pcm, self._cache(job))
+            else:
+                answer = models.analyse(job.segment_id, job.pcm)
         except Exception:  # one bad segment must not end diarization for everyone
             logger.exception("speaker analysis of %s/%d failed", job.session_id, job.segment_id)
             answer = None
