@@ -507,15 +507,3 @@ def test_capacity_sweep_configurations_are_server_flags() -> None:
     assert config_args("off+diarize") == ("--no-capacity-admission",)  # the clients' option
     with pytest.raises(SystemExit):
         config_args("on")
-
-
-def test_refresh_cost_tables_both_configurations(capsys) -> None:
-    """bench.latency.refresh_cost on the tiny model: the windowed refreshes decode less audio."""
-    from bench.latency import refresh_cost
-
-    refresh_cost.main(["--model", "random:tiny", "--quantize", "", "--reps", "1"])
-    out = capsys.readouterr().out
-    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| w")}
-    assert set(rows) == {"whole", "window"}
-    audio = {name: float(row.split("|")[3]) for name, row in rows.items()}
-    assert audio["window"] < audio["whole"]
