@@ -161,7 +161,9 @@ async def test_funasr_error_mid_stream_delivers_the_speech_heard_first(make_port
     async with connect(funasr_uri(server)) as ws:
         await ws.send(json.dumps(FIRST))
         await ws.send(speech(1, lead_ms=300).tobytes())
-        await eventually(lambda: server.worker.stats().live.finals_total == 1, what="the final decoded")
+        await eventually(
+            lambda: server.worker.stats().live.finals_total == 1, what="the final decoded"
+        )
         await ws.send("{oops")
         messages, close_code = await funasr_drain(ws)
     assert [m["text"] for m in messages][0] == "audio 1100 ms"
