@@ -482,3 +482,25 @@ async def test_cli_hotwords_from_a_list_or_a_file(
         assert parse_qs(urlsplit(query).query)["hotwords"] == ["Kubernetes:2,Claude:3"]
     bad = cli_args(str(wav), "--url", url, "-q", "--hotwords", "Claude:lots")
     assert await client_cli.run_client(bad) == client_cli.EXIT_USAGE
+
+
+def test_an_incomplete_end_without_a_close_frame_is_retried_as_an_abnormal_closure() -> None:
+    """A server that sends `end` before it read all the audio and goes away without a close
+    frame reaching the client (a graceful restart whose frame lost the race): the code is
+    1006, which the client retries, not None, which it gave up on."""
+    from types import SimpleNamespace
+
+    from streamer.client.connection import RETRYABLE_CLOSE_CODES
+    from streamer.client.streaming import _truncation
+    from streamer.client.timeline import Timeline
+    from streamer.core.protocol import End
+
+    timeline = Timeline(16000)
+    timeline.record(
+        Received(End(segments=1, audio_ms=18_200, partials_sent=3, partials_skipped=0), 0.0)
+    )
+    for code, expected in ((None, 1006), (1001, 1001), (1008, 1008)):
+        truncated = _truncation(timeline, 40 * 16000, SimpleNamespace(close_code=code))
+        assert truncated is not None and truncated.code == expected
+        assert (truncated.code in RETRYABLE_CLOSE_CODES) == (code != 1008)
+    assert _truncation(timeline, 18 * 16000, SimpleNamespace(close_code=None)) is None

@@ -21,6 +21,7 @@ import numpy as np
 
 from streamer.audio_io import load_audio
 from streamer.client.connection import (
+    ABNORMAL_CLOSURE,
     RETRYABLE_CLOSE_CODES,
     ClientOptions,
     StreamingClient,
@@ -187,8 +188,11 @@ def _truncation(
     sent_ms = total_samples * 1000 / timeline.sample_rate
     if end.audio_ms >= sent_ms - COVERED_SLACK_MS:
         return None
+    # called once the connection is closed: no close frame from the server is an abnormal
+    # closure (RFC 6455 7.1.5), as when the server went away before its frame reached us
+    code = client.close_code
     return ServerClosed(
-        client.close_code,
+        ABNORMAL_CLOSURE if code is None else code,
         f"the server ended the session after {end.audio_ms / 1000:.1f} s of the "
         f"{sent_ms / 1000:.1f} s sent: the transcription is incomplete",
     )
