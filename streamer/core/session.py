@@ -405,8 +405,10 @@ class Session:
 
     def _end_segment(self, event: SegmentEnd) -> None:
         """Finish a closed segment: from its speculative decode when that covered it."""
+        pcm = None  # the segment's audio, copied out of the buffer once
         if self.speakers is not None:  # its audio to the speaker models (unless speculated)
-            self.speakers.segment_closed(event, self._final_pcm(event))
+            pcm = self._final_pcm(event)
+            self.speakers.segment_closed(event, pcm)
         if (
             event.reason in ("silence", "max_duration")
             and self._spec.range == (event.start_sample, event.end_sample)
@@ -423,16 +425,16 @@ class Session:
                 self._awaiting_spec[event.segment_id] = event
             return
         self._spec.reset()
-        self._submit_final(event)
+        self._submit_final(event, self._final_pcm(event) if pcm is None else pcm)
 
-    def _submit_final(self, event: SegmentEnd) -> None:
+    def _submit_final(self, event: SegmentEnd, pcm: np.ndarray) -> None:
         self._pending_finals.add(event.segment_id)
         self._jobs.append(
             DecodeJob(
                 session_id=self.session_id,
                 segment_id=event.segment_id,
                 kind="final",
-                pcm=self._final_pcm(event),
+                pcm=pcm,
                 start_sample=event.start_sample,
                 end_sample=event.end_sample,
                 language=self.stream.language,
