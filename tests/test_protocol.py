@@ -1,3 +1,5 @@
+import dataclasses
+
 import orjson
 import pytest
 
@@ -105,6 +107,32 @@ def test_server_message_round_trip_and_unknown_fields():
         protocol.decode_server_message(b'{"type":"bogus"}')
     with pytest.raises(MalformedMessage, match="not JSON"):
         protocol.decode_server_message("{not json")
+
+
+def test_a_words_speaker_is_its_own_else_the_finals():
+    words = (
+        protocol.SpeakerWord("hi", 0.0, 100.0, 0.9, speaker="B"),
+        protocol.SpeakerWord("there", 100.0, 200.0, 0.9, speaker=""),
+        protocol.Word("you", 200.0, 300.0, 0.9),
+    )
+    final = Final(
+        2,
+        0.0,
+        300.0,
+        "hi there you",
+        None,
+        None,
+        None,
+        "",
+        "",
+        "silence",
+        1.0,
+        0.0,
+        words=words,
+        speaker="A",
+    )
+    assert [final.word_speaker(i) for i in range(4)] == ["B", "A", "A", "A"]
+    assert dataclasses.replace(final, words=None).word_speaker(0) == "A"
 
 
 @pytest.mark.parametrize(

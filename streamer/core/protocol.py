@@ -320,6 +320,12 @@ class Final:
     speaker: str | None = None
     turns: tuple[SpeakerTurn, ...] | None = None
 
+    def word_speaker(self, i: int) -> str | None:
+        """Who said the ``i``-th word: its own speaker (a :class:`SpeakerWord`'s), else
+        the final's main one (also past the last word, and for a final without words)."""
+        word = self.words[i] if self.words and i < len(self.words) else None
+        return (word.speaker if isinstance(word, SpeakerWord) else None) or self.speaker
+
 
 MAX_ERROR_MESSAGE_CHARS = 200  # longer messages are cut: errors never echo unbounded input
 

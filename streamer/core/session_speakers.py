@@ -270,7 +270,7 @@ def speaker_parts(final: Final) -> list[Final]:
     speaker's words (its text those words joined, its ``speaker`` theirs), for captions
     and segments per speaker. A final without speakers, or with one, is itself."""
     words = final.words or ()
-    labels = [getattr(w, "speaker", None) or final.speaker for w in words]
+    labels = [final.word_speaker(i) for i in range(len(words))]
     if final.speaker is None or len(set(labels)) <= 1:
         return [
             final if not labels or final.speaker == labels[0] else replace(final, speaker=labels[0])

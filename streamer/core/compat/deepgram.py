@@ -502,7 +502,7 @@ def result_words(
         if language:
             word["language"] = language
         if labelled and speakers is not None and isinstance(message, Final):
-            label = word_label(message, i)
+            label = message.word_speaker(i)  # common's words are copies without it
             if label is not None:
                 word["speaker"] = speakers.index(label)
                 word["speaker_confidence"] = turn_share(message, w.start_ms, w.end_ms, label)
@@ -519,13 +519,6 @@ class SpeakerIndex:
 
     def index(self, label: str) -> int:
         return self._numbers.setdefault(label, len(self._numbers))
-
-
-def word_label(final: Final, i: int) -> str | None:
-    """The speaker label of a diarized final's ``i``-th word (its main one if unset)."""
-    words = final.words or ()
-    label = getattr(words[i], "speaker", None) if i < len(words) else None
-    return label or final.speaker
 
 
 def turn_share(final: Final, start_ms: float, end_ms: float, label: str) -> float:
