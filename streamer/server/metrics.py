@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from typing import Generic, TypeVar
 
 from prometheus_client import (
@@ -70,239 +71,178 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        # every metric below is this instance's (none in prometheus_client's global registry)
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        histogram = partial(Histogram, registry=r, buckets=LATENCY_BUCKETS_S)
         # process_open_fds / process_max_fds, resident memory, CPU seconds (Linux)
         ProcessCollector(registry=r)
         # protocol: the endpoint's name ("v1", "deepgram", "openai", ...)
-        self.sessions_active = Gauge(
-            "streamer_sessions_active", "Open sessions", ["protocol"], registry=r
-        )
+        self.sessions_active = gauge("streamer_sessions_active", "Open sessions", ["protocol"])
         # sum(active) / capacity is the utilisation an autoscaler targets (deploy/k8s/)
-        self.sessions_capacity = Gauge(
-            "streamer_sessions_capacity", "Most sessions admitted at once", registry=r
+        self.sessions_capacity = gauge(
+            "streamer_sessions_capacity", "Most sessions admitted at once"
         )
-        self.draining = Gauge(
-            "streamer_draining", "1 while new sessions are refused before a restart", registry=r
+        self.draining = gauge(
+            "streamer_draining", "1 while new sessions are refused before a restart"
         )
-        self.sessions_total = Counter(
-            "streamer_sessions", "Sessions accepted", ["protocol"], registry=r
-        )
-        self.rejected_total = Counter(
-            "streamer_handshakes_rejected",
-            "Handshakes refused",
-            ["reason", "protocol"],
-            registry=r,
+        self.sessions_total = counter("streamer_sessions", "Sessions accepted", ["protocol"])
+        self.rejected_total = counter(
+            "streamer_handshakes_rejected", "Handshakes refused", ["reason", "protocol"]
         )
         # the file APIs (api: "openai-files", "deepgram-files"): uploads being transcribed,
         # and every upload's outcome ("ok", or the error code it was answered with)
-        self.file_jobs_active = Gauge(
-            "streamer_file_jobs_active", "Uploaded files being transcribed", ["api"], registry=r
+        self.file_jobs_active = gauge(
+            "streamer_file_jobs_active", "Uploaded files being transcribed", ["api"]
         )
-        self.file_uploads_receiving = Gauge(
+        self.file_uploads_receiving = gauge(
             "streamer_file_uploads_receiving",
             "Upload bodies being received (no transcription slot held yet)",
-            registry=r,
         )
-        self.files_total = Counter(
-            "streamer_files", "Uploaded files answered", ["api", "outcome"], registry=r
-        )
-        self.audio_seconds_total = Counter(
-            "streamer_audio_seconds", "Client audio received", registry=r
-        )
-        self.segments_total = Counter("streamer_segments", "Finals sent", ["reason"], registry=r)
-        self.partials_sent_total = Counter("streamer_partials_sent", "Partials sent", registry=r)
-        self.partials_skipped_total = Counter(
+        self.files_total = counter("streamer_files", "Uploaded files answered", ["api", "outcome"])
+        self.audio_seconds_total = counter("streamer_audio_seconds", "Client audio received")
+        self.segments_total = counter("streamer_segments", "Finals sent", ["reason"])
+        self.partials_sent_total = counter("streamer_partials_sent", "Partials sent")
+        self.partials_skipped_total = counter(
             "streamer_partials_skipped",
             "Partial decodes skipped or discarded because the worker was busy",
-            registry=r,
         )
-        self.errors_total = Counter("streamer_errors", "Error messages sent", ["code"], registry=r)
-        self.notices_total = Counter(
+        self.errors_total = counter("streamer_errors", "Error messages sent", ["code"])
+        self.notices_total = counter(
             "streamer_notices",
             "Warnings given to sessions that go on (hotwords_unused: phrases the model's "
             "vocabulary cannot spell, skipped)",
             ["code"],
-            registry=r,
         )
-        self.decode_seconds = Histogram(
-            "streamer_decode_seconds",
-            "Model time per decode",
-            ["kind"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        self.decode_seconds = histogram(
+            "streamer_decode_seconds", "Model time per decode", ["kind"]
         )
-        self.queue_wait_seconds = Histogram(
-            "streamer_queue_wait_seconds",
-            "Time a job waited for the worker",
-            ["kind"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        self.queue_wait_seconds = histogram(
+            "streamer_queue_wait_seconds", "Time a job waited for the worker", ["kind"]
         )
-        self.decode_batch_size = Histogram(
+        self.decode_batch_size = histogram(
             "streamer_decode_batch_size",
             "Jobs decoded in the same model call, observed once per decoded job",
-            registry=r,
             buckets=BATCH_SIZE_BUCKETS,
         )
-        self.decode_failures_total = Counter(
-            "streamer_decode_failures", "Decodes that raised", registry=r
-        )
-        self.first_partial_seconds = Histogram(
+        self.decode_failures_total = counter("streamer_decode_failures", "Decodes that raised")
+        self.first_partial_seconds = histogram(
             "streamer_time_to_first_partial_seconds",
             "From sending speech_start to the first partial or final with text",
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
         )
         # what admission's budgets are on (streamer.core.live_latency): each after the
         # audio concerned arrived, real-time sessions only
         self.live = LiveLatency()
-        self.final_latency_seconds = Histogram(
+        self.final_latency_seconds = histogram(
             "streamer_final_latency_seconds",
             "A live final after the last sample of its audio arrived (real-time sessions)",
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
         )
-        self.ttft_seconds = Histogram(
+        self.ttft_seconds = histogram(
             "streamer_time_to_first_token_seconds",
             "An utterance's first text after its first sample arrived (real-time sessions)",
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
         )
-        self.loop_lag_seconds = Histogram(
-            "streamer_event_loop_lag_seconds",
-            "Event-loop scheduling delay",
-            buckets=LAG_BUCKETS_S,
-            registry=r,
+        self.loop_lag_seconds = histogram(
+            "streamer_event_loop_lag_seconds", "Event-loop scheduling delay", buckets=LAG_BUCKETS_S
         )
-        self.queue_depth = Gauge(
-            "streamer_worker_queue_depth", "Jobs waiting", ["kind"], registry=r
-        )
-        self.terminated_total = Counter(
+        self.queue_depth = gauge("streamer_worker_queue_depth", "Jobs waiting", ["kind"])
+        self.terminated_total = counter(
             "streamer_sessions_terminated",
             "Sessions closed at once by a limit (client not reading, keepalive, idle)",
             ["reason"],
-            registry=r,
         )
-        self.unlabelled_finals_total = Counter(
+        self.unlabelled_finals_total = counter(
             "streamer_diarization_unlabelled_finals",
             "Diarized segments the speaker models did not label: later than "
             "--diarize-max-wait-ms (late: the final went out without speakers), refused by "
             "their full queue (refused) or failed (failed); a refused or failed analysis "
             "speculated in a pause is sent again when the segment closes",
             ["reason"],
-            registry=r,
         )
-        self.speaker_analysis_seconds = Histogram(
+        self.speaker_analysis_seconds = histogram(
             "streamer_diarization_analysis_seconds",
             "Speaker models' time per segment (segmentation and embeddings)",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-            registry=r,
         )
-        self.input_paced_seconds_total = Counter(
+        self.input_paced_seconds_total = counter(
             "streamer_input_paced_seconds",
             "Time readers waited because a client sent frames or bytes faster than the "
             "pacing limits (--max-input-messages-per-s, --max-input-bytes-per-s)",
-            registry=r,
         )
-        self.input_budget_paced_seconds_total = Counter(
+        self.input_budget_paced_seconds_total = counter(
             "streamer_input_budget_paced_seconds",
             "Of those, time readers waited because all clients together sent more than the "
             "total input budget (--max-total-input-messages-per-s, ...-bytes-per-s)",
-            registry=r,
         )
-        self.saturated = Gauge(
+        self.saturated = gauge(
             "streamer_saturated",
             "1 while new sessions are refused because one more would break a latency "
             "budget or the load ceiling (--final-p95-budget-ms, --ttft-p95-budget-ms, "
             "--max-final-load, --max-final-lag-ms)",
-            registry=r,
         )
-        self.saturations_total = Counter(
-            "streamer_saturations", "Times the server became saturated", ["reason"], registry=r
+        self.saturations_total = counter(
+            "streamer_saturations", "Times the server became saturated", ["reason"]
         )
-        self.final_load = Gauge(
+        self.final_load = gauge(
             "streamer_final_load",
             "Share of the workers' time spent decoding finals (over the capacity window)",
-            registry=r,
         )
-        self.final_wait_p95 = Gauge(
+        self.final_wait_p95 = gauge(
             "streamer_final_wait_p95_seconds",
             "The queue model's projected p95 of a final's wait behind other sessions' "
             "decodes with one more session (an input of the latency projection)",
-            registry=r,
         )
         # budget: "final" or "ttft"; figure: "measured" (p95 over the capacity window),
         # "projected" (with one more session) or "budget"
-        self.latency_p95 = Gauge(
+        self.latency_p95 = gauge(
             "streamer_latency_p95_seconds",
             "Admission's view of the live sessions' latency p95 and its budgets",
             ["budget", "figure"],
-            registry=r,
         )
-        self.capacity_headroom = Gauge(
+        self.capacity_headroom = gauge(
             "streamer_capacity_headroom_sessions",
             "Sessions admission would still admit within its budgets (and --max-sessions)",
-            registry=r,
         )
-        self.capacity_utilization = Gauge(
+        self.capacity_utilization = gauge(
             "streamer_capacity_utilization",
             "Open sessions / (open + headroom): 1 while new sessions are refused; what an "
             "autoscaler scales on (deploy/k8s/hpa.yaml)",
-            registry=r,
         )
-        self.fast_sessions = Gauge(
+        self.fast_sessions = gauge(
             "streamer_fast_sessions",
             "Sessions sending audio faster than real time (their audio is decoded at "
             "that rate; their latencies are left out of the budgets)",
-            registry=r,
         )
-        self.partials_interrupted_total = Counter(
+        self.partials_interrupted_total = counter(
             "streamer_partials_interrupted",
             "Partial decodes stopped midway so that a final queued behind them went first",
-            registry=r,
         )
-        self.model_ready = Gauge(
-            "streamer_model_ready", "1 once the model is warmed up", registry=r
-        )
+        self.model_ready = gauge("streamer_model_ready", "1 once the model is warmed up")
 
         # per worker of the pool (--device cuda:0,cuda:1, --workers N): worker is its
         # index, device its device; rate(busy) is a device's utilisation
         self._worker_labels: dict[str, tuple[str, str]] = {}  # worker -> labels set last
-        self.worker_sessions = Gauge(
-            "streamer_worker_sessions",
-            "Sessions pinned to the worker",
-            ["worker", "device"],
-            registry=r,
+        per_worker = ("worker", "device")
+        self.worker_sessions = gauge(
+            "streamer_worker_sessions", "Sessions pinned to the worker", per_worker
         )
-        self.worker_queued = Gauge(
-            "streamer_worker_queued_jobs",
-            "Jobs waiting for the worker",
-            ["worker", "device"],
-            registry=r,
+        self.worker_queued = gauge(
+            "streamer_worker_queued_jobs", "Jobs waiting for the worker", per_worker
         )
-        self.worker_ready = Gauge(
+        self.worker_ready = gauge(
             "streamer_worker_ready",
             "1 while the worker is loaded and healthy",
-            ["worker", "device"],
-            registry=r,
+            per_worker,
         )
-        self.worker_decodes_total = Counter(
-            "streamer_worker_decodes",
-            "Decodes done by the worker",
-            ["worker", "device", "kind"],
-            registry=r,
+        self.worker_decodes_total = counter(
+            "streamer_worker_decodes", "Decodes done by the worker", [*per_worker, "kind"]
         )
-        self.worker_restarts_total = Counter(
+        self.worker_restarts_total = counter(
             "streamer_worker_restarts",
             "Times the worker's model process was started again after it died or stalled",
-            ["worker", "device"],
-            registry=r,
+            per_worker,
         )
         self._restarts_seen: dict[str, int] = {}  # worker -> restarts counted so far
-        self.worker_busy_seconds_total = Counter(
-            "streamer_worker_busy_seconds",
-            "Model time spent by the worker",
-            ["worker", "device"],
-            registry=r,
+        self.worker_busy_seconds_total = counter(
+            "streamer_worker_busy_seconds", "Model time spent by the worker", per_worker
         )
 
         # children of the labelled series updated per message or per decode: labels() is
