@@ -17,6 +17,57 @@ from streamer.core.session import SessionOptions
 logger = logging.getLogger(__name__)
 
 
+# the flags that set the option of the same name, per options type (the others are
+# converted or renamed below)
+_SERVER_FLAGS = (
+    "host",
+    "port",
+    "max_sessions",
+    "token",
+    "certfile",
+    "keyfile",
+    "max_message_bytes",
+    "max_total_input_messages_per_s",
+    "max_total_input_bytes_per_s",
+    "shutdown_grace_s",
+    "drain_s",
+    "public_metrics",
+    "vad_aggressiveness",
+    "funasr_port",
+    "wyoming_port",
+    "wyoming_insecure",
+)
+_LIMITS_FLAGS = (
+    "max_backlog_bytes",
+    "idle_timeout_s",
+    "max_session_s",
+    "write_timeout_s",
+    "max_input_messages_per_s",
+    "max_input_bytes_per_s",
+)
+_CAPACITY_FLAGS = (
+    "max_final_lag_ms",
+    "max_final_load",
+    "final_p95_budget_ms",
+    "ttft_p95_budget_ms",
+)
+_SEGMENTER_FLAGS = ("max_utterance_ms", "pause_dip_ms", "pause_contrast_db", "cut_search_ms")
+_SESSION_FLAGS = ("partial_interval_ms", "speculative_finals")
+_FILE_FLAGS = (
+    "allow_url_fetch",
+    "allow_url_fetch_private",
+    "max_uploads_receiving",
+    "upload_min_bytes_per_s",
+    "upload_deadline_s",
+)
+_WORKER_FLAGS = ("decode_timeout_s", "max_batch", "max_batch_audio_s")
+
+
+def _flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    """The values of the flags ``names``, as keyword arguments of the same names."""
+    return {name: getattr(args, name) for name in names}
+
+
 def server_options_from(args: argparse.Namespace) -> Any:
     """The :class:`ServerOptions` ``streamer serve``'s flags ask for."""
     from dataclasses import replace
@@ -28,65 +79,29 @@ def server_options_from(args: argparse.Namespace) -> Any:
     default_stream = replace(StreamOptions(), endpoint_ms=args.endpoint_ms)
     # endpoint_ms is a stream option (clients may choose theirs); this is its default
     segmenter = SegmenterOptions(
-        max_utterance_ms=args.max_utterance_ms,
         long_segment_ms=min(args.long_segment_ms, args.max_utterance_ms),
-        pause_dip_ms=args.pause_dip_ms,
-        pause_contrast_db=args.pause_contrast_db,
-        cut_search_ms=args.cut_search_ms,
+        **_flags(args, _SEGMENTER_FLAGS),
     )
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     return ServerOptions(
-        host=args.host,
-        port=args.port,
-        max_sessions=args.max_sessions,
-        token=args.token,
         allowed_origins=origins,
-        certfile=args.certfile,
-        keyfile=args.keyfile,
-        max_message_bytes=args.max_message_bytes,
-        limits=ConnectionLimits(
-            max_backlog_bytes=args.max_backlog_bytes,
-            idle_timeout_s=args.idle_timeout_s,
-            max_session_s=args.max_session_s,
-            write_timeout_s=args.write_timeout_s,
-            max_input_messages_per_s=args.max_input_messages_per_s,
-            max_input_bytes_per_s=args.max_input_bytes_per_s,
-        ),
-        max_total_input_messages_per_s=args.max_total_input_messages_per_s,
-        max_total_input_bytes_per_s=args.max_total_input_bytes_per_s,
-        capacity=CapacityOptions(
-            max_final_lag_ms=args.max_final_lag_ms,
-            max_final_load=args.max_final_load,
-            final_p95_budget_ms=args.final_p95_budget_ms,
-            ttft_p95_budget_ms=args.ttft_p95_budget_ms,
-            enabled=args.capacity_admission,
-        ),
-        shutdown_grace_s=args.shutdown_grace_s,
-        drain_s=args.drain_s,
-        public_metrics=args.public_metrics,
-        vad_aggressiveness=args.vad_aggressiveness,
+        limits=ConnectionLimits(**_flags(args, _LIMITS_FLAGS)),
+        capacity=CapacityOptions(enabled=args.capacity_admission, **_flags(args, _CAPACITY_FLAGS)),
         default_stream=default_stream,
         session=SessionOptions(
             segmenter=segmenter,
-            partial_interval_ms=args.partial_interval_ms,
-            speculative_finals=args.speculative_finals,
             hotwords=read_hotwords(args.hotwords),
             diarization=diarization_options(args),
             known_speakers=known_speakers_from(args),
+            **_flags(args, _SESSION_FLAGS),
         ),
-        funasr_port=args.funasr_port,
-        wyoming_port=args.wyoming_port,
-        wyoming_insecure=args.wyoming_insecure,
         files=FileOptions(
             max_jobs=args.max_file_jobs,
             max_upload_bytes=round(args.max_upload_mb * (1 << 20)),
             max_duration_s=args.max_file_duration_s,
-            allow_url_fetch=args.allow_url_fetch,
-            allow_url_fetch_private=args.allow_url_fetch_private,
-            max_uploads_receiving=args.max_uploads_receiving,
-            upload_min_bytes_per_s=args.upload_min_bytes_per_s,
-            upload_deadline_s=args.upload_deadline_s,
+            **_flags(args, _FILE_FLAGS),
         ),
+        **_flags(args, _SERVER_FLAGS),
     )
 
 
@@ -131,11 +146,9 @@ def worker_pool(args: argparse.Namespace, metrics: Any, progress: Any) -> Any:
         return ModelWorker(
             load,
             options=WorkerOptions(
-                decode_timeout_s=args.decode_timeout_s,
-                max_batch=args.max_batch,
-                max_batch_audio_s=args.max_batch_audio_s,
                 max_restarts=args.model_restarts,
                 nice=FILE_WORKER_NICE if slot.background else 0,
+                **_flags(args, _WORKER_FLAGS),
             ),
             on_decoded=hooks.on_decoded,
             on_failure=hooks.on_failure,
