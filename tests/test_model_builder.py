@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.errors import ConfigError
+from streamer.errors import ConfigError, ModelError
+from streamer.model.artifacts.files import build_directory
 from streamer.testkit import models as model_builder
 from streamer.testkit.models import (
     KNOWN_SPECIAL_IDS,
@@ -79,6 +80,30 @@ def test_ensure_builds_atomically_into_a_fresh_cache(tmp_path: Path) -> None:
     assert json.loads((path / MARKER_FILE).read_text())["builder_version"] == (
         model_builder.BUILDER_VERSION
     )
+
+
+def test_a_directory_another_process_finished_first_is_kept(tmp_path: Path) -> None:
+    target = tmp_path / "cache" / "model"
+
+    def build(directory: Path) -> None:  # another process wins the race meanwhile
+        (directory / MARKER_FILE).write_text("ours")
+        target.mkdir()
+        (target / MARKER_FILE).write_text("theirs")
+        (target / "more").write_text("")  # not empty: the rename fails
+
+    assert build_directory(target, MARKER_FILE, build) == target
+    assert (target / MARKER_FILE).read_text() == "theirs"
+    assert [p.name for p in target.parent.iterdir()] == ["model"]  # ours removed
+
+
+def test_a_failed_build_leaves_nothing(tmp_path: Path) -> None:
+    def build(directory: Path) -> None:
+        (directory / "half").write_text("")
+        raise ModelError("interrupted")
+
+    with pytest.raises(ModelError):
+        build_directory(tmp_path / "model", MARKER_FILE, build)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_build_is_deterministic(tmp_path: Path, tiny_model_dir: Path) -> None:

