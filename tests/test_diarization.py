@@ -3,6 +3,8 @@ diarized session's finals (held for their speakers, released by the answer or th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -38,7 +40,7 @@ from streamer.core.protocol import (
 )
 from streamer.core.segmenter import SegmentEnd
 from streamer.core.session import Session, SessionOptions
-from streamer.core.session_speakers import SessionSpeakers
+from streamer.core.session_speakers import SessionSpeakers, speaker_parts
 from streamer.core.transcript import Transcript
 from streamer.errors import InvalidOption
 from tests.fakes import loudness_classifier, silence, tone
@@ -482,3 +484,29 @@ def test_an_open_segments_whole_windows_go_early_and_uploads_skip_it() -> None:
         assert windows[0] >= 1 and windows == sorted(set(windows))  # one per new window
         assert all(j.early and j.segment_id == 0 and j.start_sample == 0 for j in early)
         assert np.abs(early[-1].pcm).max() > 1000  # the tone, from the segment's start
+
+
+def test_a_final_is_cut_where_its_words_speaker_changes() -> None:
+    words = (
+        SpeakerWord("one", 100.0, 200.0, 0.9, "A"),
+        SpeakerWord("two", 200.0, 300.0, 0.9, ""),  # unset: the final's (A)
+        SpeakerWord("three", 400.0, 500.0, 0.9, "B"),
+        SpeakerWord("four", 600.0, 700.0, 0.9, "A"),
+    )
+    final = Final(
+        0, 0.0, 800.0, "one two three four", "en", None, None, "", "", "silence", 1.0, 0.0,
+        words=words, speaker="A", turns=(),
+    )  # fmt: skip
+    parts = speaker_parts(final)
+    assert [(p.speaker, p.text, p.start_ms, p.end_ms) for p in parts] == [
+        ("A", "one two", 0.0, 300.0),  # the first starts where the final does
+        ("B", "three", 400.0, 500.0),
+        ("A", "four", 600.0, 800.0),  # the last ends where the final does
+    ]
+    assert all(p.turns is None for p in parts)
+    one = Final(
+        0, 0.0, 800.0, "one", "en", None, None, "", "", "silence", 1.0, 0.0,
+        words=words[3:], speaker="B",
+    )  # fmt: skip
+    assert speaker_parts(one) == [replace(one, speaker="A")]  # its one speaker is its words'
+    assert speaker_parts(replace(one, words=None)) == [replace(one, words=None)]

@@ -19,7 +19,7 @@ is sent, nothing here changes it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -271,25 +271,29 @@ def speaker_parts(final: Final) -> list[Final]:
     and segments per speaker. A final without speakers, or with one, is itself."""
     words = final.words or ()
     labels = [final.word_speaker(i) for i in range(len(words))]
-    if final.speaker is None or len(set(labels)) <= 1:
+    runs = speaker_runs(labels)
+    if final.speaker is None or len(runs) <= 1:
         return [
             final if not labels or final.speaker == labels[0] else replace(final, speaker=labels[0])
         ]
-    parts = []
-    start = 0
-    for i in range(1, len(words) + 1):
-        if i == len(words) or labels[i] != labels[start]:
-            run = words[start:i]
-            parts.append(
-                replace(
-                    final,
-                    start_ms=final.start_ms if start == 0 else run[0].start_ms,
-                    end_ms=final.end_ms if i == len(words) else run[-1].end_ms,
-                    text=join_words(run),
-                    words=tuple(run),
-                    speaker=labels[start],
-                    turns=None,
-                )
-            )
-            start = i
-    return parts
+    return [
+        replace(
+            final,
+            start_ms=final.start_ms if start == 0 else words[start].start_ms,
+            end_ms=final.end_ms if end == len(words) else words[end - 1].end_ms,
+            text=join_words(words[start:end]),
+            words=words[start:end],
+            speaker=labels[start],
+            turns=None,
+        )
+        for start, end in runs
+    ]
+
+
+def speaker_runs(labels: Sequence[object]) -> list[tuple[int, int]]:
+    """Where the speaker changes: the ``[start, end)`` index ranges of the runs of equal
+    ``labels`` (one per word), in order; none for no labels."""
+    if not labels:
+        return []
+    changes = [i for i in range(1, len(labels)) if labels[i] != labels[i - 1]]
+    return list(zip([0, *changes], [*changes, len(labels)], strict=True))

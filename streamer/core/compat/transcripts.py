@@ -35,7 +35,7 @@ from streamer.core.captions import srt_document, vtt_document
 from streamer.core.compat import common, deepgram
 from streamer.core.compat.deepgram import ListenOptions
 from streamer.core.protocol import MAX_ERROR_MESSAGE_CHARS, Final, Notice, StreamOptions
-from streamer.core.session_speakers import speaker_parts
+from streamer.core.session_speakers import speaker_parts, speaker_runs
 from streamer.core.words import join_words
 
 __all__ = [
@@ -468,16 +468,14 @@ def _speaker_runs(final: Final, words: list[dict[str, Any]]) -> list[dict[str, A
                 "words": words,
             }
         ]
-    bounds = [0] + [
-        i for i in range(1, len(words)) if words[i].get("speaker") != words[i - 1].get("speaker")
-    ]
-    if len(bounds) == 1:
+    runs = speaker_runs([word.get("speaker") for word in words])
+    if len(runs) == 1:
         return [
             {**_speaker_runs(replace(final, turns=None), words)[0], "speaker": words[0]["speaker"]}
         ]
     core_words = final.words or ()
     parts = []
-    for a, b in zip(bounds, [*bounds[1:], len(words)], strict=True):
+    for a, b in runs:
         run = words[a:b]
         text = join_words(core_words[a:b]) if len(core_words) == len(words) else ""
         parts.append(
