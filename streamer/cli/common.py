@@ -25,7 +25,8 @@ ENV_PREFIX = "STREAMER_"
 # unset shell variable in `docker run -e STREAMER_TOKEN="$TOKEN"`, a missing optional
 # Secret) must not serve every client unauthenticated
 NOT_EMPTY = frozenset({"token"})
-VADS = ("webrtc", "silero")  # --vad choices
+VADS = ("webrtc", "silero")  # --vad choices, the first the default
+VAD_MODES = (0, 1, 2, 3)  # --vad-aggressiveness choices: webrtcvad's modes
 
 
 def _env(

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from streamer.cli.common import (
+    VAD_MODES,
     VADS,
     _add_logging_arguments,
     _add_model_arguments,
@@ -60,7 +61,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     _flag(
         g,
         "--vad",
-        "webrtc",
+        VADS[0],
         choices=VADS,
         help="voice-activity detector: webrtc (webrtcvad), or silero (Silero VAD on ONNX "
         "Runtime: finds utterances in noise where webrtcvad hears only speech, about "
@@ -71,7 +72,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--vad-aggressiveness",
         server.vad_aggressiveness,
         int,
-        choices=(0, 1, 2, 3),
+        choices=VAD_MODES,
         help="webrtcvad mode; 2-3 resist background noise [%(default)s]",
     )
     _flag(

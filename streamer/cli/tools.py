@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from streamer.cli.common import (
+    VAD_MODES,
     VADS,
     _add_logging_arguments,
     _add_model_arguments,
@@ -41,9 +42,9 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--json", action="store_true", help="JSON lines (one per utterance, with tags and times)"
     )
-    p.add_argument("--vad", choices=VADS, default="webrtc", help="as for serve [%(default)s]")
+    p.add_argument("--vad", choices=VADS, default=VADS[0], help="as for serve [%(default)s]")
     p.add_argument(
-        "--vad-aggressiveness", type=int, choices=(0, 1, 2, 3), default=DEFAULT_AGGRESSIVENESS
+        "--vad-aggressiveness", type=int, choices=VAD_MODES, default=DEFAULT_AGGRESSIVENESS
     )
     p.add_argument(
         "--output",
