@@ -23,7 +23,7 @@ from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.core.compat.audio import ULAW_TO_S16
 from streamer.core.compat.wyoming import EventParser, WyomingEvent, encode_event
-from streamer.core.protocol import StreamOptions
+from streamer.core.protocol import Final, SpeakerWord, StreamOptions
 from streamer.testkit import speech as synth
 from tests.fakes import silence, tone
 from tests.timing import timeout_s
@@ -210,6 +210,17 @@ def texts(finals: list[tuple[str, float, float]]) -> list[str]:
 
 def spans(finals: list[tuple[str, float, float]]) -> list[tuple[float, float]]:
     return [(start, end) for _, start, end in finals]
+
+
+def diarized_final(words: list[tuple[str, float, float, str]], speaker: str) -> Final:
+    """A diarized final of ``(word, start_ms, end_ms, speaker)`` words, mainly
+    ``speaker``'s, from 0 to 100 ms after its last word (its turns empty)."""
+    spoken = tuple(SpeakerWord(word, start, end, 0.9, who) for word, start, end, who in words)
+    text = " ".join(word.word for word in spoken)
+    return Final(
+        0, 0.0, spoken[-1].end_ms + 100, text, "en", None, None, "", "", "silence", 1.0, 0.0,
+        words=spoken, speaker=speaker, turns=(),
+    )  # fmt: skip
 
 
 async def funasr_finals(server, pcm: np.ndarray, **config) -> list[str]:

@@ -44,6 +44,7 @@ from streamer.core.session_speakers import SessionSpeakers, speaker_parts
 from streamer.core.transcript import Transcript
 from streamer.errors import InvalidOption
 from tests.fakes import loudness_classifier, silence, tone
+from tests.support import diarized_final
 
 RATE = 16000
 STEP = SEGMENTATION_STEP_SAMPLES
@@ -487,16 +488,15 @@ def test_an_open_segments_whole_windows_go_early_and_uploads_skip_it() -> None:
 
 
 def test_a_final_is_cut_where_its_words_speaker_changes() -> None:
-    words = (
-        SpeakerWord("one", 100.0, 200.0, 0.9, "A"),
-        SpeakerWord("two", 200.0, 300.0, 0.9, ""),  # unset: the final's (A)
-        SpeakerWord("three", 400.0, 500.0, 0.9, "B"),
-        SpeakerWord("four", 600.0, 700.0, 0.9, "A"),
+    final = diarized_final(
+        [
+            ("one", 100.0, 200.0, "A"),
+            ("two", 200.0, 300.0, ""),  # unset: the final's (A)
+            ("three", 400.0, 500.0, "B"),
+            ("four", 600.0, 700.0, "A"),
+        ],
+        "A",
     )
-    final = Final(
-        0, 0.0, 800.0, "one two three four", "en", None, None, "", "", "silence", 1.0, 0.0,
-        words=words, speaker="A", turns=(),
-    )  # fmt: skip
     parts = speaker_parts(final)
     assert [(p.speaker, p.text, p.start_ms, p.end_ms) for p in parts] == [
         ("A", "one two", 0.0, 300.0),  # the first starts where the final does
@@ -504,9 +504,6 @@ def test_a_final_is_cut_where_its_words_speaker_changes() -> None:
         ("A", "four", 600.0, 800.0),  # the last ends where the final does
     ]
     assert all(p.turns is None for p in parts)
-    one = Final(
-        0, 0.0, 800.0, "one", "en", None, None, "", "", "silence", 1.0, 0.0,
-        words=words[3:], speaker="B",
-    )  # fmt: skip
+    one = diarized_final([("four", 600.0, 700.0, "A")], "B")
     assert speaker_parts(one) == [replace(one, speaker="A")]  # its one speaker is its words'
     assert speaker_parts(replace(one, words=None)) == [replace(one, words=None)]

@@ -19,6 +19,7 @@ from tests.compat_clients import API_KEY as KEY  # the live helper sends it
 from tests.compat_clients import _deepgram_environment, deepgram_sdk_async
 from tests.fakes import WordyRecognizer
 from tests.server_fixtures import ServerThread, server_options
+from tests.support import diarized_final
 from tests.timing import timeout_s
 
 
@@ -143,17 +144,11 @@ def test_openai_diarized_json_refuses_bad_references(server, talk) -> None:
 
 def test_srt_and_vtt_name_the_speakers() -> None:
     from streamer.core.captions import srt_document, vtt_document
-    from streamer.core.protocol import Final, SpeakerWord
 
-    words = (
-        SpeakerWord("hello", 0.0, 400.0, 0.9, "A"),
-        SpeakerWord("there", 400.0, 800.0, 0.9, "A"),
-        SpeakerWord("yes", 900.0, 1200.0, 0.9, "B"),
+    final = diarized_final(
+        [("hello", 0.0, 400.0, "A"), ("there", 400.0, 800.0, "A"), ("yes", 900.0, 1200.0, "B")],
+        "A",
     )
-    final = Final(
-        0, 0.0, 1300.0, "hello there yes", "en", None, None, "", "", "silence", 1.0, 0.0,
-        words=words, speaker="A", turns=(),
-    )  # fmt: skip
     vtt = vtt_document([final])
     assert "<v A>hello there" in vtt and "<v B>yes" in vtt
     srt = srt_document([final])
@@ -166,17 +161,12 @@ def test_streamer_client_diarize_writes_speakers() -> None:
 
     from streamer.client.captions import make_writer
     from streamer.client.cli import _stream_options, add_client_arguments
-    from streamer.core.protocol import Final, SpeakerWord
 
     parser = argparse.ArgumentParser()
     add_client_arguments(parser)
     assert _stream_options(parser.parse_args(["x.wav", "--diarize"])).diarize
     assert not _stream_options(parser.parse_args(["x.wav"])).diarize
-    words = (SpeakerWord("hi", 0.0, 300.0, 0.9, "A"), SpeakerWord("yo", 500.0, 800.0, 0.9, "B"))
-    final = Final(
-        0, 0.0, 900.0, "hi yo", "en", None, None, "", "", "silence", 1.0, 0.0,
-        words=words, speaker="A", turns=(),
-    )  # fmt: skip
+    final = diarized_final([("hi", 0.0, 300.0, "A"), ("yo", 500.0, 800.0, "B")], "A")
     out = io.StringIO()
     writer = make_writer(out, "vtt")
     writer.write(final, 1.0)
