@@ -324,8 +324,13 @@ HASH_CHUNK_BYTES = 1 << 20  # read this much at a time when hashing a model file
 
 
 def file_sha256(path: Path) -> str:
-    """The hex SHA-256 of a file's bytes, read in :data:`HASH_CHUNK_BYTES` pieces."""
-    digest = hashlib.sha256()
+    """The hex SHA-256 of a file's bytes."""
+    return file_digest(hashlib.sha256(), path)
+
+
+def file_digest(digest: hashlib._Hash, path: Path) -> str:
+    """``digest`` (fed whatever goes before) updated with a file's bytes, read in
+    :data:`HASH_CHUNK_BYTES` pieces, as hex."""
     with path.open("rb") as f:
         while chunk := f.read(HASH_CHUNK_BYTES):
             digest.update(chunk)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from streamer.errors import ModelError
 from streamer.extras import TORCH, TORCH_MODULES, install_hint, missing
-from streamer.model.artifacts.files import HASH_CHUNK_BYTES, file_sha256
+from streamer.model.artifacts.files import file_digest, file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +220,4 @@ def _check(path: Path, cache: Path) -> None:
 def _git_blob_sha1(path: Path) -> str:
     digest = hashlib.sha1(usedforsecurity=False)
     digest.update(b"blob %d\0" % path.stat().st_size)
-    with path.open("rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digest(digest, path)
