@@ -330,14 +330,7 @@ class RealtimeAdapter(WireAdapter):
         )
         self._uncommitted = []
         self._committed_audio_ms = audio_ms
-        self._send(
-            {
-                "type": "input_audio_buffer.committed",
-                "previous_item_id": self._previous_item,
-                "item_id": item_id,
-            }
-        )
-        self._previous_item = item_id
+        self._committed(item_id)
 
     def _clear(self, event_id: str | None) -> None:
         self._release_hold()
@@ -451,14 +444,7 @@ class RealtimeAdapter(WireAdapter):
                 "item_id": item_id,
             }
         )
-        self._send(
-            {
-                "type": "input_audio_buffer.committed",
-                "previous_item_id": self._previous_item,
-                "item_id": item_id,
-            }
-        )
-        self._previous_item = item_id
+        self._committed(item_id)
         if final.error is not None:
             self._send(
                 {
@@ -529,6 +515,17 @@ class RealtimeAdapter(WireAdapter):
             "event_id": event_id,
         }
         self._send({"type": "error", "error": error}, core)
+
+    def _committed(self, item_id: str) -> None:
+        """The buffer committed as ``item_id``, chained after the item committed before."""
+        self._send(
+            {
+                "type": "input_audio_buffer.committed",
+                "previous_item_id": self._previous_item,
+                "item_id": item_id,
+            }
+        )
+        self._previous_item = item_id
 
     def _send(self, event: dict[str, Any], message: ServerMessage | None = None) -> None:
         self._events += 1
