@@ -1,8 +1,8 @@
 """Decoding without a server: backends, precisions, batches and hotwords, one ``--parts`` each.
 
 Each part loads the ``--configs`` it needs in this process (``BACKEND-PRECISION``:
-``torch-fp32``, ``torch-int8``, ``onnx-fp32``, ``onnx-int8``, the ONNX int8 weight types
-``onnx-int8-quint8`` and ``onnx-int8-qint8``, ``torch-fp16``/``torch-bf16`` on CUDA) and
+``torch-fp32``, ``torch-int8``, ``onnx-fp32``, ``onnx-int8``, ``torch-fp16``/``torch-bf16``
+on CUDA; the int8 weight types' ``onnx-int8-qint8`` are at 276f9f2) and
 prints a markdown table; timed configurations are interleaved within each repetition so
 that machine noise hits all alike. Speech is espeak-ng's (en and zh, 200 ms gaps).
 
@@ -11,16 +11,15 @@ that machine noise hits all alike. Speech is espeak-ng's (en and zh, 200 ms gaps
   segments of 0.3-7 s (languages auto/en/zh, ITN on and off);
 - ``generate``: torch's direct path against ``AutoModel.generate()`` (same tokens?), and
   each configuration's funasr import, load, warm-up and peak memory, in a child process;
-- ``startup``: ``streamer serve`` per configuration to ``/readyz`` 200, memory then and peak;
 - ``batch``: rows of a batch (random groups, and groups of similar length as the worker
   forms them) whose tokens differ from the same segment decoded alone;
 - ``batch-timing``: one ``decode_batch`` per batch size (``--sizes``) and length;
 - ``hotwords``: a final of 3 and 7 s with no hotwords and with ``--phrases`` phrases (the
-  biased beam search, beam ``--beam``), the phrase set's graph built first as a session's
-  is; ``recall`` (real weights only): the share of each LibriVox clip's ``--per-clip``
-  longest words found without and with them as hotwords.
+  biased beam search with the server's beam and boost), the phrase set's graph built first as a
+  session's is. (What hotwords gain on real speech was ``--parts recall``, real weights
+  only: ``git show 276f9f2:bench/decode.py``.)
 
-    python -m bench.decode --parts time,agreement,startup   # 4 configurations
+    python -m bench.decode --parts time,agreement            # 4 configurations
     python -m bench.decode --parts batch,batch-timing --configs onnx-int8,onnx-fp32
     python -m bench.decode --parts hotwords --configs onnx-int8 --phrases 100
     python -m bench.decode --parts generate --device cuda --configs torch-fp32,torch-fp16
@@ -30,13 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import resource
 import statistics
 import subprocess
 import sys
 import time
-import wave
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,7 +45,6 @@ from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
 
 LENGTHS_S = (1.0, 3.0, 7.0)
 LANGUAGES = ("auto", "en", "zh")
-LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 # words for the hotwords' phrases: names and jargon of the kind people boost
 _WORDS = (
     "kubernetes anthropic claude sensevoice funasr deepgram pipecat livekit grafana "
@@ -76,39 +72,24 @@ def window(speech: np.ndarray, seconds: float, rng: np.random.Generator) -> np.n
 
 
 def options(config: str, args: argparse.Namespace, **fields: Any) -> Any:
-    """RecognizerOptions for ``BACKEND-PRECISION`` (its int8 weight type aside)."""
+    """RecognizerOptions for ``BACKEND-PRECISION``."""
     from streamer.model.options import RecognizerOptions
     from streamer.testkit.models import RANDOM_MODELS
 
     backend, _, precision = config.partition("-")
     return RecognizerOptions(
         model=args.model, backend=backend, device=args.device, threads=args.threads,
-        quantize="int8" if precision.startswith("int8") else None,
+        quantize="int8" if precision == "int8" else None,
         dtype=precision if precision in ("fp16", "bf16") else "fp32",
-        hotword_beam=args.beam, hotword_partial_beam=min(2, args.beam),
         cache_dir=args.cache_dir, random_models=RANDOM_MODELS, **fields,
     )  # fmt: skip
 
 
 def load(config: str, args: argparse.Namespace) -> Any:
-    """The recognizer of ``config``, warmed up; ``onnx-int8-qint8``/``-quint8`` from an
-    export with that int8 weight type."""
+    """The recognizer of ``config``, warmed up."""
     from streamer.model.backends.loading import load_recognizer
 
-    precision = config.partition("-")[2]
-    weight_type = {"int8-qint8": "QInt8", "int8-quint8": "QUInt8"}.get(precision)
-    if weight_type is None:
-        return load_recognizer(options(config, args))
-    from streamer.model.artifacts.files import locate_model
-    from streamer.model.artifacts.onnx_export import cached_export
-    from streamer.model.backends.onnx_backend import OnnxRecognizer, onnx_model_dir
-
-    opts = options(config, args, warmup=False)
-    source = locate_model(args.model, "ms", args.cache_dir, opts.random_models)
-    export = cached_export(Path(source), args.cache_dir, int8_weight_type=weight_type)
-    recognizer = OnnxRecognizer(opts, model_dir=onnx_model_dir(export, quantized=True))
-    recognizer.warmup()
-    return recognizer
+    return load_recognizer(options(config, args))
 
 
 def timed_ms(call: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
@@ -235,35 +216,11 @@ def part_generate(args: argparse.Namespace) -> None:
               f"{r['warmup_s']:.1f} s | {r['peak_mib'] / 1024:.2f} GiB |")  # fmt: skip
 
 
-def part_startup(args: argparse.Namespace) -> None:
-    rows = []
-    for rep in range(args.reps):
-        for config in args.configs if rep % 2 == 0 else reversed(args.configs):
-            backend, _, precision = config.partition("-")
-            extra = ("--backend", backend, "--threads", str(args.threads))
-            server = common.ServerOptions(
-                model=args.model, quantize="int8" if precision == "int8" else None,
-                extra_args=(*extra, "--cache-dir", str(args.cache_dir)), ready_poll_s=0.05,
-            )  # fmt: skip
-            with common.ManagedServer(server, args.out / f"server-{config}.log") as started:
-                assert started.pid is not None and started.load_s is not None
-                rss, peak = (common.proc_status(started.pid, f) / 1024 for f in ("VmRSS", "VmHWM"))
-            rows.append((config, started.load_s, rss, peak))
-    print("\n### Start-up: `streamer serve` to /readyz 200 (model and export cached)\n")
-    print("| configuration | start to ready, s | resident when ready, MiB | peak, MiB |")
-    print("|---|---|---|---|")
-    for config in args.configs:
-        mine = [r for r in rows if r[0] == config]
-        ready = ", ".join(f"{r[1]:.1f}" for r in mine)
-        rss = statistics.median(r[2] for r in mine)
-        print(f"| {config} | {ready} | {rss:.0f} | {max(r[3] for r in mine):.0f} |")
-
-
 # -- batches --------------------------------------------------------------------------------
 
 
 def part_batch(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(0)
     segs = []
     for _ in range(args.segments):
         samples = int(rng.uniform(0.1, 7.0) * SAMPLE_RATE)
@@ -316,15 +273,15 @@ def part_batch_timing(
             print(f"| {config} | {size} | " + " | ".join(cells) + " |", flush=True)
 
 
-def phrases(count: int, boost: float, seed: int = 0) -> tuple[Any, ...]:
+def phrases(count: int) -> tuple[Any, ...]:
     """``count`` distinct phrases of one to three words from :data:`_WORDS`."""
-    from streamer.core.hotwords import Hotword
+    from streamer.core.hotwords import DEFAULT_BOOST, Hotword
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     found: dict[str, Any] = {}
     while len(found) < count:
         text = " ".join(rng.choice(_WORDS, size=int(rng.integers(1, 4)), replace=False))
-        found[text] = Hotword(text, boost)
+        found[text] = Hotword(text, DEFAULT_BOOST)
     return tuple(found.values())
 
 
@@ -343,8 +300,10 @@ def final_ms(
 def part_hotwords(
     args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
 ) -> None:
-    words = phrases(args.phrases, args.boost)
-    print(f"\n{len(words)} phrases, boost {args.boost}, beam {args.beam}, {args.reps} rounds")
+    from streamer.model.decode.ctc_beam import DEFAULT_BEAM
+
+    words = phrases(args.phrases)
+    print(f"\n{len(words)} phrases, beam {DEFAULT_BEAM}, {args.reps} rounds")
     print("| configuration | audio | no hotwords (ms) | with hotwords (ms) | ratio | text changed |"
           "\n|---|---|---|---|---|---|")  # fmt: skip
     segment = 0
@@ -366,49 +325,21 @@ def part_hotwords(
             print(f"| {config} | {seconds:.0f} s | {a:.0f} | {b:.0f} | {b / a:.2f}x | {changed} |")
 
 
-def part_recall(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
-    from streamer.core.hotwords import Hotword
-
-    lines = (LIBRIVOX / "transcription").read_text().splitlines()
-    for config, recognizer in recognizers.items():
-        found, total = {False: 0, True: 0}, 0
-        for segment, line in enumerate(lines):
-            match = re.match(r"(.*)\((\S+)\)\s*$", line)
-            path = LIBRIVOX / f"{match.group(2)}.wav" if match else None
-            if match is None or path is None or not path.exists():
-                continue
-            with wave.open(str(path)) as w:
-                pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
-            text = match.group(1).strip().lower()
-            targets = sorted(set(text.split()), key=len, reverse=True)[: args.per_clip]
-            words = tuple(Hotword(t, args.boost) for t in targets)
-            total += len(targets)
-            for biased in (False, True):
-                _, out = final_ms(recognizer, pcm, words if biased else (), 2 * segment + biased)
-                heard = set(re.findall(r"[a-z']+", out.lower()))
-                found[biased] += sum(t in heard for t in targets)
-        print(f"{config}: {total} hotwords in {len(lines)} clips: found without {found[False]} "
-              f"({found[False] / max(total, 1):.0%}), with {found[True]} "
-              f"({found[True] / max(total, 1):.0%})")  # fmt: skip
-
-
 PARTS: dict[str, Callable[[argparse.Namespace, dict[str, Any], np.ndarray], None]] = {
     "time": part_time, "agreement": part_agreement, "batch": part_batch,
-    "batch-timing": part_batch_timing, "hotwords": part_hotwords, "recall": part_recall,
+    "batch-timing": part_batch_timing, "hotwords": part_hotwords,
 }  # fmt: skip
-OWN_PROCESSES = {"generate": part_generate, "startup": part_startup}  # no recognizer here
+OWN_PROCESSES = {"generate": part_generate}  # no recognizer here
 
 
 def main(argv: list[str] | None = None) -> int:
-    from streamer.core.hotwords import DEFAULT_BOOST
-
     parser = common.parser(__doc__)
     common.add_output_args(parser, out="bench/out/decode")
     parser.add_argument(
         "--parts", default="time,agreement", help=", ".join([*PARTS, *OWN_PROCESSES])
     )
     parser.add_argument("--configs", default="torch-fp32,torch-int8,onnx-fp32,onnx-int8",
-                        help="comma list of BACKEND-PRECISION[-WEIGHTTYPE]")  # fmt: skip
+                        help="comma list of BACKEND-PRECISION")  # fmt: skip
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=2, help="0 = one per core (max 8)")
@@ -418,11 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=common.int_list, default=[1, 2, 4, 8], help="batch sizes")
     parser.add_argument("--lengths", type=lambda s: [float(x) for x in s.split(",")],
                         default=list(LENGTHS_S), help="seconds, for batch-timing")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phrases", type=int, default=100)
-    parser.add_argument("--boost", type=float, default=DEFAULT_BOOST)
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--per-clip", type=int, default=3, help="recall: hotwords per clip")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # generate: one config's process
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

@@ -1,17 +1,18 @@
 """A first start that exports: peak memory of the process tree, time to ready, /healthz meanwhile.
 
-Starts ``streamer serve --backend onnx --model MODEL`` with an empty ONNX cache (a fresh
-cache directory whose ``models/`` is a link to the given cache's, so the torch model is
-there and its ONNX export is not), once per ``--code`` checkout (``PYTHONPATH`` set to
-it, so two versions of the code are measured side by side in one run). While it loads
-it samples, every ``--sample-s``:
+Starts ``streamer serve --model MODEL`` (and each ``--server-arg``) with an empty ONNX
+cache (a fresh cache directory whose ``models/`` is a link to the given cache's, so the
+torch model is there and its ONNX export is not), once per ``--code`` checkout
+(``PYTHONPATH`` set to it, so two versions of the code are measured side by side in one
+run). While it loads it samples, every ``--sample-s``:
 
 - the resident memory of the server and of every process below it (``/proc``), summed:
   the tree's peak is what a container's memory limit must hold;
 - ``GET /healthz`` (latency, 2 s timeout), and ``/readyz`` until it answers 200.
 
 ``--starts 2`` starts each checkout twice on the same cache: the second is a later start
-(the export and any download already cached). A directory as
+(the export and any download already cached); ``--server-arg=--backend=torch`` measures
+the torch backend's start. A directory as
 ``--model`` (a sherpa-onnx layout, say) measures a start with nothing to export.
 ``--python`` runs the server with another interpreter (the plain install's venv: the
 bench itself needs the dev install's psutil). ``--clients N --audio FILE`` then streams
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code", action="append", type=Path, required=True)
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--server-arg", action="append", default=[], help="for the server")
     parser.add_argument("--sample-s", type=float, default=0.25)
     parser.add_argument("--python", type=Path, default=Path(sys.executable),
                         help="the server's interpreter")  # fmt: skip
@@ -83,7 +85,7 @@ def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any
     options = common.ServerOptions(
         model=args.model,
         log_level="info",  # the load and warm-up times are read from the log
-        extra_args=("--backend", "onnx", "--threads", str(args.threads)),
+        extra_args=("--threads", str(args.threads), *args.server_arg),
         code_dir=code,
         python=str(args.python),
         env=(("STREAMER_CACHE_DIR", str(cache)),),

@@ -94,7 +94,7 @@ def test_stress_soak_checks_every_client_against_its_reference(
             "--threads", "1", "--log", str(tmp_path / "server.log"), "--out", str(out)]  # fmt: skip
     assert soak.main(argv) == 0, out.read_text()
     report = out.read_text()
-    for client in ("live PCM session ok", "WebM stream ok", "upload ok", "dripping upload ok"):
+    for client in ("live PCM session ok", "WebM stream ok", "upload ok", "SSE upload ok"):
         assert f"| {client} |" in report
     assert "| server log: tracebacks | 0 |" in report and "FAILED" not in report
 

@@ -36,7 +36,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from bench import common
-from bench.common import HealthProbes, ManagedServer, PeakRss, ServerOptions, percentiles
+from bench.common import HealthProbes, ManagedServer, PeakRss, percentiles
 from bench.latency import prom
 from bench.latency.monitor import scrape
 from streamer.client.connection import ClientOptions, Received, StreamingClient
@@ -47,7 +47,6 @@ from streamer.testkit import speech as synth
 
 logger = logging.getLogger("bench.stress")
 
-READY_TIMEOUT_S = 900.0  # building random:small the first time takes minutes
 ATTACK_TIMEOUT_S = 1800.0  # no attack runs longer than this
 ATTACKS = ("unpaced", "floods")
 
@@ -55,23 +54,12 @@ ATTACKS = ("unpaced", "floods")
 # -- the server process --------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class StressServerOptions(ServerOptions):
-    """``streamer serve`` with exactly ``args`` (the server's defaults for the rest)."""
-
-    args: tuple[str, ...] = ()
-    ready_timeout_s: float = READY_TIMEOUT_S
-    ready_poll_s: float = 0.25
-
-    def command(self, port: int) -> list[str]:
-        return [self.python, "-m", "streamer", "serve", "--host", "127.0.0.1", "--port",
-                str(port), *self.args]  # fmt: skip
-
-
-def stress_server(args: list[str], log: Path) -> ManagedServer:
-    """A stress server, not started yet (``with`` starts it and waits for /readyz)."""
-    options = StressServerOptions(args=tuple(args), env=(("PYTHONUNBUFFERED", "1"),))
-    return ManagedServer(options, log)
+def stress_server(args: argparse.Namespace, log: Path) -> ManagedServer:
+    """The server of :func:`common.add_server_args`'s arguments and ``--threads``, logging
+    at info, not started yet (``with`` starts it and waits for /readyz)."""
+    threads = ("--threads", str(args.threads))
+    env = (("PYTHONUNBUFFERED", "1"),)
+    return common.started_server(args, log, log_level="info", extra_args=threads, env=env)
 
 
 # -- results -------------------------------------------------------------------
@@ -277,7 +265,6 @@ async def run(args: argparse.Namespace) -> list[Row]:
     log = Path(args.log)
     log.unlink(missing_ok=True)
     long_pcm = long_speech(speech_cache, args.minutes)
-    flags = args.model_args
     rows: list[Row] = []
 
     async def step(name: str, make: Callable[[], Awaitable[Row]]) -> None:
@@ -291,7 +278,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
         logger.info("%s: %s (%s)", "PASS" if row.ok else "FAIL", row.observed, name)
         rows.append(row)
 
-    with stress_server(flags, log) as server:
+    with stress_server(args, log) as server:
         # the reference: one client alone, the whole file
         reference_finals = (await session(server.url, long_pcm, ping=False)).finals
         await step("unpaced", lambda: attack_unpaced(server, args, len(reference_finals), long_pcm))
@@ -343,9 +330,6 @@ def main(argv: list[str] | None = None) -> int:
         help="the table replaces the stress section of this file (or is appended)",
     )
     args = p.parse_args(argv)
-    args.model_args = ["--model", args.model, "--quantize", args.quantize, "--threads",
-                       str(args.threads), "--device", args.device, "--log-level", "info",
-                       *args.server_arg]  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     started = time.monotonic()
     rows = asyncio.run(run(args))
