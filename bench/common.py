@@ -62,11 +62,11 @@ __all__ = [
     "add_server_args",
     "command_line",
     "cpu_name",
+    "cpu_s",
     "http_base",
     "http_get",
     "int_list",
     "machine_info",
-    "multipart_form",
     "parser",
     "percentiles",
     "proc_status",
@@ -267,22 +267,6 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
         return 0, ""
 
 
-def multipart_form(
-    audio: bytes, fields: Iterable[tuple[str, str]] = (), *, filename: str, boundary: str
-) -> bytes:
-    """A ``multipart/form-data`` body as the openai SDK sends one: ``fields``, then the
-    file (``audio/wav``); its content type is ``multipart/form-data; boundary=BOUNDARY``."""
-    body = b"".join(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-        for name, value in fields
-    )
-    body += (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"'
-        "\r\nContent-Type: audio/wav\r\n\r\n"
-    ).encode()
-    return body + audio + f"\r\n--{boundary}--\r\n".encode()
-
-
 class ManagedServer:
     """A server child process on port 0, its port read back from its listening socket.
 
@@ -472,6 +456,15 @@ def proc_status(pid: int, field: str) -> int:
     return 0
 
 
+def cpu_s(pid: int, thread: int | None = None) -> tuple[float, float]:
+    """User and system CPU seconds of a process (its threads included), or of one of its
+    threads, so far (``/proc``)."""
+    path = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def rss_mb(pid: int) -> float:
     """A process's resident memory (VmRSS) in MiB; 0 once it is gone."""
     return proc_status(pid, "VmRSS") / 1024
@@ -519,16 +512,19 @@ class Poller:
 
 
 class PeakRss(Poller):
-    """A process's resident memory sampled in a thread while the ``with`` block runs:
-    ``start_mb`` on entry, ``peak_mb`` the highest seen."""
+    """A process's resident memory (with ``tree``, its descendants' too) sampled in a
+    thread while the ``with`` block runs: ``start_mb`` on entry, ``peak_mb`` the highest."""
 
-    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+    def __init__(self, pid: int, interval_s: float = 0.2, *, tree: bool = False) -> None:
         super().__init__(interval_s)
-        self.pid = pid
-        self.start_mb = self.peak_mb = rss_mb(pid)
+        self.pid, self.tree = pid, tree
+        self.start_mb = self.peak_mb = self.now_mb()
+
+    def now_mb(self) -> float:
+        return (tree_rss_mb(self.pid) or 0.0) if self.tree else rss_mb(self.pid)
 
     def poll(self) -> None:
-        self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
+        self.peak_mb = max(self.peak_mb, self.now_mb())
 
     @property
     def growth_mb(self) -> float:

@@ -11,8 +11,6 @@ that machine noise hits all alike. Speech is espeak-ng's (en and zh, 200 ms gaps
   segments of 0.3-7 s (languages auto/en/zh, ITN on and off);
 - ``generate``: torch's direct path against ``AutoModel.generate()`` (same tokens?), and
   each configuration's funasr import, load, warm-up and peak memory, in a child process;
-- ``batch``: rows of a batch (random groups, and groups of similar length as the worker
-  forms them) whose tokens differ from the same segment decoded alone;
 - ``batch-timing``: one ``decode_batch`` per batch size (``--sizes``) and length;
 - ``hotwords``: a final of 3 and 7 s with no hotwords and with ``--phrases`` phrases (the
   biased beam search with the server's beam and boost), the phrase set's graph built first as a
@@ -20,7 +18,7 @@ that machine noise hits all alike. Speech is espeak-ng's (en and zh, 200 ms gaps
   only: ``git show 276f9f2:bench/decode.py``.)
 
     python -m bench.decode --parts time,agreement            # 4 configurations
-    python -m bench.decode --parts batch,batch-timing --configs onnx-int8,onnx-fp32
+    python -m bench.decode --parts batch-timing --configs onnx-int8,onnx-fp32
     python -m bench.decode --parts hotwords --configs onnx-int8 --phrases 100
     python -m bench.decode --parts generate --device cuda --configs torch-fp32,torch-fp16
 """
@@ -219,37 +217,6 @@ def part_generate(args: argparse.Namespace) -> None:
 # -- batches --------------------------------------------------------------------------------
 
 
-def part_batch(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
-    rng = np.random.default_rng(0)
-    segs = []
-    for _ in range(args.segments):
-        samples = int(rng.uniform(0.1, 7.0) * SAMPLE_RATE)
-        start = int(rng.integers(0, speech.size - samples))
-        segs.append(speech[start : start + samples])
-    for config, recognizer in recognizers.items():
-        alone = [recognizer.decode(s).token_ids for s in segs]
-        orders = {
-            "random": rng.permutation(len(segs)),
-            "by length": np.argsort([s.size for s in segs]),
-        }
-        for name, indices in orders.items():
-            differ = tokens = token_diff = 0
-            for start in range(0, len(indices), args.max_batch):
-                group = [int(i) for i in indices[start : start + args.max_batch]]
-                n = len(group)
-                batch = recognizer.decode_batch(
-                    [segs[i] for i in group], languages=["auto"] * n, use_itns=[True] * n
-                )
-                for i, transcript in zip(group, batch, strict=True):
-                    ref, got = alone[i], transcript.token_ids
-                    differ += got != ref
-                    tokens += len(ref)
-                    token_diff += sum(a != b for a, b in zip(got, ref, strict=False))
-                    token_diff += abs(len(ref) - len(got))
-            print(f"{config} {name}: {differ}/{len(segs)} rows differ from batch 1, "
-                  f"{token_diff}/{tokens} tokens", flush=True)  # fmt: skip
-
-
 def part_batch_timing(
     args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
 ) -> None:
@@ -326,7 +293,7 @@ def part_hotwords(
 
 
 PARTS: dict[str, Callable[[argparse.Namespace, dict[str, Any], np.ndarray], None]] = {
-    "time": part_time, "agreement": part_agreement, "batch": part_batch,
+    "time": part_time, "agreement": part_agreement,
     "batch-timing": part_batch_timing, "hotwords": part_hotwords,
 }  # fmt: skip
 OWN_PROCESSES = {"generate": part_generate}  # no recognizer here
@@ -344,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=2, help="0 = one per core (max 8)")
     parser.add_argument("--reps", type=int, default=7, help="repetitions of each timing")
-    parser.add_argument("--segments", type=int, default=24, help="for agreement and batch")
-    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--segments", type=int, default=24, help="for agreement")
     parser.add_argument("--sizes", type=common.int_list, default=[1, 2, 4, 8], help="batch sizes")
     parser.add_argument("--lengths", type=lambda s: [float(x) for x in s.split(",")],
                         default=list(LENGTHS_S), help="seconds, for batch-timing")  # fmt: skip

@@ -15,15 +15,15 @@ alike), each recording goes through:
 
 - the server's ``POST /v1/audio/transcriptions`` with ``stream=true``: the time to the
   first ``transcript.text.delta`` and to ``transcript.text.done`` from the request's
-  start; and the same upload without ``stream`` (total time);
+  start;
 - funasr's ``AutoModel.generate`` with the SenseVoice recipe
   (``generate(input=path, cache={}, language="auto", use_itn=True, batch_size_s=60,
   merge_vad=True, merge_length_s=15)``) on the torch directory the server's model comes
   from (the ONNX files are exported from it), in a process of its own with ``ncpu`` =
   ``--threads``. The recipe's ``fsmn-vad`` comes from the model hub, which is out of
   reach here: funasr 1.4.16's own ``vad_model="silero-vad"`` (the silero-vad package's
-  ONNX graph, ``max_single_segment_time`` 30 s) stands in for it; the VAD stage is timed
-  apart (a wrapper around its ``inference``) so the figures say what the ASR alone took.
+  ONNX graph, ``max_single_segment_time`` 30 s) stands in for it (its time apart was
+  timed at 276f9f2).
   ``--funasr fp32,int8``: the weights as they are, and with torch's dynamic int8
   quantization of the Linear layers (what the project's torch backend does);
 - ``streamer transcribe FILE --json`` (a fresh process each time, stdout unbuffered): the
@@ -123,7 +123,6 @@ def wav_seconds(path: Path) -> float:
 class Upload:
     """What one upload took (seconds from the request's start)."""
 
-    stream: bool
     started: float = 0.0  # time.monotonic() at the request's start
     first_delta_s: float | None = None
     total_s: float | None = None
@@ -133,11 +132,18 @@ class Upload:
     error: str | None = None
 
 
-def multipart_body(path: Path, stream: bool) -> tuple[bytes, str]:
-    """The form the openai SDK sends (model, stream, file) and its content type."""
+def multipart_body(path: Path) -> tuple[bytes, str]:
+    """The form the openai SDK sends (model, ``stream=true``, the WAV) and its content type."""
     boundary = secrets.token_hex(16)
-    fields = (("model", "whisper-1"), ("stream", "true" if stream else "false"))
-    body = common.multipart_form(path.read_bytes(), fields, filename=path.name, boundary=boundary)
+    body = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in (("model", "whisper-1"), ("stream", "true"))
+    )
+    body += (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"'
+        "\r\nContent-Type: audio/wav\r\n\r\n"
+    ).encode()
+    body += path.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
     return body, f"multipart/form-data; boundary={boundary}"
 
 
@@ -171,9 +177,10 @@ class Uploader:
             except OSError:
                 pass
 
-    def upload(self, path: Path, *, stream: bool = True) -> Upload:
-        body, content_type = multipart_body(path, stream)
-        result = Upload(stream=stream, started=time.monotonic())
+    def upload(self, path: Path) -> Upload:
+        """``path`` uploaded with ``stream=true``, its events read as they come."""
+        body, content_type = multipart_body(path)
+        result = Upload(started=time.monotonic())
         conn = http.client.HTTPConnection(self.host, self.port, timeout=UPLOAD_TIMEOUT_S)
         self._conn = conn
         try:
@@ -182,11 +189,7 @@ class Uploader:
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {response.read()[:300]!r}"
                 return result
-            if stream:
-                self._read_stream(response, result)
-            else:
-                result.text = json.loads(response.read())["text"]
-                result.total_s = time.monotonic() - result.started
+            self._read_stream(response, result)
         except (OSError, http.client.HTTPException, ValueError, KeyError) as error:
             result.error = f"{type(error).__name__}: {error}"
         finally:
@@ -234,25 +237,13 @@ def funasr_child(connection: Any, model_dir: str, precision: str, threads: int) 
         torch.ao.quantization.quantize_dynamic(
             model.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
         )
-    vad_s: list[float] = []
-    vad_inference = model.vad_model.inference
-
-    def timed_vad(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return vad_inference(*args, **kwargs)
-        finally:
-            vad_s.append(time.perf_counter() - t0)
-
-    model.vad_model.inference = timed_vad
     connection.send({"load_s": time.monotonic() - started})
     while (path := connection.recv()) is not None:
-        vad_s.clear()
         t0 = time.perf_counter()
         result = model.generate(input=path, **dict(FUNASR_RECIPE, cache={}))
         total_s = time.perf_counter() - t0
         text = " ".join(r.get("text", "") for r in result)
-        connection.send({"total_s": total_s, "vad_s": sum(vad_s), "text_chars": len(text)})
+        connection.send({"total_s": total_s, "text_chars": len(text)})
 
 
 class FunasrProcess:
@@ -360,7 +351,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     with common.started_server(args, args.out / "server.log", extra_args=server_args) as server:
         loads["server"] = server.load_s
         uploader = Uploader(common.http_base(server.url))
-        uploader.upload(warm, stream=False)  # the first decodes pay for warm-up
+        uploader.upload(warm)  # the first decodes pay for warm-up
         funasr = {}
         try:
             for precision in args.funasr:
@@ -371,14 +362,11 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
                 for path in paths:
                     base = {"round": round_index, "file": path.name, "audio_s": wav_seconds(path),
                             "loadavg_1m_before": os.getloadavg()[0]}  # fmt: skip
-                    up = asdict(uploader.upload(path, stream=True))
+                    up = asdict(uploader.upload(path))
                     rows.append(_row(base, "upload stream=true", up))
                     for precision, child in funasr.items():
                         out = child.generate(path)
-                        out |= {
-                            "asr_s": out["total_s"] - out["vad_s"],
-                            "first_text_s": out["total_s"],
-                        }
+                        out["first_text_s"] = out["total_s"]  # generate() answers once
                         rows.append(_row(base, f"AutoModel.generate {precision}", out))
                     rows.append(_row(base, "streamer transcribe", run_cli(path, args)))
         finally:
@@ -416,12 +404,6 @@ def throughput_table(result: dict[str, Any]) -> str:
             cells = [name, f"{row['audio_s']:.1f}", _label(row), _f(wall), _f(speed, "{:.1f}"),
                      _f(first), _f(ratio, "{:.2f}x")]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
-            if row["method"].startswith("AutoModel") and row.get("asr_s"):
-                asr = row["asr_s"]
-                cells = [name, f"{row['audio_s']:.1f}", f"{row['method']}, ASR stage only",
-                         _f(asr), _f(row["audio_s"] / asr, "{:.1f}"), "",
-                         _f(None if not upload_s else asr / upload_s, "{:.2f}x")]  # fmt: skip
-                lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -476,7 +458,7 @@ async def live_phase(
     def keep_uploading() -> None:
         assert upload_path is not None
         while not stop.is_set():
-            up = uploader.upload(upload_path, stream=True)
+            up = uploader.upload(upload_path)
             end = up.started + (up.total_s if up.total_s is not None else 1e9)
             windows.append((up.started, min(end, time.monotonic())))
             phase.uploads.append(asdict(up) | {"aborted": stop.is_set()})

@@ -8,7 +8,7 @@ run). While it loads it samples, every ``--sample-s``:
 
 - the resident memory of the server and of every process below it (``/proc``), summed:
   the tree's peak is what a container's memory limit must hold;
-- ``GET /healthz`` (latency, 2 s timeout), and ``/readyz`` until it answers 200.
+- ``GET /healthz`` and ``GET /readyz`` in turn (latency), until ``/readyz`` answers 200.
 
 ``--starts 2`` starts each checkout twice on the same cache: the second is a later start
 (the export and any download already cached); ``--server-arg=--backend=torch`` measures
@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,9 +42,6 @@ from typing import Any
 from bench import common
 from bench.latency import prom
 from bench.latency.monitor import scrape
-
-HEALTH_TIMEOUT_S = 2.0
-READY_TIMEOUT_S = 900.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [result for code in args.code for result in _starts(code.resolve(), args)]
     common.write_results(args.out, {"starts": results}, args)
     for result in results:
-        print(json.dumps({k: v for k, v in result.items() if k != "timeline"}))
+        print(json.dumps(result))
     return 0
 
 
@@ -89,7 +85,7 @@ def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any
         code_dir=code,
         python=str(args.python),
         env=(("STREAMER_CACHE_DIR", str(cache)),),
-        ready_timeout_s=READY_TIMEOUT_S,
+        ready_poll_s=args.sample_s,
     )
     log_path = args.out / f"server-{code.name or 'root'}-{number}.log"
     server = common.ManagedServer(options, log_path).start()
@@ -116,11 +112,10 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         for _ in range(args.clients)
     ]
-    peak = 0
-    while any(client.poll() is None for client in clients):
-        server.check_running()
-        peak = max(peak, int(common.rss_mb(server.pid)))
-        time.sleep(args.sample_s)
+    with common.PeakRss(server.pid, args.sample_s) as peak:
+        while any(client.poll() is None for client in clients):
+            server.check_running()
+            time.sleep(args.sample_s)
     finals = [client.communicate()[0].decode().count("\n") for client in clients]
     failed = [client.returncode for client in clients if client.returncode != 0]
     if failed:
@@ -130,7 +125,7 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
                 for kind in ("partial", "final", "background")}  # fmt: skip
     return {
         "clients": args.clients,
-        "clients_peak_mib": peak,
+        "clients_peak_mib": round(peak.peak_mb),
         "finals_per_client": finals,
         "decode_mean_ms": {
             kind: round(h.mean * 1000, 1)
@@ -155,44 +150,23 @@ def _log_times(log: str) -> dict[str, float]:
 
 
 def _watch(server: common.ManagedServer, every_s: float) -> dict:
-    """Sample the tree's memory, and ``/healthz`` once the server listens, until ready."""
-    assert server.pid is not None and server.started_at is not None
-    tree_peak = server_peak = 0
-    health_ms: list[float] = []
-    health_failures = 0
-    timeline = []
-    ready_s = None
-    while time.monotonic() - server.started_at < READY_TIMEOUT_S:
-        server.check_running()
-        own, tree = int(common.rss_mb(server.pid)), int(common.tree_rss_mb(server.pid) or 0)
-        server_peak, tree_peak = max(server_peak, own), max(tree_peak, tree)
-        sent = time.monotonic()
-        if server.find_port() is not None:
-            status = common.http_get(server.http_url + "/healthz", HEALTH_TIMEOUT_S)[0]
-            if status == 0:
-                health_failures += 1
-            elif status == 200:
-                health_ms.append((time.monotonic() - sent) * 1000)
-        now = time.monotonic() - server.started_at
-        timeline.append((round(now, 2), own, tree, round(health_ms[-1], 1) if health_ms else None))
-        ready = server.port and common.http_get(server.http_url + "/readyz", HEALTH_TIMEOUT_S)
-        if ready and ready[0] == 200:
-            ready_s = now
-            break
-        time.sleep(max(0.0, every_s - (time.monotonic() - sent)))
-    if ready_s is None:
-        raise RuntimeError(f"not ready within {READY_TIMEOUT_S:.0f} s")
+    """Sample the tree's memory from the spawn, and ``/healthz`` and ``/readyz`` in turn
+    once the server listens, until ready."""
+    assert server.pid is not None
+    pid = server.pid
+    with common.PeakRss(pid, every_s) as own, common.PeakRss(pid, every_s, tree=True) as tree:
+        while server.find_port() is None:
+            server.check_running()
+            time.sleep(common.PORT_POLL_S)
+        with common.HealthProbes(server.find_port() or 0, every_s / 2) as probes:
+            server.wait_ready()
+    assert server.load_s is not None
     return {
-        "ready_s": round(ready_s, 1),
-        "tree_peak_mib": tree_peak,
-        "server_peak_mib": server_peak,
-        "healthz_samples": len(health_ms),
-        "healthz_failures": health_failures,
-        "healthz_p50_ms": round(statistics.median(health_ms), 1) if health_ms else None,
-        "healthz_max_ms": round(max(health_ms), 1) if health_ms else None,
-        "healthz_over_100ms": sum(ms > 100 for ms in health_ms),
-        "ready_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
-        "timeline": timeline,
+        "ready_s": round(server.load_s, 1),
+        "tree_peak_mib": round(tree.peak_mb),
+        "server_peak_mib": round(own.peak_mb),
+        **probes.summary_ms(),  # a probe not answered counts 99 s
+        "ready_hwm_mib": common.proc_status(pid, "VmHWM") // 1024,
     }
 
 

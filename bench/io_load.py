@@ -45,7 +45,6 @@ from bench.latency import prom
 from bench.latency.monitor import scrape
 from streamer.model.interface import RecognizerBase
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 logger = logging.getLogger("bench.io_load")
 
 
@@ -150,22 +149,16 @@ def _thread_cpu_s(pid: int) -> dict[str, float]:
     delivery to the peer), part of ``loop``.
     """
 
-    def ticks(path: str) -> tuple[float, float]:
-        fields = Path(path).read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
-
-    loop_user, loop_system = ticks(f"/proc/{pid}/task/{pid}/stat")
+    loop_user, loop_system = common.cpu_s(pid, thread=pid)
     children = [  # of every thread: the worker thread starts the model process
         child for task in Path(f"/proc/{pid}/task").iterdir() for child in _children(task)
     ]
     return {
         "loop": loop_user + loop_system,
         "loop_system": loop_system,
-        "process": sum(ticks(f"/proc/{pid}/stat")),
+        "process": sum(common.cpu_s(pid)),
         # --model-process: the model processes (and multiprocessing's resource tracker)
-        "children": sum(
-            sum(ticks(f"/proc/{c}/stat")) for c in children if Path(f"/proc/{c}").exists()
-        ),
+        "children": sum(sum(common.cpu_s(int(c))) for c in children if Path(f"/proc/{c}").exists()),
     }
 
 

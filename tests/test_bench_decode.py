@@ -33,7 +33,7 @@ def test_unknown_parts_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
 def test_every_part_runs_on_the_tiny_model(
     cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parts = "time,agreement,batch,batch-timing,hotwords"
+    parts = "time,agreement,batch-timing,hotwords"
     argv = ["--model", "random:tiny", "--configs", "onnx-int8,onnx-fp32", "--parts", parts,
             "--reps", "1", "--segments", "3", "--sizes", "1,2", "--lengths", "1",
             "--phrases", "5", "--cache-dir", str(cache_dir), "--out", str(tmp_path)]  # fmt: skip
@@ -42,6 +42,5 @@ def test_every_part_runs_on_the_tiny_model(
     assert "| onnx-fp32 | " in out.split("### Decode time")[1]
     agreement = re.search(r"\| onnx-fp32 \| (\d)/3 \| ([\d.]+) % \|", out)
     assert agreement is not None, out  # int8 against fp32: counted, whatever it is
-    assert "onnx-int8 random: " in out and "rows differ from batch 1" in out
     assert "| onnx-int8 | 2 | " in out  # batch of two
     assert "| onnx-int8 | 7 s | " in out  # hotwords

@@ -61,7 +61,8 @@ def test_first_start_watches_a_start_with_nothing_to_export(
     assert first_start.main(argv) == 0
     (start,) = json.loads((tmp_path / "out" / "results.json").read_text())["starts"]
     assert start["ready_s"] > 0 and start["server_peak_mib"] > 0
-    assert start["healthz_samples"] >= 1 and start["healthz_max_ms"] is not None
+    assert start["tree_peak_mib"] >= start["server_peak_mib"]
+    assert start["healthz_probes"] + start["readyz_probes"] >= 1
     assert "--port 0" in start["command"]
 
 

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import ManagedServer, ServerOptions, proc_status
+from bench.common import ManagedServer, ServerOptions, cpu_s, proc_status
 from bench.latency.audio import AUDIO_CHOICES, BenchAudio, load_bench_audio
 from bench.latency.client_processes import run_step_in_processes
 from bench.latency.load import StepOptions, plan_clients, run_step, warm_up
@@ -149,10 +149,7 @@ def _ms(value: float | None) -> str:
 
 def _cpu_s(pid: int | None) -> float:
     """A process's CPU time so far (user + system, its threads included), s."""
-    if not pid:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_s(pid)) if pid else 0.0
 
 
 def _mib(value: float | None) -> str:

@@ -53,7 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device", default="cpu", help="--device of the started server")
     add("--partial-interval-ms", type=int, help="of the started server (default: its own)")
     add("--server-arg", action="append", default=[], help="for `streamer serve` (repeat)")
-    add("--server-pid", type=int, help="pid of the --url server (default: found by port)")
     add("--variants", default="int8,int8:nopartials,fp32",
         help="comma list of int8 | fp32 | fp16 | bf16 | server (with --url), each optionally"
         " :nopartials; the first swept over --clients, others at --compare-clients")  # fmt: skip
@@ -100,10 +99,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         endpoint_ms=args.endpoint_ms, extra_args=tuple(args.server_arg),
     )  # fmt: skip
     compare = None if args.compare_clients == "same" else parse_clients(args.compare_clients)
-    server_pid = args.server_pid
-    if args.url and server_pid is None:
-        port = urlsplit(args.url).port
-        server_pid = find_listening_pid(port) if port else None
+    port = urlsplit(args.url).port if args.url else None
+    server_pid = find_listening_pid(port) if port else None  # a given server's, for its CPU
     step = StepOptions(
         url="", clients=0, duration_s=args.duration_s, stagger_s=args.stagger_s,
         endpoint_ms=args.endpoint_ms, chunk_ms=args.chunk_ms, drain_timeout_s=args.drain_timeout_s,

@@ -101,7 +101,6 @@ def build_track(name: str, clips: list[tuple[np.ndarray, int]]) -> Track:
 def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> list[dict]:
     """Per final: kind (onset/continuation), TTFT, final latency, length, reason."""
     first_text: dict[int, float] = {}
-    final_arrival: dict[int, float] = {}
     rows = []
     for item in result.messages:
         message = item.message
@@ -109,7 +108,6 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
             first_text.setdefault(message.segment_id, item.arrival_s)
         if not isinstance(message, Final):
             continue
-        final_arrival[message.segment_id] = item.arrival_s
         start = int(message.start_ms * SAMPLE_RATE / 1000)
         end = int(message.end_ms * SAMPLE_RATE / 1000)
         inside = np.flatnonzero(track.speech[start:end])
@@ -123,7 +121,6 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
         sent_last = result.sent_time_s(last_speech)
         if sent_first is None or sent_last is None:
             continue
-        previous = final_arrival.get(message.segment_id - 1)
         first_s = first_text[message.segment_id]
         rows.append(
             {
@@ -133,15 +130,6 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
                 "final_ms": (item.arrival_s - sent_last) * 1000,
                 "length_s": (end - start) / SAMPLE_RATE,
                 "reason": message.reason,
-                # the trace: what the segment waited for
-                "start_lag_ms": (start - first_speech) * 1000 / SAMPLE_RATE,  # <0: starts early
-                "decode_ms": message.decode_ms,  # its final's decode (0 when speculative)
-                "queue_ms": message.queue_ms,
-                # its first text came with the previous segment's final (held by ordering)
-                "held": previous is not None and first_s - previous < 0.005,
-                "prev_final_after_first_speech_ms": None
-                if previous is None
-                else (previous - sent_first) * 1000,
             }
         )
     return rows
