@@ -38,11 +38,10 @@ from websockets.exceptions import ConnectionClosed
 from bench import common
 from bench.common import HealthProbes, ManagedServer, PeakRss, percentiles
 from bench.latency import prom
+from bench.latency.load import ClientPlan, StepOptions, run_client
+from bench.latency.metrics import segment_latencies
 from bench.latency.monitor import scrape
-from streamer.client.connection import ClientOptions, Received, StreamingClient
-from streamer.client.streaming import run_session
-from streamer.core.protocol import Error, Final, StreamOptions
-from streamer.errors import ConnectionRefusedByServer
+from streamer.core.protocol import Error, Final
 from streamer.testkit import speech as synth
 
 logger = logging.getLogger("bench.stress")
@@ -104,7 +103,7 @@ def long_speech(cache_dir: Path, minutes: float) -> np.ndarray:
 @dataclass
 class Session:
     """What one client got: its finals, each final's latency (arrival minus when its last
-    sample was due, paced sessions), whether ``end`` came, error codes, a refusal."""
+    sample was sent), whether ``end`` came, error codes, a refusal."""
 
     finals: list[Final] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
@@ -125,34 +124,21 @@ async def session(
     speed: float | None = None,
     partials: bool = False,
 ) -> Session:
-    """One session, sent unpaced or at ``speed`` times real time in 100 ms chunks."""
-    options = ClientOptions(url=url, stream=StreamOptions(partials=partials),
-                            ping_interval_s=20.0 if ping else None)  # fmt: skip
-    result = Session()
-    try:
-        client = await StreamingClient.connect(options)
-    except ConnectionRefusedByServer as refused:
-        result.refused = refused.reason or str(refused.status)
-        return result
-    t0 = time.monotonic()
-
-    def on_message(item: Received) -> None:
-        message = item.message
-        if isinstance(message, Final):
-            result.finals.append(message)
-            due_s = t0 + message.end_ms / 1000 / (speed or math.inf)
-            result.latencies_s += [time.monotonic() - due_s] if message.text else []
-        elif isinstance(message, Error):
-            result.errors.append(message.code)
-
-    try:
-        async with client:  # the package's own client loop: chunks of 100 ms, then stop
-            sending = run_session(client, pcm, 16000, on_message=on_message, speed=speed)
-            await asyncio.wait_for(sending, pcm.size / 16000 / (speed or math.inf) + 120)
-    except Exception as exc:  # the row records it
-        result.errors.append(f"{type(exc).__name__}: {exc}"[:80])
-    result.ended = client.end is not None
-    return result
+    """One session through the load generator's client (100 ms chunks, then ``stop``),
+    unpaced or at ``speed`` times real time."""
+    options = StepOptions(url, 1, 0.0, 0.0, partials=partials, speed=speed, ping=ping,
+                          drain_timeout_s=120.0)  # fmt: skip
+    record = await run_client(ClientPlan(0, 0.0, 0, pcm, ()), options)
+    messages = [arrival.message for arrival in record.arrivals]
+    segments = segment_latencies(record.arrivals, record.send_log())
+    codes = [m.code for m in messages if isinstance(m, Error)]
+    return Session(
+        finals=[m for m in messages if isinstance(m, Final)],
+        latencies_s=[s.final_s for s in segments if s.final_s is not None and s.first_token_s],
+        ended=record.end is not None,
+        errors=codes + ([record.error] if record.error else []),
+        refused=record.error if record.connect_s is None else None,
+    )
 
 
 # -- attacks -----------------------------------------------------------------------
