@@ -51,33 +51,6 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-__all__ = [
-    "REPO",
-    "HealthProbes",
-    "ManagedServer",
-    "PeakRss",
-    "Poller",
-    "ServerOptions",
-    "add_output_args",
-    "add_server_args",
-    "command_line",
-    "cpu_name",
-    "cpu_s",
-    "http_base",
-    "http_get",
-    "int_list",
-    "machine_info",
-    "parser",
-    "percentiles",
-    "proc_status",
-    "rss_mb",
-    "server_options",
-    "setup_logging",
-    "started_server",
-    "tree_rss_mb",
-    "write_results",
-]
-
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("STREAMER_CACHE_DIR", REPO / ".cache"))
 logger = logging.getLogger(__name__)

@@ -9,27 +9,23 @@ that machine noise hits all alike. Speech is espeak-ng's (en and zh, 200 ms gaps
 - ``time``: decode time of 1, 3 and 7 s per configuration, median (max) of ``--reps``;
 - ``agreement``: token agreement of each configuration with the first on ``--segments``
   segments of 0.3-7 s (languages auto/en/zh, ITN on and off);
-- ``generate``: torch's direct path against ``AutoModel.generate()`` (same tokens?), and
-  each configuration's funasr import, load, warm-up and peak memory, in a child process;
 - ``batch-timing``: one ``decode_batch`` per batch size (``--sizes``) and length;
 - ``hotwords``: a final of 3 and 7 s with no hotwords and with ``--phrases`` phrases (the
   biased beam search with the server's beam and boost), the phrase set's graph built first as a
-  session's is. (What hotwords gain on real speech was ``--parts recall``, real weights
-  only: ``git show 276f9f2:bench/decode.py``.)
+  session's is. (Settled parts are at ``git show 276f9f2:bench/decode.py``:
+  ``generate``, torch's direct path against ``AutoModel.generate()``; ``recall``, what
+  hotwords gain on real speech; ``batch``, the rows a batch changes.)
 
     python -m bench.decode --parts time,agreement            # 4 configurations
     python -m bench.decode --parts batch-timing --configs onnx-int8,onnx-fp32
     python -m bench.decode --parts hotwords --configs onnx-int8 --phrases 100
-    python -m bench.decode --parts generate --device cuda --configs torch-fp32,torch-fp16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
+from bench.latency.audio import looped_speech
+from streamer.testkit.speech import SAMPLE_RATE, SENTENCES
 
 LENGTHS_S = (1.0, 3.0, 7.0)
 LANGUAGES = ("auto", "en", "zh")
@@ -52,15 +49,10 @@ _WORDS = (
 ).split()
 
 
-def speech_signal(cache_dir: Path, seconds: float = 30) -> np.ndarray:
-    """At least ``seconds`` of espeak speech (en and zh, 200 ms gaps), repeated."""
-    clips = [speak(t, "en", cache_dir=cache_dir / "speech") for t in SENTENCES["en"]]
-    clips += [speak(t, "zh", cache_dir=cache_dir / "speech") for t in SENTENCES["zh"]]
-    gap = np.zeros(SAMPLE_RATE // 5, np.int16)
-    signal = np.concatenate([part for clip in clips for part in (clip, gap)])
-    while signal.size < seconds * SAMPLE_RATE:
-        signal = np.concatenate([signal, signal])
-    return signal
+def speech_signal(cache_dir: Path, seconds: float = 32) -> np.ndarray:
+    """``seconds`` of espeak speech (en and zh, 200 ms gaps), repeated."""
+    sentences = [(lang, text) for lang in ("en", "zh") for text in SENTENCES[lang]]
+    return looped_speech(sentences, cache_dir / "speech", seconds, gap_ms=200)
 
 
 def window(speech: np.ndarray, seconds: float, rng: np.random.Generator) -> np.ndarray:
@@ -155,65 +147,6 @@ def part_agreement(
         print(f"| {config} | {same}/{count} | {100 * errors / total:.2f} % |")
 
 
-def generate_child(args: argparse.Namespace, config: str) -> dict[str, Any]:
-    """In a fresh process: funasr's import, the load, the warm-up and the peak memory, and
-    the direct path against ``AutoModel.generate()`` (a torch configuration)."""
-    from streamer.model.backends.funasr_quiet import import_funasr
-    from streamer.model.backends.torch_backend import Recognizer
-
-    import_s = timed_ms(import_funasr) / 1000  # about 5 s, the same for any model
-    recognizer: Any = None
-
-    def build() -> None:
-        nonlocal recognizer
-        recognizer = Recognizer(options(config, args, warmup=False))
-
-    load_s = timed_ms(build) / 1000
-    warmup_s = timed_ms(recognizer.warmup) / 1000
-    speech, rows = speech_signal(args.cache_dir), []
-    for seconds in LENGTHS_S:
-        pcm = speech[: int(seconds * SAMPLE_RATE)]
-        direct, reference, same = [], [], True
-        for _ in range(args.reps):
-            a = recognizer.decode(pcm)
-            direct.append(a.decode_ms)
-            try:
-                b = recognizer.decode_reference(pcm)
-            except Exception as error:  # noqa: BLE001 - generate() cannot run half precision
-                print(f"generate() failed in {config}: {error}", file=sys.stderr)
-                break
-            reference.append(b.decode_ms)
-            same = same and a.token_ids == b.token_ids
-        generate = statistics.median(reference) if reference else None
-        rows.append((seconds, statistics.median(direct), generate, same and bool(reference)))
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"config": config, "import_s": import_s, "load_s": load_s, "warmup_s": warmup_s,
-            "peak_mib": peak_mib, "rows": rows}  # fmt: skip
-
-
-def part_generate(args: argparse.Namespace) -> None:
-    results = []
-    for config in (c for c in args.configs if c.startswith("torch-")):  # generate() is torch's
-        command = [sys.executable, "-m", "bench.decode", *args.argv, "--child", config]
-        done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print("\n| configuration | audio | direct | generate() | generate / direct | same tokens |")
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        for seconds, direct, generate, same in r["rows"]:
-            versus = (
-                "failed | n/a"
-                if generate is None
-                else f"{generate:.1f} ms | {generate / direct:.2f}"
-            )
-            print(f"| {r['config']} | {seconds:g} s | {direct:.1f} ms | {versus} | "
-                  f"{'yes' if same else 'NO'} |")  # fmt: skip
-    print("\n| configuration | import funasr | load | warm-up | peak RSS |\n|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['config']} | {r['import_s']:.1f} s | {r['load_s']:.1f} s | "
-              f"{r['warmup_s']:.1f} s | {r['peak_mib'] / 1024:.2f} GiB |")  # fmt: skip
-
-
 # -- batches --------------------------------------------------------------------------------
 
 
@@ -296,15 +229,12 @@ PARTS: dict[str, Callable[[argparse.Namespace, dict[str, Any], np.ndarray], None
     "time": part_time, "agreement": part_agreement,
     "batch-timing": part_batch_timing, "hotwords": part_hotwords,
 }  # fmt: skip
-OWN_PROCESSES = {"generate": part_generate}  # no recognizer here
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = common.parser(__doc__)
     common.add_output_args(parser, out="bench/out/decode")
-    parser.add_argument(
-        "--parts", default="time,agreement", help=", ".join([*PARTS, *OWN_PROCESSES])
-    )
+    parser.add_argument("--parts", default="time,agreement", help=", ".join(PARTS))
     parser.add_argument("--configs", default="torch-fp32,torch-int8,onnx-fp32,onnx-int8",
                         help="comma list of BACKEND-PRECISION")  # fmt: skip
     parser.add_argument("--model", default="random:small")
@@ -316,15 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=lambda s: [float(x) for x in s.split(",")],
                         default=list(LENGTHS_S), help="seconds, for batch-timing")  # fmt: skip
     parser.add_argument("--phrases", type=int, default=100)
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # generate: one config's process
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
     args.configs = args.configs.split(",")
-    if args.child:
-        print(json.dumps(generate_child(args, args.child)))
-        return 0
     parts = args.parts.split(",")
-    unknown = set(parts) - set(PARTS) - set(OWN_PROCESSES)
+    unknown = set(parts) - set(PARTS)
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
     common.setup_logging()
@@ -334,12 +259,9 @@ def main(argv: list[str] | None = None) -> int:
 
         ensure_random_model(args.model.partition(":")[2], args.cache_dir)
     speech = speech_signal(args.cache_dir)
-    recognizers = {c: load(c, args) for c in args.configs} if set(parts) & set(PARTS) else {}
+    recognizers = {c: load(c, args) for c in args.configs}
     for part in parts:
-        if part in OWN_PROCESSES:
-            OWN_PROCESSES[part](args)
-        else:
-            PARTS[part](args, recognizers, speech)
+        PARTS[part](args, recognizers, speech)
         sys.stdout.flush()
     return 0
 

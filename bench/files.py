@@ -1,13 +1,12 @@
 """Files over HTTP: an upload's speed and time to first text beside funasr's
-AutoModel.generate and ``streamer transcribe`` on the same weights, and what an upload
-costs a live client.
+AutoModel.generate on the same weights, and what an upload costs a live client.
 
     flock /tmp/bench.lock python -m bench files --model random:small --quantize int8 \
-        --parts throughput --lengths-s 30,300
+        --parts throughput
     flock /tmp/bench.lock python -m bench files --model random:small --quantize int8 \
-        --parts interference --live-s 60 --live-rounds 2 --also-server=--file-worker
+        --parts interference --also-server=--file-worker
 
-**throughput**: recordings of about ``--lengths-s`` seconds are built from real read
+**throughput**: recordings of about 30 and 300 seconds are built from real read
 speech (pocketsphinx-testdata's librivox and cards, alsa-utils' words; ``--audio``) with
 pauses of 0.9 to 1.7 s, written as 16 kHz WAV under ``--out``. Then, in each round, one
 after the other on the same loaded processes (so drift on a shared machine hits all
@@ -25,18 +24,17 @@ alike), each recording goes through:
   ONNX graph, ``max_single_segment_time`` 30 s) stands in for it (its time apart was
   timed at 276f9f2).
   ``--funasr fp32,int8``: the weights as they are, and with torch's dynamic int8
-  quantization of the Linear layers (what the project's torch backend does);
-- ``streamer transcribe FILE --json`` (a fresh process each time, stdout unbuffered): the
-  model's load (its ``model ready after`` log line), the first utterance's line and the
-  end; its decode time is the end minus the load.
+  quantization of the Linear layers (what the project's torch backend does).
+  (``streamer transcribe`` on the same recordings, the same decodes after its load, was
+  timed beside them at 276f9f2.)
 
 Speed is audio seconds per wall second (x real time). generate() answers once, so its
 first text is its end.
 
 **interference**: one real-time protocol v1 client (``bench.latency``'s client, partials
-on, 100 ms chunks) streams ``--live-s`` of speech, alone and then while the longest
+on, 100 ms chunks) streams 60 s of speech, alone and then while the longest
 recording is uploaded with ``stream=true`` again and again (a new upload as soon as one
-is done, so the whole stream overlaps one); rounds alternate the order. Its final latency
+is done, so the whole stream overlaps one); two rounds alternate the order. Its final latency
 (the final's arrival minus the send time of the utterance's last sample) is compared:
 p50, p95 and the p95 ratio with the upload to without. ``--also-server=--file-worker``
 (repeatable) starts one more server with those arguments, loaded beside the default one,
@@ -53,11 +51,8 @@ import json
 import logging
 import multiprocessing
 import os
-import re
 import secrets
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -87,7 +82,8 @@ FUNASR_RECIPE: dict[str, Any] = {
 }
 FUNASR_VAD_KWARGS = {"max_single_segment_time": 30000, "silero_onnx": True}
 UPLOAD_RETRY_S = 5.0  # after a failed upload during a live stream
-READY_LINE = re.compile(r"model ready after")
+LENGTHS_S = [30, 300]  # the recordings (at least)
+LIVE_S, LIVE_ROUNDS = 60.0, 2  # the live stream; interference rounds (alone, with uploads)
 
 
 # ---------------------------------------------------------------------------
@@ -282,64 +278,13 @@ class FunasrProcess:
 
 
 # ---------------------------------------------------------------------------
-# streamer transcribe
-
-
-def run_cli(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """``streamer transcribe FILE --json``: load, first utterance and end times."""
-    command = [sys.executable, "-m", "streamer", "transcribe", str(path), "--json"]
-    command += ["--model", args.model, "--quantize", args.quantize, "--device", args.device]
-    command += ["--threads", str(args.threads)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    started = time.monotonic()
-    ready: list[float] = []
-
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    assert process.stdout is not None and process.stderr is not None
-    stderr_lines: list[str] = []
-
-    def read_stderr() -> None:
-        assert process.stderr is not None
-        for raw in process.stderr:
-            line = raw.decode("utf-8", "replace")
-            stderr_lines.append(line)
-            if not ready and READY_LINE.search(line):
-                ready.append(time.monotonic() - started)
-
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
-    first_text_s, utterances = None, 0
-    for raw in process.stdout:
-        record = json.loads(raw)
-        utterances += 1
-        if first_text_s is None and record.get("text", "").strip():
-            first_text_s = time.monotonic() - started
-    code = process.wait(timeout=UPLOAD_TIMEOUT_S)
-    total_s = time.monotonic() - started
-    reader.join(timeout=10)
-    if code != 0:
-        return {"error": f"exit {code}: {''.join(stderr_lines[-5:])}"}
-    load_s = ready[0] if ready else None
-    return {
-        "process_s": total_s,
-        "load_s": load_s,
-        "first_text_s": first_text_s,
-        "decode_s": None if load_s is None else total_s - load_s,
-        "first_text_after_load_s": None
-        if load_s is None or first_text_s is None
-        else first_text_s - load_s,
-        "utterances": utterances,
-    }
-
-
-# ---------------------------------------------------------------------------
 # throughput
 
 
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
     from streamer.testkit.models import ensure_random_model
 
-    paths, warm = build_recordings(args.lengths_s, args.audio, args.cache_dir, args.out / "audio")
+    paths, warm = build_recordings(LENGTHS_S, args.audio, args.cache_dir, args.out / "audio")
     model_dir = (
         ensure_random_model(args.model.split(":", 1)[1], args.cache_dir)
         if args.model.startswith("random:")
@@ -368,7 +313,6 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
                         out = child.generate(path)
                         out["first_text_s"] = out["total_s"]  # generate() answers once
                         rows.append(_row(base, f"AutoModel.generate {precision}", out))
-                    rows.append(_row(base, "streamer transcribe", run_cli(path, args)))
         finally:
             for child in funasr.values():
                 child.close()
@@ -393,12 +337,8 @@ def throughput_table(result: dict[str, Any]) -> str:
         upload = next((r for r in rows if r["method"] == "upload stream=true"), None)
         upload_s = upload["total_s"] if upload else None
         for row in rows:
-            wall = _wall(row)
-            first = row.get("first_delta_s") or row.get(
-                "first_text_after_load_s"
-                if row["method"] == "streamer transcribe"
-                else "first_text_s"
-            )
+            wall = row.get("total_s")
+            first = row.get("first_delta_s") or row.get("first_text_s")
             speed = None if not wall else row["audio_s"] / wall
             ratio = None if not (wall and upload_s) else wall / upload_s
             cells = [name, f"{row['audio_s']:.1f}", _label(row), _f(wall), _f(speed, "{:.1f}"),
@@ -407,15 +347,7 @@ def throughput_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _wall(row: dict[str, Any]) -> float | None:
-    if row["method"] == "streamer transcribe":
-        return row.get("decode_s")
-    return row.get("total_s")
-
-
 def _label(row: dict[str, Any]) -> str:
-    if row["method"] == "streamer transcribe" and row.get("load_s") is not None:
-        return f"streamer transcribe (after its {row['load_s']:.1f} s load)"
     if row.get("error"):
         return f"{row['method']} ERROR {row['error']}"
     return str(row["method"])
@@ -492,18 +424,16 @@ async def interference_async(
 ) -> list[Phase]:
     """Each server's live phases, alone and with uploads, interleaved: in each round the
     servers take turns (their order rotated) and the two conditions alternate."""
-    audio = load_bench_audio(args.live_audio, args.cache_dir / "speech")
+    audio = load_bench_audio("auto", args.cache_dir / "speech")
     for url in urls.values():
         await warm_up(url, audio)
     names = list(urls)
     phases = []
-    for round_index in range(args.live_rounds):
+    for round_index in range(LIVE_ROUNDS):
         order = ("alone", "upload") if round_index % 2 == 0 else ("upload", "alone")
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            options = StepOptions(
-                url=urls[name], clients=1, duration_s=float(args.live_s), stagger_s=0.0
-            )
+            options = StepOptions(url=urls[name], clients=1, duration_s=LIVE_S, stagger_s=0.0)
             plan = plan_clients(options, audio)[0]
             for condition in order:
                 phase = Phase(condition, round_index, name)
@@ -517,7 +447,7 @@ async def interference_async(
 
 def interference(args: argparse.Namespace) -> dict[str, Any]:
     folder = args.out / "audio"
-    [path], _ = build_recordings([max(args.lengths_s)], args.audio, args.cache_dir, folder)
+    [path], _ = build_recordings([max(LENGTHS_S)], args.audio, args.cache_dir, folder)
     configs = {"default": ()} | {arg: tuple(arg.split()) for arg in args.also_server}
     with contextlib.ExitStack() as stack:
         urls = {}
@@ -591,8 +521,6 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_output_args(parser, out="bench/out/files")
     parser.add_argument("--parts", default="throughput,interference",
                         help="throughput and/or interference [%(default)s]")  # fmt: skip
-    parser.add_argument("--lengths-s", type=common.int_list, default=[30, 300],
-                        help="the recordings' lengths (at least) [30,300]")  # fmt: skip
     parser.add_argument("--audio", choices=AUDIO_CHOICES, default="recorded",
                         help="what the recordings are made of [%(default)s]")  # fmt: skip
     parser.add_argument("--funasr", default="fp32,int8",
@@ -600,11 +528,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2,
                         help="model threads of the server, AutoModel and the CLI [2]")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="throughput rounds [1]")
-    parser.add_argument("--live-rounds", type=int, default=2,
-                        help="interference rounds (alone, then with uploads) [2]")  # fmt: skip
-    parser.add_argument("--live-s", type=int, default=60, help="each live stream [60]")
-    parser.add_argument("--live-audio", choices=AUDIO_CHOICES, default="auto",
-                        help="the live client's speech [%(default)s]")  # fmt: skip
     parser.add_argument("--also-server", action="append", default=[], metavar="ARGS",
                         help="interference: one more server with these serve arguments, "
                         "measured beside the default one, e.g. --also-server=--file-worker "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import multiprocessing
 import os
@@ -281,21 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         for streams in (int(s) for s in args.streams.split(",")):
             step = run_step(port, pid, streams, args.duration_s, args.generators)
             results["steps"].append(step)
-            print(  # noqa: T201
-                f"{streams:5d} streams: loop {step['loop_cpu_pct']:5.1f} % of a core, "
-                f"{step['loop_ms_per_stream_s']:.2f} ms/stream-s "
-                f"({step['loop_system_ms_per_stream_s']:.2f} in the kernel), other threads "
-                f"{step['other_threads_cpu_s']:.1f} cpu-s, model processes "
-                f"{step['children_cpu_s']:.1f} cpu-s, lag p99 "
-                f"{step['loop_lag_p99_ms']:.0f} ms, send late p95 "
-                f"{step['send_late_p95_ms']:.0f} ms, "
-                f"generators {step['generator_cpu_s']:.0f} cpu-s, errors {step['error_count']}; "
-                f"/healthz p50/p95/max {step['healthz_p50_ms']:.0f}/"
-                f"{step['healthz_p95_ms']:.0f}/{step['healthz_max_ms']:.0f} ms, /readyz "
-                f"{step['readyz_p50_ms']:.0f}/{step['readyz_p95_ms']:.0f}/"
-                f"{step['readyz_max_ms']:.0f} ms",
-                flush=True,
-            )
+            shown = {k: round(v, 2) if isinstance(v, float) else v for k, v in step.items()}
+            print(json.dumps({k: v for k, v in shown.items() if k != "errors"}), flush=True)
     common.write_results(args.out, results | {"loadavg_after": os.getloadavg()}, args)
     return 0
 

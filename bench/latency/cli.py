@@ -83,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def server_options(args: argparse.Namespace, *extra: str) -> ServerOptions:
+    """The started server's options (a variant sets its precision)."""
+    return ServerOptions(
+        model=args.model, device=args.device, partial_interval_ms=args.partial_interval_ms,
+        endpoint_ms=args.endpoint_ms, extra_args=(*args.server_arg, *extra),
+    )  # fmt: skip
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """Run the sweep described by ``args``; returns the results (also written to disk)."""
     variants = tuple(parse_variant(v) for v in args.variants.split(",") if v.strip())
@@ -94,10 +102,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     out_dir: Path = args.out or REPO / "bench" / "out" / f"latency-{stamp}"
     out_dir.mkdir(parents=True, exist_ok=True)
     audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
-    server = ServerOptions(
-        model=args.model, device=args.device, partial_interval_ms=args.partial_interval_ms,
-        endpoint_ms=args.endpoint_ms, extra_args=tuple(args.server_arg),
-    )  # fmt: skip
+    server = server_options(args)
     compare = None if args.compare_clients == "same" else parse_clients(args.compare_clients)
     port = urlsplit(args.url).port if args.url else None
     server_pid = find_listening_pid(port) if port else None  # a given server's, for its CPU
@@ -179,10 +184,7 @@ def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
     if args.url and ports:
         raise SystemExit("funasr and wyoming need the server the bench starts (no --url)")
     extra = [a for p, port in ports.items() for a in (f"--{p}-port", str(port))]
-    base = ServerOptions(
-        model=args.model, device=args.device, partial_interval_ms=args.partial_interval_ms,
-        endpoint_ms=args.endpoint_ms, extra_args=(*args.server_arg, *extra),
-    )  # fmt: skip
+    base = server_options(args, *extra)
     server = parse_variant(args.variants.split(",")[0]).server_options(base)
     command = shlex.join(["python", "-m", "bench.latency", *argv])
     results: dict[str, Any] = {"command": command, "audio": args.audio, "steps": {}}

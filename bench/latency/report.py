@@ -15,7 +15,7 @@ COLUMNS = (  # a step's row, latencies in ms
 SEND_LAG_LIMIT_S = 0.1  # a step whose load generator sent later than this (p95) is flagged
 
 
-def _ms(value: float | None) -> str:
+def ms(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value * 1000:.0f}"
 
 
@@ -35,20 +35,20 @@ def step_row(variant: str, step: dict[str, Any]) -> list[str]:
         variant,
         str(step["clients"]),
         str(s["segments"]),
-        _ms(s["first_token_s"]["p50"]),
-        _ms(s["first_token_s"]["p95"]),
-        _ms(s["first_token_s"]["p99"]),
-        _ms(s["final_s"]["p50"]),
-        _ms(s["final_s"]["p95"]),
-        _ms(s["final_s"]["p99"]),
-        _ms((s.get("onset_first_token_s") or {}).get("p50")),
-        _ms((s.get("speech_end_final_s") or {}).get("p50")),
-        _ms(s["partial_gap_s"]["p50"]),
+        ms(s["first_token_s"]["p50"]),
+        ms(s["first_token_s"]["p95"]),
+        ms(s["first_token_s"]["p99"]),
+        ms(s["final_s"]["p50"]),
+        ms(s["final_s"]["p95"]),
+        ms(s["final_s"]["p99"]),
+        ms((s.get("onset_first_token_s") or {}).get("p50")),
+        ms((s.get("speech_end_final_s") or {}).get("p50")),
+        ms(s["partial_gap_s"]["p50"]),
         _num(None if step["skip_share"] is None else step["skip_share"] * 100, "{:.0f}%"),
         _num(s["decode_ms"]["p50"]),
         _num(s["queue_ms"]["p95"]),
-        _ms(loop_lag),
-        _ms(send_lag) + flag,
+        ms(loop_lag),
+        ms(send_lag) + flag,
         _num((mon.get("process_cpu_pct") or {}).get("mean")),
         _num((mon.get("bench_cpu_pct") or {}).get("mean")),
         _num(other_cpu_pct(mon)),

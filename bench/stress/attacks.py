@@ -38,6 +38,7 @@ from websockets.exceptions import ConnectionClosed
 from bench import common
 from bench.common import HealthProbes, ManagedServer, PeakRss, percentiles
 from bench.latency import prom
+from bench.latency.audio import looped_speech
 from bench.latency.load import ClientPlan, StepOptions, run_client
 from bench.latency.metrics import segment_latencies
 from bench.latency.monitor import scrape
@@ -92,12 +93,9 @@ def table(rows: list[Row]) -> str:
 
 
 def long_speech(cache_dir: Path, minutes: float) -> np.ndarray:
-    """espeak sentences with pauses, repeated to ``minutes`` of 16 kHz audio."""
-    clips = [synth.speak(text, "en", cache_dir=cache_dir) for text in synth.SENTENCES["en"][:3]]
-    pause = np.zeros(16000 * 12 // 10, dtype=np.int16)
-    one = np.concatenate([x for clip in clips for x in (clip, pause)])
-    reps = max(1, int(np.ceil(minutes * 60 * 16000 / one.size)))
-    return np.tile(one, reps)[: int(minutes * 60 * 16000)]
+    """Three espeak sentences with 1.2 s pauses, repeated to ``minutes`` of 16 kHz audio."""
+    sentences = [("en", text) for text in synth.SENTENCES["en"][:3]]
+    return looped_speech(sentences, cache_dir, minutes * 60, gap_ms=1200)
 
 
 @dataclass
