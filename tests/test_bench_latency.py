@@ -507,3 +507,15 @@ def test_capacity_sweep_configurations_are_server_flags() -> None:
     assert config_args("off+diarize") == ("--no-capacity-admission",)  # the clients' option
     with pytest.raises(SystemExit):
         config_args("on")
+
+
+def test_capacity_sweep_clients_in_processes_of_their_own(server_url: str, tmp_path: Path) -> None:
+    from bench.latency.client_processes import run_step_in_processes
+    from bench.latency.load import StepOptions
+
+    step = StepOptions(url=server_url, clients=2, duration_s=2.0, stagger_s=0.4)
+    records = run_step_in_processes(step, "synth", tmp_path)
+    assert [record.plan.index for record in records] == [0, 1]
+    assert records[1].plan.delay_s == pytest.approx(0.2)  # the plan's, not the child's own
+    for record in records:
+        assert record.error is None and record.end is not None and record.sends

@@ -36,6 +36,7 @@ from bench.common import ManagedServer, ServerOptions, cpu_s, proc_status
 from bench.latency.audio import AUDIO_CHOICES, BenchAudio, load_bench_audio
 from bench.latency.client_processes import run_step_in_processes
 from bench.latency.load import StepOptions, plan_clients, run_step, warm_up
+from bench.latency.report import ms as _ms
 from bench.latency.sweep import _drained, step_result
 
 logger = logging.getLogger(__name__)
@@ -141,10 +142,6 @@ async def run_config(
                     hog_process.terminate()
                     hog_process.wait(timeout=10)
     return rows
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
 
 
 def _cpu_s(pid: int | None) -> float:
