@@ -16,7 +16,7 @@ and how it was measured::
         common.setup_logging()
         with common.started_server(args, args.out / "server.log") as server:
             with common.PeakRss(server.pid) as memory:
-                ...  # server.url, server.port; memory.growth_mb afterwards
+                ...  # server.url, server.port; memory.peak_mb afterwards
         common.write_results(args.out, results, args)
 
 Run benches from the repository root as ``python -m bench.NAME`` (or ``python -m bench NAME``);
@@ -53,6 +53,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("STREAMER_CACHE_DIR", REPO / ".cache"))
+AUDIO_CACHE = REPO / "bench" / "out" / "audio-cache"  # the latency benches' generated speech
 logger = logging.getLogger(__name__)
 _FLAGS = ("avx512_vnni", "avx512f", "avx2")  # what decides the int8 and fp32 kernels
 
@@ -131,6 +132,12 @@ def percentiles(
     """
     data = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
     return {f"p{q:g}": float(np.percentile(data, q)) if data.size else missing for q in qs}
+
+
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A Markdown table of ``head`` and one line per row (each cell as ``str`` gives it)."""
+    lines = [head, ["---"] * len(head), *rows]
+    return "\n".join("| " + " | ".join(map(str, line)) + " |" for line in lines)
 
 
 def parser(doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:
@@ -240,7 +247,22 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
         return 0, ""
 
 
-class ManagedServer:
+class LoopbackUrls:
+    """``url`` (protocol v1's WebSocket) and ``http_url`` of a server listening on
+    127.0.0.1:``port``: a bench's :class:`ManagedServer`, the tests' server thread."""
+
+    port: int | None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/asr"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class ManagedServer(LoopbackUrls):
     """A server child process on port 0, its port read back from its listening socket.
 
     ``with ManagedServer(options, log) as server`` returns once ``/readyz`` answers 200;
@@ -262,14 +284,6 @@ class ManagedServer:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/asr"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ManagedServer:
         logger.info("starting %s", shlex.join(self.command))
@@ -403,14 +417,18 @@ def write_results(
     name (kept when ``results`` already has them); returns the path."""
     record = dict(results)
     record.setdefault("command", command_line(_main_module()))
-    record.setdefault("machine", {**machine_info(), "cpu_flags": cpu_name()})
+    if "machine" not in record:  # a run saved step by step has it already
+        record["machine"] = {**machine_info(), "cpu_flags": cpu_name()}
     if args is not None:
         record.setdefault(
             "args", {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         )
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
+    text = json.dumps(
+        record, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o)
+    )
+    path.write_text(text + "\n", encoding="utf-8")
     return path
 
 
@@ -498,10 +516,6 @@ class PeakRss(Poller):
 
     def poll(self) -> None:
         self.peak_mb = max(self.peak_mb, self.now_mb())
-
-    @property
-    def growth_mb(self) -> float:
-        return self.peak_mb - self.start_mb
 
 
 class HealthProbes(Poller):

@@ -326,10 +326,8 @@ def _row(base: dict[str, Any], method: str, measured: dict[str, Any]) -> dict[st
 
 def throughput_table(result: dict[str, Any]) -> str:
     """One line per file and method: speed, first text, and the ratio to AutoModel."""
-    lines = [
-        "| file | audio s | method | wall s | x real time | first text s | upload speed / this |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    head = "file|audio s|method|wall s|x real time|first text s|upload speed / this".split("|")
+    lines = []
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for row in result["rows"]:
         groups.setdefault((row["round"], row["file"]), []).append(row)
@@ -341,10 +339,9 @@ def throughput_table(result: dict[str, Any]) -> str:
             first = row.get("first_delta_s") or row.get("first_text_s")
             speed = None if not wall else row["audio_s"] / wall
             ratio = None if not (wall and upload_s) else wall / upload_s
-            cells = [name, f"{row['audio_s']:.1f}", _label(row), _f(wall), _f(speed, "{:.1f}"),
-                     _f(first), _f(ratio, "{:.2f}x")]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            lines.append([name, f"{row['audio_s']:.1f}", _label(row), _f(wall),
+                          _f(speed, "{:.1f}"), _f(first), _f(ratio, "{:.2f}x")])  # fmt: skip
+    return common.markdown_table(head, lines)
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -495,13 +492,13 @@ def summarize_phases(phases: list[Phase]) -> dict[str, Any]:
 
 
 def interference_table(result: dict[str, Any]) -> str:
-    lines = ["| server | live client | finals | final p50 s | final p95 s | final p99 s |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    notes = []
+    head = "server|live client|finals|final p50 s|final p95 s|final p99 s".split("|")
+    lines, notes = [], []
     for server, summary in result["servers"].items():
         for name, row in summary["rows"].items():
-            lines.append(f"| {server} | {name} | {row['finals']} | {_f(row['p50'])} | "
-                         f"{_f(row['p95'])} | {_f(row['p99'])} |")  # fmt: skip
+            lines.append(
+                [server, name, row["finals"], *(_f(row[q]) for q in ("p50", "p95", "p99"))]
+            )
         speeds = [result["upload_audio_s"] / t for t in summary["uploads_done_s"]]
         notes.append(
             f"{server}: with the upload / alone: p50 {_f(summary['p50_ratio'], '{:.2f}x')}, "
@@ -509,7 +506,7 @@ def interference_table(result: dict[str, Any]) -> str:
             f"streams: {len(speeds)}, at {_spread(speeds)} real time; "
             f"errors: {summary['client_errors'] + summary['upload_errors'] or 'none'}"
         )
-    return "\n".join([*lines, "", *notes])
+    return "\n".join([common.markdown_table(head, lines), "", *notes])
 
 
 # ---------------------------------------------------------------------------

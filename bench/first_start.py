@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -80,7 +79,7 @@ def _starts(code: Path, args: Any) -> list[dict[str, Any]]:
 def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any]:
     options = common.ServerOptions(
         model=args.model,
-        log_level="info",  # the load and warm-up times are read from the log
+        log_level="info",  # the load's and warm-up's times, in the log kept in --out
         extra_args=("--threads", str(args.threads), *args.server_arg),
         code_dir=code,
         python=str(args.python),
@@ -95,7 +94,6 @@ def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any
             result.update(_clients(server, args))
     finally:
         server.stop()
-    result.update(_log_times(log_path.read_text(errors="replace")))
     command = shlex.join(server.command)
     result.update(code=str(code), start=number, commit=_commit(code), command=command)
     return result
@@ -134,19 +132,6 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
         },  # fmt: skip
         "server_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
     }
-
-
-def _log_times(log: str) -> dict[str, float]:
-    """The model's load and warm-up durations as the server logged them."""
-    times = {}
-    for key, pattern in (
-        ("load_s", r"loaded model .* with ONNX Runtime .* in ([0-9.]+) s"),
-        ("warmup_s", r"warm-up took ([0-9.]+) s"),
-    ):
-        match = re.search(pattern, log)
-        if match:
-            times[key] = float(match.group(1))
-    return times
 
 
 def _watch(server: common.ManagedServer, every_s: float) -> dict:

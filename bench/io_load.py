@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from bench.common import REPO, HealthProbes, ManagedServer, ServerOptions, percentiles
+from bench.common import HealthProbes, ManagedServer, ServerOptions, percentiles
 from bench.latency import prom
 from bench.latency.monitor import scrape
 from streamer.model.interface import RecognizerBase
@@ -180,7 +180,7 @@ def _generate(args: tuple[str, int, int, int, float, float]) -> dict[str, Any]:
     from bench.latency.load import StepOptions, plan_clients, run_step
     from bench.latency.metrics import send_lags
 
-    audio = load_bench_audio("auto", REPO / "bench" / "out" / "audio-cache")
+    audio = load_bench_audio("auto", common.AUDIO_CACHE)
     options = StepOptions(url=url, clients=total, duration_s=duration_s, stagger_s=stagger_s)
     plans = plan_clients(options, audio)[first : first + count]
     started = time.process_time()

@@ -48,25 +48,14 @@ class BenchAudio:
     kind: str  # "synth", "recorded" or "mixed"
     clips: tuple[Clip, ...]
 
-    @property
-    def speech_s(self) -> float:
-        return sum(c.pcm.size for c in self.clips) / SAMPLE_RATE
-
-    @property
-    def total_s(self) -> float:
-        return self.speech_s + sum(c.gap_ms for c in self.clips) / 1000.0
-
     def describe(self) -> dict[str, object]:
-        sources: dict[str, list[str]] = {}
-        for clip in self.clips:
-            family, _, name = clip.source.partition(":")
-            if name not in sources.setdefault(family, []):
-                sources[family].append(name)
+        """What a run's results say of it: the kind, the clips, their speech and sources."""
+        speech_s = sum(clip.pcm.size for clip in self.clips) / SAMPLE_RATE
+        sources = sorted({clip.source for clip in self.clips})  # synth:LANG, recorded:FILE
         return {
             "kind": self.kind,
             "clips": len(self.clips),
-            "speech_s": round(self.speech_s, 2),
-            "loop_s": round(self.total_s, 2),
+            "speech_s": round(speech_s, 2),
             "sources": sources,
         }
 

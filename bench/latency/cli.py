@@ -30,8 +30,6 @@ from bench.latency.sweep import Sweep, SweepOptions, parse_clients, parse_varian
 
 logger = logging.getLogger("bench.latency")
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def free_port() -> int:
     """A free 127.0.0.1 port, for the extra listeners (``--funasr-port``, ``--wyoming-port``)
@@ -99,9 +97,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if not args.url and any(v.name.startswith("server") for v in variants):
         raise SystemExit("variant 'server' needs --url")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir: Path = args.out or REPO / "bench" / "out" / f"latency-{stamp}"
+    out_dir: Path = args.out or common.REPO / "bench" / "out" / f"latency-{stamp}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
+    audio = load_bench_audio(args.audio, common.AUDIO_CACHE)
     server = server_options(args)
     compare = None if args.compare_clients == "same" else parse_clients(args.compare_clients)
     port = urlsplit(args.url).port if args.url else None
@@ -129,8 +127,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "options": {**vars(args), "out": str(out_dir), **given},
         "variants": [],
     }
-    json_path = out_dir / "results.json"
-    sweep = Sweep(options, audio, results, on_update=lambda r: report.write_json(r, json_path))
+    sweep = Sweep(options, audio, results, on_update=lambda r: common.write_results(out_dir, r))
     try:
         asyncio.run(sweep.run())
     finally:
@@ -141,7 +138,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def write_outputs(results: dict[str, Any], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    report.write_json(results, out_dir / "results.json")
+    common.write_results(out_dir, results)
     (out_dir / "table.txt").write_text(report.table(results) + "\n")
     (out_dir / "summary.md").write_text(report.summary_markdown(results))
 
@@ -177,7 +174,7 @@ def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
         protocols.validate(options)
     except ValueError as error:
         raise SystemExit(str(error)) from None
-    out_dir: Path = args.out or REPO / "bench" / "out" / "latency-side-by-side"
+    out_dir: Path = args.out or common.REPO / "bench" / "out" / "latency-side-by-side"
     ports: dict[str, int] = {
         p: free_port() for p in ("funasr", "wyoming") if p in options.protocols
     }
@@ -199,7 +196,7 @@ def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
                 results["steps"][n] = continuous.run(url, track, n, args.rounds, args.endpoint_ms)
             text = continuous.table(results)
         else:
-            audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
+            audio = load_bench_audio(args.audio, common.AUDIO_CACHE)
             ports["v1"] = urlsplit(url).port or 80
             results.update(asyncio.run(protocols.run_side_by_side(ports, audio, options)))
             text = protocols.table(results)

@@ -21,12 +21,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench.common import AUDIO_CACHE, REPO
 from bench.latency.audio import load_bench_audio
 from bench.latency.load import ClientRecord, StepOptions, plan_clients, run_step
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
 SPAWN_SLACK_S = 8.0  # the children's start is this far ahead: their imports fit in it
 
 
@@ -35,9 +35,7 @@ def run_step_in_processes(
 ) -> list[ClientRecord]:
     """Run ``step``'s clients, one process each; their records, in plan order."""
     out.mkdir(parents=True, exist_ok=True)
-    plans = plan_clients(
-        step, load_bench_audio(audio_choice, REPO / "bench" / "out" / "audio-cache")
-    )
+    plans = plan_clients(step, load_bench_audio(audio_choice, AUDIO_CACHE))
     start_at = time.time() + SPAWN_SLACK_S
     jobs = [out / f"client-{plan.index}.job" for plan in plans]
     children = []

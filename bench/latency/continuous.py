@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import percentiles
+from bench.common import markdown_table, percentiles
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.client.timeline import SessionResult
@@ -64,7 +64,7 @@ def _turns(cache_dir: Path, seed: int) -> list[tuple[np.ndarray, int]]:
     rng = np.random.default_rng(seed)
     clips: list[tuple[np.ndarray, int]] = []
     speaker = 0
-    for turn in range(6):
+    for _ in range(6):
         voice, pitch = VOICES[speaker]
         target_s = float(rng.uniform(5, 20))
         spoken_s = 0.0
@@ -75,7 +75,6 @@ def _turns(cache_dir: Path, seed: int) -> list[tuple[np.ndarray, int]]:
             clips.append((pcm, gap))
             spoken_s += (pcm.size / SAMPLE_RATE) + gap / 1000
         speaker = 1 - speaker
-        del turn
     return clips
 
 
@@ -148,11 +147,6 @@ def summarize(rows: list[dict]) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def _stream(url: str, track: Track) -> SessionResult:
-    options = ClientOptions(url=url, stream=StreamOptions(language="en"))
-    return await transcribe(options, track.pcm, SAMPLE_RATE, speed=1.0)
-
-
 def rotated(track: Track, index: int, clients: int) -> Track:
     """Client ``index`` of ``clients`` streams the track from another place (so their
     segments do not end together), with the silent lead kept first."""
@@ -166,7 +160,8 @@ def rotated(track: Track, index: int, clients: int) -> Track:
 async def _stream_many(url: str, tracks: list[Track], stagger_s: float) -> list[SessionResult]:
     async def one(i: int, track: Track) -> SessionResult:
         await asyncio.sleep(i * stagger_s)
-        return await _stream(url, track)
+        options = ClientOptions(url=url, stream=StreamOptions(language="en"))
+        return await transcribe(options, track.pcm, SAMPLE_RATE, speed=1.0)
 
     return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tracks))))
 
@@ -197,19 +192,14 @@ def run(url: str, track: Track, clients: int, rounds: int, endpoint_ms: int) -> 
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [
-        "| audio | clients | segments | n | TTFT p50 / p95 / p99 ms | final p50 / p95 / p99 ms "
-        "| capped |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    head = "audio|clients|segments|n|TTFT p50 / p95 / p99 ms|final p50 / p95 / p99 ms|capped"
 
     def ms(p: dict[str, float | None]) -> str:
         return " / ".join("-" if v is None else f"{v:.0f}" for v in p.values())
 
-    for clients, step in results["steps"].items():
-        for kind, s in step["summary"].items():
-            lines.append(
-                f"| {results['audio']} | {clients} | {kind} | {s['n']} | {ms(s['ttft_ms'])} "
-                f"| {ms(s['final_ms'])} | {s['capped']} |"
-            )
-    return "\n".join(lines)
+    rows = [
+        [results["audio"], clients, kind, s["n"], ms(s["ttft_ms"]), ms(s["final_ms"]), s["capped"]]
+        for clients, step in results["steps"].items()
+        for kind, s in step["summary"].items()
+    ]
+    return markdown_table(head.split("|"), rows)

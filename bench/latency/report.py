@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
+
+from bench.common import markdown_table
 
 COLUMNS = (  # a step's row, latencies in ms
     "variant|clients|segs|ttft p50|ttft p95|ttft p99|final p50|final p95|final p99|onset ttft p50|"
@@ -80,9 +80,7 @@ def table(results: dict[str, Any], markdown: bool = False) -> str:
         for step in variant["steps"]:
             rows.append(step_row(variant["name"], step))
     if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-        return "\n".join(lines)
+        return markdown_table(rows[0], rows[1:])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
@@ -109,14 +107,6 @@ def carried_lines(results: dict[str, Any]) -> list[str]:
             )
         lines.append(text)
     return lines
-
-
-def write_json(results: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
-
-
-def _json_default(obj: object) -> object:
-    return obj.item() if hasattr(obj, "item") else str(obj)  # numpy scalars; paths
 
 
 def summary_markdown(results: dict[str, Any]) -> str:

@@ -74,19 +74,15 @@ class Row:
     finals_lost: tuple[int, int] | None = None  # (lost, expected)
     peak_rss_mb: float = 0.0
 
-
-TABLE_HEAD = (
-    "| attack | expected | observed | verdict | finals lost | peak RSS |\n" + "|---" * 6 + "|"
-)
+    def cells(self) -> list[str]:
+        lost = "-" if self.finals_lost is None else "{} of {}".format(*self.finals_lost)
+        verdict, rss = "PASS" if self.ok else "FAIL", f"{self.peak_rss_mb:.0f} MB"
+        return [self.attack, self.expected, self.observed, verdict, lost, rss]
 
 
 def table(rows: list[Row]) -> str:
-    lines = [TABLE_HEAD]
-    for r in rows:
-        lost = "-" if r.finals_lost is None else "{} of {}".format(*r.finals_lost)
-        lines.append(f"| {r.attack} | {r.expected} | {r.observed} | {'PASS' if r.ok else 'FAIL'} "
-                     f"| {lost} | {r.peak_rss_mb:.0f} MB |")  # fmt: skip
-    return "\n".join(lines)
+    head = "attack|expected|observed|verdict|finals lost|peak RSS".split("|")
+    return common.markdown_table(head, (row.cells() for row in rows))
 
 
 # -- audio -----------------------------------------------------------------------
@@ -317,16 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     started = time.monotonic()
     rows = asyncio.run(run(args))
-    command = "python -m bench.stress " + " ".join(argv)
-    text = "\n".join(
-        [
-            f"Command: `{command.strip()}` ({time.monotonic() - started:.0f} s, "
-            f"{os.cpu_count()} CPUs, model {args.model} quantize {args.quantize})",
-            "",
-            table(rows),
-            "",
-        ]
-    )
+    took = f"{time.monotonic() - started:.0f} s, {os.cpu_count()} CPUs"
+    head = f"Command: `{common.command_line('bench.stress', argv)}` ({took}, model {args.model}"
+    text = f"{head} quantize {args.quantize})\n\n{table(rows)}\n"
     sys.stdout.write(text)
     write_section(Path(args.results), text)
     return 0 if all(r.ok for r in rows) else 1
