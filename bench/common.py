@@ -16,7 +16,7 @@ and how it was measured::
         common.setup_logging()
         with common.started_server(args, args.out / "server.log") as server:
             with common.PeakRss(server.pid) as memory:
-                ...  # server.url, server.port; memory.growth_mb afterwards
+                ...  # server.url, server.port; memory.peak_mb afterwards
         common.write_results(args.out, results, args)
 
 Run benches from the repository root as ``python -m bench.NAME`` (or ``python -m bench NAME``);
@@ -51,35 +51,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-__all__ = [
-    "REPO",
-    "HealthProbes",
-    "ManagedServer",
-    "PeakRss",
-    "Poller",
-    "ServerOptions",
-    "add_output_args",
-    "add_server_args",
-    "command_line",
-    "cpu_name",
-    "http_base",
-    "http_get",
-    "int_list",
-    "machine_info",
-    "multipart_form",
-    "parser",
-    "percentiles",
-    "proc_status",
-    "rss_mb",
-    "server_options",
-    "setup_logging",
-    "started_server",
-    "tree_rss_mb",
-    "write_results",
-]
-
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("STREAMER_CACHE_DIR", REPO / ".cache"))
+AUDIO_CACHE = REPO / "bench" / "out" / "audio-cache"  # the latency benches' generated speech
 logger = logging.getLogger(__name__)
 _FLAGS = ("avx512_vnni", "avx512f", "avx2")  # what decides the int8 and fp32 kernels
 
@@ -158,6 +132,12 @@ def percentiles(
     """
     data = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
     return {f"p{q:g}": float(np.percentile(data, q)) if data.size else missing for q in qs}
+
+
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A Markdown table of ``head`` and one line per row (each cell as ``str`` gives it)."""
+    lines = [head, ["---"] * len(head), *rows]
+    return "\n".join("| " + " | ".join(map(str, line)) + " |" for line in lines)
 
 
 def parser(doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:
@@ -267,23 +247,22 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
         return 0, ""
 
 
-def multipart_form(
-    audio: bytes, fields: Iterable[tuple[str, str]] = (), *, filename: str, boundary: str
-) -> bytes:
-    """A ``multipart/form-data`` body as the openai SDK sends one: ``fields``, then the
-    file (``audio/wav``); its content type is ``multipart/form-data; boundary=BOUNDARY``."""
-    body = b"".join(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-        for name, value in fields
-    )
-    body += (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"'
-        "\r\nContent-Type: audio/wav\r\n\r\n"
-    ).encode()
-    return body + audio + f"\r\n--{boundary}--\r\n".encode()
+class LoopbackUrls:
+    """``url`` (protocol v1's WebSocket) and ``http_url`` of a server listening on
+    127.0.0.1:``port``: a bench's :class:`ManagedServer`, the tests' server thread."""
+
+    port: int | None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/asr"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
-class ManagedServer:
+class ManagedServer(LoopbackUrls):
     """A server child process on port 0, its port read back from its listening socket.
 
     ``with ManagedServer(options, log) as server`` returns once ``/readyz`` answers 200;
@@ -305,14 +284,6 @@ class ManagedServer:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/asr"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ManagedServer:
         logger.info("starting %s", shlex.join(self.command))
@@ -446,14 +417,18 @@ def write_results(
     name (kept when ``results`` already has them); returns the path."""
     record = dict(results)
     record.setdefault("command", command_line(_main_module()))
-    record.setdefault("machine", {**machine_info(), "cpu_flags": cpu_name()})
+    if "machine" not in record:  # a run saved step by step has it already
+        record["machine"] = {**machine_info(), "cpu_flags": cpu_name()}
     if args is not None:
         record.setdefault(
             "args", {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         )
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
+    text = json.dumps(
+        record, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o)
+    )
+    path.write_text(text + "\n", encoding="utf-8")
     return path
 
 
@@ -470,6 +445,15 @@ def proc_status(pid: int, field: str) -> int:
     except OSError:
         pass
     return 0
+
+
+def cpu_s(pid: int, thread: int | None = None) -> tuple[float, float]:
+    """User and system CPU seconds of a process (its threads included), or of one of its
+    threads, so far (``/proc``)."""
+    path = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def rss_mb(pid: int) -> float:
@@ -519,20 +503,19 @@ class Poller:
 
 
 class PeakRss(Poller):
-    """A process's resident memory sampled in a thread while the ``with`` block runs:
-    ``start_mb`` on entry, ``peak_mb`` the highest seen."""
+    """A process's resident memory (with ``tree``, its descendants' too) sampled in a
+    thread while the ``with`` block runs: ``start_mb`` on entry, ``peak_mb`` the highest."""
 
-    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+    def __init__(self, pid: int, interval_s: float = 0.2, *, tree: bool = False) -> None:
         super().__init__(interval_s)
-        self.pid = pid
-        self.start_mb = self.peak_mb = rss_mb(pid)
+        self.pid, self.tree = pid, tree
+        self.start_mb = self.peak_mb = self.now_mb()
+
+    def now_mb(self) -> float:
+        return (tree_rss_mb(self.pid) or 0.0) if self.tree else rss_mb(self.pid)
 
     def poll(self) -> None:
-        self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
-
-    @property
-    def growth_mb(self) -> float:
-        return self.peak_mb - self.start_mb
+        self.peak_mb = max(self.peak_mb, self.now_mb())
 
 
 class HealthProbes(Poller):

@@ -1,42 +1,33 @@
 """Decoding without a server: backends, precisions, batches and hotwords, one ``--parts`` each.
 
 Each part loads the ``--configs`` it needs in this process (``BACKEND-PRECISION``:
-``torch-fp32``, ``torch-int8``, ``onnx-fp32``, ``onnx-int8``, the ONNX int8 weight types
-``onnx-int8-quint8`` and ``onnx-int8-qint8``, ``torch-fp16``/``torch-bf16`` on CUDA) and
+``torch-fp32``, ``torch-int8``, ``onnx-fp32``, ``onnx-int8``, ``torch-fp16``/``torch-bf16``
+on CUDA; the int8 weight types' ``onnx-int8-qint8`` are at 276f9f2) and
 prints a markdown table; timed configurations are interleaved within each repetition so
 that machine noise hits all alike. Speech is espeak-ng's (en and zh, 200 ms gaps).
 
 - ``time``: decode time of 1, 3 and 7 s per configuration, median (max) of ``--reps``;
 - ``agreement``: token agreement of each configuration with the first on ``--segments``
   segments of 0.3-7 s (languages auto/en/zh, ITN on and off);
-- ``generate``: torch's direct path against ``AutoModel.generate()`` (same tokens?), and
-  each configuration's funasr import, load, warm-up and peak memory, in a child process;
-- ``startup``: ``streamer serve`` per configuration to ``/readyz`` 200, memory then and peak;
-- ``batch``: rows of a batch (random groups, and groups of similar length as the worker
-  forms them) whose tokens differ from the same segment decoded alone;
 - ``batch-timing``: one ``decode_batch`` per batch size (``--sizes``) and length;
 - ``hotwords``: a final of 3 and 7 s with no hotwords and with ``--phrases`` phrases (the
-  biased beam search, beam ``--beam``), the phrase set's graph built first as a session's
-  is; ``recall`` (real weights only): the share of each LibriVox clip's ``--per-clip``
-  longest words found without and with them as hotwords.
+  biased beam search with the server's beam and boost), the phrase set's graph built first as a
+  session's is. (Settled parts are at ``git show 276f9f2:bench/decode.py``:
+  ``generate``, torch's direct path against ``AutoModel.generate()``; ``recall``, what
+  hotwords gain on real speech; ``batch``, the rows a batch changes.)
 
-    python -m bench.decode --parts time,agreement,startup   # 4 configurations
-    python -m bench.decode --parts batch,batch-timing --configs onnx-int8,onnx-fp32
+    python -m bench.decode --parts time,agreement            # 4 configurations
+    python -m bench.decode --parts batch-timing --configs onnx-int8,onnx-fp32
     python -m bench.decode --parts hotwords --configs onnx-int8 --phrases 100
-    python -m bench.decode --parts generate --device cuda --configs torch-fp32,torch-fp16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import resource
 import statistics
-import subprocess
 import sys
 import time
-import wave
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,11 +35,11 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from streamer.testkit.speech import SAMPLE_RATE, SENTENCES, speak
+from bench.latency.audio import looped_speech
+from streamer.testkit.speech import SAMPLE_RATE, SENTENCES
 
 LENGTHS_S = (1.0, 3.0, 7.0)
 LANGUAGES = ("auto", "en", "zh")
-LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 # words for the hotwords' phrases: names and jargon of the kind people boost
 _WORDS = (
     "kubernetes anthropic claude sensevoice funasr deepgram pipecat livekit grafana "
@@ -58,15 +49,10 @@ _WORDS = (
 ).split()
 
 
-def speech_signal(cache_dir: Path, seconds: float = 30) -> np.ndarray:
-    """At least ``seconds`` of espeak speech (en and zh, 200 ms gaps), repeated."""
-    clips = [speak(t, "en", cache_dir=cache_dir / "speech") for t in SENTENCES["en"]]
-    clips += [speak(t, "zh", cache_dir=cache_dir / "speech") for t in SENTENCES["zh"]]
-    gap = np.zeros(SAMPLE_RATE // 5, np.int16)
-    signal = np.concatenate([part for clip in clips for part in (clip, gap)])
-    while signal.size < seconds * SAMPLE_RATE:
-        signal = np.concatenate([signal, signal])
-    return signal
+def speech_signal(cache_dir: Path, seconds: float = 32) -> np.ndarray:
+    """``seconds`` of espeak speech (en and zh, 200 ms gaps), repeated."""
+    sentences = [(lang, text) for lang in ("en", "zh") for text in SENTENCES[lang]]
+    return looped_speech(sentences, cache_dir / "speech", seconds, gap_ms=200)
 
 
 def window(speech: np.ndarray, seconds: float, rng: np.random.Generator) -> np.ndarray:
@@ -76,39 +62,24 @@ def window(speech: np.ndarray, seconds: float, rng: np.random.Generator) -> np.n
 
 
 def options(config: str, args: argparse.Namespace, **fields: Any) -> Any:
-    """RecognizerOptions for ``BACKEND-PRECISION`` (its int8 weight type aside)."""
+    """RecognizerOptions for ``BACKEND-PRECISION``."""
     from streamer.model.options import RecognizerOptions
     from streamer.testkit.models import RANDOM_MODELS
 
     backend, _, precision = config.partition("-")
     return RecognizerOptions(
         model=args.model, backend=backend, device=args.device, threads=args.threads,
-        quantize="int8" if precision.startswith("int8") else None,
+        quantize="int8" if precision == "int8" else None,
         dtype=precision if precision in ("fp16", "bf16") else "fp32",
-        hotword_beam=args.beam, hotword_partial_beam=min(2, args.beam),
         cache_dir=args.cache_dir, random_models=RANDOM_MODELS, **fields,
     )  # fmt: skip
 
 
 def load(config: str, args: argparse.Namespace) -> Any:
-    """The recognizer of ``config``, warmed up; ``onnx-int8-qint8``/``-quint8`` from an
-    export with that int8 weight type."""
+    """The recognizer of ``config``, warmed up."""
     from streamer.model.backends.loading import load_recognizer
 
-    precision = config.partition("-")[2]
-    weight_type = {"int8-qint8": "QInt8", "int8-quint8": "QUInt8"}.get(precision)
-    if weight_type is None:
-        return load_recognizer(options(config, args))
-    from streamer.model.artifacts.files import locate_model
-    from streamer.model.artifacts.onnx_export import cached_export
-    from streamer.model.backends.onnx_backend import OnnxRecognizer, onnx_model_dir
-
-    opts = options(config, args, warmup=False)
-    source = locate_model(args.model, "ms", args.cache_dir, opts.random_models)
-    export = cached_export(Path(source), args.cache_dir, int8_weight_type=weight_type)
-    recognizer = OnnxRecognizer(opts, model_dir=onnx_model_dir(export, quantized=True))
-    recognizer.warmup()
-    return recognizer
+    return load_recognizer(options(config, args))
 
 
 def timed_ms(call: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
@@ -176,121 +147,7 @@ def part_agreement(
         print(f"| {config} | {same}/{count} | {100 * errors / total:.2f} % |")
 
 
-def generate_child(args: argparse.Namespace, config: str) -> dict[str, Any]:
-    """In a fresh process: funasr's import, the load, the warm-up and the peak memory, and
-    the direct path against ``AutoModel.generate()`` (a torch configuration)."""
-    from streamer.model.backends.funasr_quiet import import_funasr
-    from streamer.model.backends.torch_backend import Recognizer
-
-    import_s = timed_ms(import_funasr) / 1000  # about 5 s, the same for any model
-    recognizer: Any = None
-
-    def build() -> None:
-        nonlocal recognizer
-        recognizer = Recognizer(options(config, args, warmup=False))
-
-    load_s = timed_ms(build) / 1000
-    warmup_s = timed_ms(recognizer.warmup) / 1000
-    speech, rows = speech_signal(args.cache_dir), []
-    for seconds in LENGTHS_S:
-        pcm = speech[: int(seconds * SAMPLE_RATE)]
-        direct, reference, same = [], [], True
-        for _ in range(args.reps):
-            a = recognizer.decode(pcm)
-            direct.append(a.decode_ms)
-            try:
-                b = recognizer.decode_reference(pcm)
-            except Exception as error:  # noqa: BLE001 - generate() cannot run half precision
-                print(f"generate() failed in {config}: {error}", file=sys.stderr)
-                break
-            reference.append(b.decode_ms)
-            same = same and a.token_ids == b.token_ids
-        generate = statistics.median(reference) if reference else None
-        rows.append((seconds, statistics.median(direct), generate, same and bool(reference)))
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"config": config, "import_s": import_s, "load_s": load_s, "warmup_s": warmup_s,
-            "peak_mib": peak_mib, "rows": rows}  # fmt: skip
-
-
-def part_generate(args: argparse.Namespace) -> None:
-    results = []
-    for config in (c for c in args.configs if c.startswith("torch-")):  # generate() is torch's
-        command = [sys.executable, "-m", "bench.decode", *args.argv, "--child", config]
-        done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print("\n| configuration | audio | direct | generate() | generate / direct | same tokens |")
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        for seconds, direct, generate, same in r["rows"]:
-            versus = (
-                "failed | n/a"
-                if generate is None
-                else f"{generate:.1f} ms | {generate / direct:.2f}"
-            )
-            print(f"| {r['config']} | {seconds:g} s | {direct:.1f} ms | {versus} | "
-                  f"{'yes' if same else 'NO'} |")  # fmt: skip
-    print("\n| configuration | import funasr | load | warm-up | peak RSS |\n|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['config']} | {r['import_s']:.1f} s | {r['load_s']:.1f} s | "
-              f"{r['warmup_s']:.1f} s | {r['peak_mib'] / 1024:.2f} GiB |")  # fmt: skip
-
-
-def part_startup(args: argparse.Namespace) -> None:
-    rows = []
-    for rep in range(args.reps):
-        for config in args.configs if rep % 2 == 0 else reversed(args.configs):
-            backend, _, precision = config.partition("-")
-            extra = ("--backend", backend, "--threads", str(args.threads))
-            server = common.ServerOptions(
-                model=args.model, quantize="int8" if precision == "int8" else None,
-                extra_args=(*extra, "--cache-dir", str(args.cache_dir)), ready_poll_s=0.05,
-            )  # fmt: skip
-            with common.ManagedServer(server, args.out / f"server-{config}.log") as started:
-                assert started.pid is not None and started.load_s is not None
-                rss, peak = (common.proc_status(started.pid, f) / 1024 for f in ("VmRSS", "VmHWM"))
-            rows.append((config, started.load_s, rss, peak))
-    print("\n### Start-up: `streamer serve` to /readyz 200 (model and export cached)\n")
-    print("| configuration | start to ready, s | resident when ready, MiB | peak, MiB |")
-    print("|---|---|---|---|")
-    for config in args.configs:
-        mine = [r for r in rows if r[0] == config]
-        ready = ", ".join(f"{r[1]:.1f}" for r in mine)
-        rss = statistics.median(r[2] for r in mine)
-        print(f"| {config} | {ready} | {rss:.0f} | {max(r[3] for r in mine):.0f} |")
-
-
 # -- batches --------------------------------------------------------------------------------
-
-
-def part_batch(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
-    rng = np.random.default_rng(args.seed)
-    segs = []
-    for _ in range(args.segments):
-        samples = int(rng.uniform(0.1, 7.0) * SAMPLE_RATE)
-        start = int(rng.integers(0, speech.size - samples))
-        segs.append(speech[start : start + samples])
-    for config, recognizer in recognizers.items():
-        alone = [recognizer.decode(s).token_ids for s in segs]
-        orders = {
-            "random": rng.permutation(len(segs)),
-            "by length": np.argsort([s.size for s in segs]),
-        }
-        for name, indices in orders.items():
-            differ = tokens = token_diff = 0
-            for start in range(0, len(indices), args.max_batch):
-                group = [int(i) for i in indices[start : start + args.max_batch]]
-                n = len(group)
-                batch = recognizer.decode_batch(
-                    [segs[i] for i in group], languages=["auto"] * n, use_itns=[True] * n
-                )
-                for i, transcript in zip(group, batch, strict=True):
-                    ref, got = alone[i], transcript.token_ids
-                    differ += got != ref
-                    tokens += len(ref)
-                    token_diff += sum(a != b for a, b in zip(got, ref, strict=False))
-                    token_diff += abs(len(ref) - len(got))
-            print(f"{config} {name}: {differ}/{len(segs)} rows differ from batch 1, "
-                  f"{token_diff}/{tokens} tokens", flush=True)  # fmt: skip
 
 
 def part_batch_timing(
@@ -316,15 +173,15 @@ def part_batch_timing(
             print(f"| {config} | {size} | " + " | ".join(cells) + " |", flush=True)
 
 
-def phrases(count: int, boost: float, seed: int = 0) -> tuple[Any, ...]:
+def phrases(count: int) -> tuple[Any, ...]:
     """``count`` distinct phrases of one to three words from :data:`_WORDS`."""
-    from streamer.core.hotwords import Hotword
+    from streamer.core.hotwords import DEFAULT_BOOST, Hotword
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     found: dict[str, Any] = {}
     while len(found) < count:
         text = " ".join(rng.choice(_WORDS, size=int(rng.integers(1, 4)), replace=False))
-        found[text] = Hotword(text, boost)
+        found[text] = Hotword(text, DEFAULT_BOOST)
     return tuple(found.values())
 
 
@@ -343,8 +200,10 @@ def final_ms(
 def part_hotwords(
     args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray
 ) -> None:
-    words = phrases(args.phrases, args.boost)
-    print(f"\n{len(words)} phrases, boost {args.boost}, beam {args.beam}, {args.reps} rounds")
+    from streamer.model.decode.ctc_beam import DEFAULT_BEAM
+
+    words = phrases(args.phrases)
+    print(f"\n{len(words)} phrases, beam {DEFAULT_BEAM}, {args.reps} rounds")
     print("| configuration | audio | no hotwords (ms) | with hotwords (ms) | ratio | text changed |"
           "\n|---|---|---|---|---|---|")  # fmt: skip
     segment = 0
@@ -366,72 +225,31 @@ def part_hotwords(
             print(f"| {config} | {seconds:.0f} s | {a:.0f} | {b:.0f} | {b / a:.2f}x | {changed} |")
 
 
-def part_recall(args: argparse.Namespace, recognizers: dict[str, Any], speech: np.ndarray) -> None:
-    from streamer.core.hotwords import Hotword
-
-    lines = (LIBRIVOX / "transcription").read_text().splitlines()
-    for config, recognizer in recognizers.items():
-        found, total = {False: 0, True: 0}, 0
-        for segment, line in enumerate(lines):
-            match = re.match(r"(.*)\((\S+)\)\s*$", line)
-            path = LIBRIVOX / f"{match.group(2)}.wav" if match else None
-            if match is None or path is None or not path.exists():
-                continue
-            with wave.open(str(path)) as w:
-                pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
-            text = match.group(1).strip().lower()
-            targets = sorted(set(text.split()), key=len, reverse=True)[: args.per_clip]
-            words = tuple(Hotword(t, args.boost) for t in targets)
-            total += len(targets)
-            for biased in (False, True):
-                _, out = final_ms(recognizer, pcm, words if biased else (), 2 * segment + biased)
-                heard = set(re.findall(r"[a-z']+", out.lower()))
-                found[biased] += sum(t in heard for t in targets)
-        print(f"{config}: {total} hotwords in {len(lines)} clips: found without {found[False]} "
-              f"({found[False] / max(total, 1):.0%}), with {found[True]} "
-              f"({found[True] / max(total, 1):.0%})")  # fmt: skip
-
-
 PARTS: dict[str, Callable[[argparse.Namespace, dict[str, Any], np.ndarray], None]] = {
-    "time": part_time, "agreement": part_agreement, "batch": part_batch,
-    "batch-timing": part_batch_timing, "hotwords": part_hotwords, "recall": part_recall,
+    "time": part_time, "agreement": part_agreement,
+    "batch-timing": part_batch_timing, "hotwords": part_hotwords,
 }  # fmt: skip
-OWN_PROCESSES = {"generate": part_generate, "startup": part_startup}  # no recognizer here
 
 
 def main(argv: list[str] | None = None) -> int:
-    from streamer.core.hotwords import DEFAULT_BOOST
-
     parser = common.parser(__doc__)
     common.add_output_args(parser, out="bench/out/decode")
-    parser.add_argument(
-        "--parts", default="time,agreement", help=", ".join([*PARTS, *OWN_PROCESSES])
-    )
+    parser.add_argument("--parts", default="time,agreement", help=", ".join(PARTS))
     parser.add_argument("--configs", default="torch-fp32,torch-int8,onnx-fp32,onnx-int8",
-                        help="comma list of BACKEND-PRECISION[-WEIGHTTYPE]")  # fmt: skip
+                        help="comma list of BACKEND-PRECISION")  # fmt: skip
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=2, help="0 = one per core (max 8)")
     parser.add_argument("--reps", type=int, default=7, help="repetitions of each timing")
-    parser.add_argument("--segments", type=int, default=24, help="for agreement and batch")
-    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--segments", type=int, default=24, help="for agreement")
     parser.add_argument("--sizes", type=common.int_list, default=[1, 2, 4, 8], help="batch sizes")
     parser.add_argument("--lengths", type=lambda s: [float(x) for x in s.split(",")],
                         default=list(LENGTHS_S), help="seconds, for batch-timing")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phrases", type=int, default=100)
-    parser.add_argument("--boost", type=float, default=DEFAULT_BOOST)
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--per-clip", type=int, default=3, help="recall: hotwords per clip")
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # generate: one config's process
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
     args.configs = args.configs.split(",")
-    if args.child:
-        print(json.dumps(generate_child(args, args.child)))
-        return 0
     parts = args.parts.split(",")
-    unknown = set(parts) - set(PARTS) - set(OWN_PROCESSES)
+    unknown = set(parts) - set(PARTS)
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
     common.setup_logging()
@@ -441,12 +259,9 @@ def main(argv: list[str] | None = None) -> int:
 
         ensure_random_model(args.model.partition(":")[2], args.cache_dir)
     speech = speech_signal(args.cache_dir)
-    recognizers = {c: load(c, args) for c in args.configs} if set(parts) & set(PARTS) else {}
+    recognizers = {c: load(c, args) for c in args.configs}
     for part in parts:
-        if part in OWN_PROCESSES:
-            OWN_PROCESSES[part](args)
-        else:
-            PARTS[part](args, recognizers, speech)
+        PARTS[part](args, recognizers, speech)
         sys.stdout.flush()
     return 0
 

@@ -88,24 +88,19 @@ def measure_der(models: Any, out: Path, turns: int) -> list[dict[str, Any]]:
 
 
 def close_ms(models: Any, pcm: Any, run: kit.DiarizedRun) -> dict[str, float]:
-    """The models' time per utterance once it has ended (one thread): with models that
-    embed windows early (``embed_closed``), after every window that closed before its end
-    was embedded, as a worker that keeps up leaves it; else the whole analysis."""
+    """The models' time per utterance once it has ended (one thread), after every window
+    that closed before its end was embedded (``embed_closed``), as a worker that keeps up
+    leaves it."""
+    from streamer.model.speakers.models import WindowCache
+
     times = []
     for start, analysis in run.analyses:
         audio = pcm[start : start + analysis.samples]
-        windows = None
-        if hasattr(models, "embed_closed"):
-            from streamer.model.speakers.models import WindowCache
-
-            windows = WindowCache()
-            for end in range(PREFIX_STEP_SAMPLES, len(audio), PREFIX_STEP_SAMPLES):
-                models.embed_closed(audio[:end], windows)
+        windows = WindowCache()
+        for end in range(PREFIX_STEP_SAMPLES, len(audio), PREFIX_STEP_SAMPLES):
+            models.embed_closed(audio[:end], windows)
         started = time.perf_counter()
-        if windows is None:
-            models.analyse(0, audio)
-        else:
-            models.analyse(0, audio, windows)
+        models.analyse(0, audio, windows)
         times.append((time.perf_counter() - started) * 1000)
     quantiles = common.percentiles(times, (50.0, 95.0))
     return {q: round(v or 0.0, 1) for q, v in quantiles.items()}

@@ -1,13 +1,12 @@
 """Files over HTTP: an upload's speed and time to first text beside funasr's
-AutoModel.generate and ``streamer transcribe`` on the same weights, and what an upload
-costs a live client.
+AutoModel.generate on the same weights, and what an upload costs a live client.
 
     flock /tmp/bench.lock python -m bench files --model random:small --quantize int8 \
-        --parts throughput --lengths-s 30,300
+        --parts throughput
     flock /tmp/bench.lock python -m bench files --model random:small --quantize int8 \
-        --parts interference --live-s 60 --live-rounds 2 --also-server=--file-worker
+        --parts interference --also-server=--file-worker
 
-**throughput**: recordings of about ``--lengths-s`` seconds are built from real read
+**throughput**: recordings of about 30 and 300 seconds are built from real read
 speech (pocketsphinx-testdata's librivox and cards, alsa-utils' words; ``--audio``) with
 pauses of 0.9 to 1.7 s, written as 16 kHz WAV under ``--out``. Then, in each round, one
 after the other on the same loaded processes (so drift on a shared machine hits all
@@ -15,28 +14,27 @@ alike), each recording goes through:
 
 - the server's ``POST /v1/audio/transcriptions`` with ``stream=true``: the time to the
   first ``transcript.text.delta`` and to ``transcript.text.done`` from the request's
-  start; and the same upload without ``stream`` (total time);
+  start;
 - funasr's ``AutoModel.generate`` with the SenseVoice recipe
   (``generate(input=path, cache={}, language="auto", use_itn=True, batch_size_s=60,
   merge_vad=True, merge_length_s=15)``) on the torch directory the server's model comes
   from (the ONNX files are exported from it), in a process of its own with ``ncpu`` =
   ``--threads``. The recipe's ``fsmn-vad`` comes from the model hub, which is out of
   reach here: funasr 1.4.16's own ``vad_model="silero-vad"`` (the silero-vad package's
-  ONNX graph, ``max_single_segment_time`` 30 s) stands in for it; the VAD stage is timed
-  apart (a wrapper around its ``inference``) so the figures say what the ASR alone took.
+  ONNX graph, ``max_single_segment_time`` 30 s) stands in for it (its time apart was
+  timed at 276f9f2).
   ``--funasr fp32,int8``: the weights as they are, and with torch's dynamic int8
-  quantization of the Linear layers (what the project's torch backend does);
-- ``streamer transcribe FILE --json`` (a fresh process each time, stdout unbuffered): the
-  model's load (its ``model ready after`` log line), the first utterance's line and the
-  end; its decode time is the end minus the load.
+  quantization of the Linear layers (what the project's torch backend does).
+  (``streamer transcribe`` on the same recordings, the same decodes after its load, was
+  timed beside them at 276f9f2.)
 
 Speed is audio seconds per wall second (x real time). generate() answers once, so its
 first text is its end.
 
 **interference**: one real-time protocol v1 client (``bench.latency``'s client, partials
-on, 100 ms chunks) streams ``--live-s`` of speech, alone and then while the longest
+on, 100 ms chunks) streams 60 s of speech, alone and then while the longest
 recording is uploaded with ``stream=true`` again and again (a new upload as soon as one
-is done, so the whole stream overlaps one); rounds alternate the order. Its final latency
+is done, so the whole stream overlaps one); two rounds alternate the order. Its final latency
 (the final's arrival minus the send time of the utterance's last sample) is compared:
 p50, p95 and the p95 ratio with the upload to without. ``--also-server=--file-worker``
 (repeatable) starts one more server with those arguments, loaded beside the default one,
@@ -53,11 +51,8 @@ import json
 import logging
 import multiprocessing
 import os
-import re
 import secrets
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -87,7 +82,8 @@ FUNASR_RECIPE: dict[str, Any] = {
 }
 FUNASR_VAD_KWARGS = {"max_single_segment_time": 30000, "silero_onnx": True}
 UPLOAD_RETRY_S = 5.0  # after a failed upload during a live stream
-READY_LINE = re.compile(r"model ready after")
+LENGTHS_S = [30, 300]  # the recordings (at least)
+LIVE_S, LIVE_ROUNDS = 60.0, 2  # the live stream; interference rounds (alone, with uploads)
 
 
 # ---------------------------------------------------------------------------
@@ -123,7 +119,6 @@ def wav_seconds(path: Path) -> float:
 class Upload:
     """What one upload took (seconds from the request's start)."""
 
-    stream: bool
     started: float = 0.0  # time.monotonic() at the request's start
     first_delta_s: float | None = None
     total_s: float | None = None
@@ -133,11 +128,18 @@ class Upload:
     error: str | None = None
 
 
-def multipart_body(path: Path, stream: bool) -> tuple[bytes, str]:
-    """The form the openai SDK sends (model, stream, file) and its content type."""
+def multipart_body(path: Path) -> tuple[bytes, str]:
+    """The form the openai SDK sends (model, ``stream=true``, the WAV) and its content type."""
     boundary = secrets.token_hex(16)
-    fields = (("model", "whisper-1"), ("stream", "true" if stream else "false"))
-    body = common.multipart_form(path.read_bytes(), fields, filename=path.name, boundary=boundary)
+    body = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in (("model", "whisper-1"), ("stream", "true"))
+    )
+    body += (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"'
+        "\r\nContent-Type: audio/wav\r\n\r\n"
+    ).encode()
+    body += path.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
     return body, f"multipart/form-data; boundary={boundary}"
 
 
@@ -171,9 +173,10 @@ class Uploader:
             except OSError:
                 pass
 
-    def upload(self, path: Path, *, stream: bool = True) -> Upload:
-        body, content_type = multipart_body(path, stream)
-        result = Upload(stream=stream, started=time.monotonic())
+    def upload(self, path: Path) -> Upload:
+        """``path`` uploaded with ``stream=true``, its events read as they come."""
+        body, content_type = multipart_body(path)
+        result = Upload(started=time.monotonic())
         conn = http.client.HTTPConnection(self.host, self.port, timeout=UPLOAD_TIMEOUT_S)
         self._conn = conn
         try:
@@ -182,11 +185,7 @@ class Uploader:
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {response.read()[:300]!r}"
                 return result
-            if stream:
-                self._read_stream(response, result)
-            else:
-                result.text = json.loads(response.read())["text"]
-                result.total_s = time.monotonic() - result.started
+            self._read_stream(response, result)
         except (OSError, http.client.HTTPException, ValueError, KeyError) as error:
             result.error = f"{type(error).__name__}: {error}"
         finally:
@@ -234,25 +233,13 @@ def funasr_child(connection: Any, model_dir: str, precision: str, threads: int) 
         torch.ao.quantization.quantize_dynamic(
             model.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
         )
-    vad_s: list[float] = []
-    vad_inference = model.vad_model.inference
-
-    def timed_vad(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return vad_inference(*args, **kwargs)
-        finally:
-            vad_s.append(time.perf_counter() - t0)
-
-    model.vad_model.inference = timed_vad
     connection.send({"load_s": time.monotonic() - started})
     while (path := connection.recv()) is not None:
-        vad_s.clear()
         t0 = time.perf_counter()
         result = model.generate(input=path, **dict(FUNASR_RECIPE, cache={}))
         total_s = time.perf_counter() - t0
         text = " ".join(r.get("text", "") for r in result)
-        connection.send({"total_s": total_s, "vad_s": sum(vad_s), "text_chars": len(text)})
+        connection.send({"total_s": total_s, "text_chars": len(text)})
 
 
 class FunasrProcess:
@@ -291,64 +278,13 @@ class FunasrProcess:
 
 
 # ---------------------------------------------------------------------------
-# streamer transcribe
-
-
-def run_cli(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """``streamer transcribe FILE --json``: load, first utterance and end times."""
-    command = [sys.executable, "-m", "streamer", "transcribe", str(path), "--json"]
-    command += ["--model", args.model, "--quantize", args.quantize, "--device", args.device]
-    command += ["--threads", str(args.threads)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    started = time.monotonic()
-    ready: list[float] = []
-
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    assert process.stdout is not None and process.stderr is not None
-    stderr_lines: list[str] = []
-
-    def read_stderr() -> None:
-        assert process.stderr is not None
-        for raw in process.stderr:
-            line = raw.decode("utf-8", "replace")
-            stderr_lines.append(line)
-            if not ready and READY_LINE.search(line):
-                ready.append(time.monotonic() - started)
-
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
-    first_text_s, utterances = None, 0
-    for raw in process.stdout:
-        record = json.loads(raw)
-        utterances += 1
-        if first_text_s is None and record.get("text", "").strip():
-            first_text_s = time.monotonic() - started
-    code = process.wait(timeout=UPLOAD_TIMEOUT_S)
-    total_s = time.monotonic() - started
-    reader.join(timeout=10)
-    if code != 0:
-        return {"error": f"exit {code}: {''.join(stderr_lines[-5:])}"}
-    load_s = ready[0] if ready else None
-    return {
-        "process_s": total_s,
-        "load_s": load_s,
-        "first_text_s": first_text_s,
-        "decode_s": None if load_s is None else total_s - load_s,
-        "first_text_after_load_s": None
-        if load_s is None or first_text_s is None
-        else first_text_s - load_s,
-        "utterances": utterances,
-    }
-
-
-# ---------------------------------------------------------------------------
 # throughput
 
 
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
     from streamer.testkit.models import ensure_random_model
 
-    paths, warm = build_recordings(args.lengths_s, args.audio, args.cache_dir, args.out / "audio")
+    paths, warm = build_recordings(LENGTHS_S, args.audio, args.cache_dir, args.out / "audio")
     model_dir = (
         ensure_random_model(args.model.split(":", 1)[1], args.cache_dir)
         if args.model.startswith("random:")
@@ -360,7 +296,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     with common.started_server(args, args.out / "server.log", extra_args=server_args) as server:
         loads["server"] = server.load_s
         uploader = Uploader(common.http_base(server.url))
-        uploader.upload(warm, stream=False)  # the first decodes pay for warm-up
+        uploader.upload(warm)  # the first decodes pay for warm-up
         funasr = {}
         try:
             for precision in args.funasr:
@@ -371,16 +307,12 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
                 for path in paths:
                     base = {"round": round_index, "file": path.name, "audio_s": wav_seconds(path),
                             "loadavg_1m_before": os.getloadavg()[0]}  # fmt: skip
-                    up = asdict(uploader.upload(path, stream=True))
+                    up = asdict(uploader.upload(path))
                     rows.append(_row(base, "upload stream=true", up))
                     for precision, child in funasr.items():
                         out = child.generate(path)
-                        out |= {
-                            "asr_s": out["total_s"] - out["vad_s"],
-                            "first_text_s": out["total_s"],
-                        }
+                        out["first_text_s"] = out["total_s"]  # generate() answers once
                         rows.append(_row(base, f"AutoModel.generate {precision}", out))
-                    rows.append(_row(base, "streamer transcribe", run_cli(path, args)))
         finally:
             for child in funasr.values():
                 child.close()
@@ -394,10 +326,8 @@ def _row(base: dict[str, Any], method: str, measured: dict[str, Any]) -> dict[st
 
 def throughput_table(result: dict[str, Any]) -> str:
     """One line per file and method: speed, first text, and the ratio to AutoModel."""
-    lines = [
-        "| file | audio s | method | wall s | x real time | first text s | upload speed / this |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    head = "file|audio s|method|wall s|x real time|first text s|upload speed / this".split("|")
+    lines = []
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for row in result["rows"]:
         groups.setdefault((row["round"], row["file"]), []).append(row)
@@ -405,35 +335,16 @@ def throughput_table(result: dict[str, Any]) -> str:
         upload = next((r for r in rows if r["method"] == "upload stream=true"), None)
         upload_s = upload["total_s"] if upload else None
         for row in rows:
-            wall = _wall(row)
-            first = row.get("first_delta_s") or row.get(
-                "first_text_after_load_s"
-                if row["method"] == "streamer transcribe"
-                else "first_text_s"
-            )
+            wall = row.get("total_s")
+            first = row.get("first_delta_s") or row.get("first_text_s")
             speed = None if not wall else row["audio_s"] / wall
             ratio = None if not (wall and upload_s) else wall / upload_s
-            cells = [name, f"{row['audio_s']:.1f}", _label(row), _f(wall), _f(speed, "{:.1f}"),
-                     _f(first), _f(ratio, "{:.2f}x")]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
-            if row["method"].startswith("AutoModel") and row.get("asr_s"):
-                asr = row["asr_s"]
-                cells = [name, f"{row['audio_s']:.1f}", f"{row['method']}, ASR stage only",
-                         _f(asr), _f(row["audio_s"] / asr, "{:.1f}"), "",
-                         _f(None if not upload_s else asr / upload_s, "{:.2f}x")]  # fmt: skip
-                lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _wall(row: dict[str, Any]) -> float | None:
-    if row["method"] == "streamer transcribe":
-        return row.get("decode_s")
-    return row.get("total_s")
+            lines.append([name, f"{row['audio_s']:.1f}", _label(row), _f(wall),
+                          _f(speed, "{:.1f}"), _f(first), _f(ratio, "{:.2f}x")])  # fmt: skip
+    return common.markdown_table(head, lines)
 
 
 def _label(row: dict[str, Any]) -> str:
-    if row["method"] == "streamer transcribe" and row.get("load_s") is not None:
-        return f"streamer transcribe (after its {row['load_s']:.1f} s load)"
     if row.get("error"):
         return f"{row['method']} ERROR {row['error']}"
     return str(row["method"])
@@ -476,7 +387,7 @@ async def live_phase(
     def keep_uploading() -> None:
         assert upload_path is not None
         while not stop.is_set():
-            up = uploader.upload(upload_path, stream=True)
+            up = uploader.upload(upload_path)
             end = up.started + (up.total_s if up.total_s is not None else 1e9)
             windows.append((up.started, min(end, time.monotonic())))
             phase.uploads.append(asdict(up) | {"aborted": stop.is_set()})
@@ -510,18 +421,16 @@ async def interference_async(
 ) -> list[Phase]:
     """Each server's live phases, alone and with uploads, interleaved: in each round the
     servers take turns (their order rotated) and the two conditions alternate."""
-    audio = load_bench_audio(args.live_audio, args.cache_dir / "speech")
+    audio = load_bench_audio("auto", args.cache_dir / "speech")
     for url in urls.values():
         await warm_up(url, audio)
     names = list(urls)
     phases = []
-    for round_index in range(args.live_rounds):
+    for round_index in range(LIVE_ROUNDS):
         order = ("alone", "upload") if round_index % 2 == 0 else ("upload", "alone")
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            options = StepOptions(
-                url=urls[name], clients=1, duration_s=float(args.live_s), stagger_s=0.0
-            )
+            options = StepOptions(url=urls[name], clients=1, duration_s=LIVE_S, stagger_s=0.0)
             plan = plan_clients(options, audio)[0]
             for condition in order:
                 phase = Phase(condition, round_index, name)
@@ -535,7 +444,7 @@ async def interference_async(
 
 def interference(args: argparse.Namespace) -> dict[str, Any]:
     folder = args.out / "audio"
-    [path], _ = build_recordings([max(args.lengths_s)], args.audio, args.cache_dir, folder)
+    [path], _ = build_recordings([max(LENGTHS_S)], args.audio, args.cache_dir, folder)
     configs = {"default": ()} | {arg: tuple(arg.split()) for arg in args.also_server}
     with contextlib.ExitStack() as stack:
         urls = {}
@@ -583,13 +492,13 @@ def summarize_phases(phases: list[Phase]) -> dict[str, Any]:
 
 
 def interference_table(result: dict[str, Any]) -> str:
-    lines = ["| server | live client | finals | final p50 s | final p95 s | final p99 s |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    notes = []
+    head = "server|live client|finals|final p50 s|final p95 s|final p99 s".split("|")
+    lines, notes = [], []
     for server, summary in result["servers"].items():
         for name, row in summary["rows"].items():
-            lines.append(f"| {server} | {name} | {row['finals']} | {_f(row['p50'])} | "
-                         f"{_f(row['p95'])} | {_f(row['p99'])} |")  # fmt: skip
+            lines.append(
+                [server, name, row["finals"], *(_f(row[q]) for q in ("p50", "p95", "p99"))]
+            )
         speeds = [result["upload_audio_s"] / t for t in summary["uploads_done_s"]]
         notes.append(
             f"{server}: with the upload / alone: p50 {_f(summary['p50_ratio'], '{:.2f}x')}, "
@@ -597,7 +506,7 @@ def interference_table(result: dict[str, Any]) -> str:
             f"streams: {len(speeds)}, at {_spread(speeds)} real time; "
             f"errors: {summary['client_errors'] + summary['upload_errors'] or 'none'}"
         )
-    return "\n".join([*lines, "", *notes])
+    return "\n".join([common.markdown_table(head, lines), "", *notes])
 
 
 # ---------------------------------------------------------------------------
@@ -609,8 +518,6 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_output_args(parser, out="bench/out/files")
     parser.add_argument("--parts", default="throughput,interference",
                         help="throughput and/or interference [%(default)s]")  # fmt: skip
-    parser.add_argument("--lengths-s", type=common.int_list, default=[30, 300],
-                        help="the recordings' lengths (at least) [30,300]")  # fmt: skip
     parser.add_argument("--audio", choices=AUDIO_CHOICES, default="recorded",
                         help="what the recordings are made of [%(default)s]")  # fmt: skip
     parser.add_argument("--funasr", default="fp32,int8",
@@ -618,11 +525,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2,
                         help="model threads of the server, AutoModel and the CLI [2]")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="throughput rounds [1]")
-    parser.add_argument("--live-rounds", type=int, default=2,
-                        help="interference rounds (alone, then with uploads) [2]")  # fmt: skip
-    parser.add_argument("--live-s", type=int, default=60, help="each live stream [60]")
-    parser.add_argument("--live-audio", choices=AUDIO_CHOICES, default="auto",
-                        help="the live client's speech [%(default)s]")  # fmt: skip
     parser.add_argument("--also-server", action="append", default=[], metavar="ARGS",
                         help="interference: one more server with these serve arguments, "
                         "measured beside the default one, e.g. --also-server=--file-worker "

@@ -1,17 +1,18 @@
 """A first start that exports: peak memory of the process tree, time to ready, /healthz meanwhile.
 
-Starts ``streamer serve --backend onnx --model MODEL`` with an empty ONNX cache (a fresh
-cache directory whose ``models/`` is a link to the given cache's, so the torch model is
-there and its ONNX export is not), once per ``--code`` checkout (``PYTHONPATH`` set to
-it, so two versions of the code are measured side by side in one run). While it loads
-it samples, every ``--sample-s``:
+Starts ``streamer serve --model MODEL`` (and each ``--server-arg``) with an empty ONNX
+cache (a fresh cache directory whose ``models/`` is a link to the given cache's, so the
+torch model is there and its ONNX export is not), once per ``--code`` checkout
+(``PYTHONPATH`` set to it, so two versions of the code are measured side by side in one
+run). While it loads it samples, every ``--sample-s``:
 
 - the resident memory of the server and of every process below it (``/proc``), summed:
   the tree's peak is what a container's memory limit must hold;
-- ``GET /healthz`` (latency, 2 s timeout), and ``/readyz`` until it answers 200.
+- ``GET /healthz`` and ``GET /readyz`` in turn (latency), until ``/readyz`` answers 200.
 
 ``--starts 2`` starts each checkout twice on the same cache: the second is a later start
-(the export and any download already cached). A directory as
+(the export and any download already cached); ``--server-arg=--backend=torch`` measures
+the torch backend's start. A directory as
 ``--model`` (a sherpa-onnx layout, say) measures a start with nothing to export.
 ``--python`` runs the server with another interpreter (the plain install's venv: the
 bench itself needs the dev install's psutil). ``--clients N --audio FILE`` then streams
@@ -29,9 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,15 +42,13 @@ from bench import common
 from bench.latency import prom
 from bench.latency.monitor import scrape
 
-HEALTH_TIMEOUT_S = 2.0
-READY_TIMEOUT_S = 900.0
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = common.parser(__doc__)
     parser.add_argument("--code", action="append", type=Path, required=True)
     parser.add_argument("--model", default="random:small")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--server-arg", action="append", default=[], help="for the server")
     parser.add_argument("--sample-s", type=float, default=0.25)
     parser.add_argument("--python", type=Path, default=Path(sys.executable),
                         help="the server's interpreter")  # fmt: skip
@@ -67,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [result for code in args.code for result in _starts(code.resolve(), args)]
     common.write_results(args.out, {"starts": results}, args)
     for result in results:
-        print(json.dumps({k: v for k, v in result.items() if k != "timeline"}))
+        print(json.dumps(result))
     return 0
 
 
@@ -82,12 +79,12 @@ def _starts(code: Path, args: Any) -> list[dict[str, Any]]:
 def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any]:
     options = common.ServerOptions(
         model=args.model,
-        log_level="info",  # the load and warm-up times are read from the log
-        extra_args=("--backend", "onnx", "--threads", str(args.threads)),
+        log_level="info",  # the load's and warm-up's times, in the log kept in --out
+        extra_args=("--threads", str(args.threads), *args.server_arg),
         code_dir=code,
         python=str(args.python),
         env=(("STREAMER_CACHE_DIR", str(cache)),),
-        ready_timeout_s=READY_TIMEOUT_S,
+        ready_poll_s=args.sample_s,
     )
     log_path = args.out / f"server-{code.name or 'root'}-{number}.log"
     server = common.ManagedServer(options, log_path).start()
@@ -97,7 +94,6 @@ def _one_start(code: Path, cache: Path, number: int, args: Any) -> dict[str, Any
             result.update(_clients(server, args))
     finally:
         server.stop()
-    result.update(_log_times(log_path.read_text(errors="replace")))
     command = shlex.join(server.command)
     result.update(code=str(code), start=number, commit=_commit(code), command=command)
     return result
@@ -114,11 +110,10 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         for _ in range(args.clients)
     ]
-    peak = 0
-    while any(client.poll() is None for client in clients):
-        server.check_running()
-        peak = max(peak, int(common.rss_mb(server.pid)))
-        time.sleep(args.sample_s)
+    with common.PeakRss(server.pid, args.sample_s) as peak:
+        while any(client.poll() is None for client in clients):
+            server.check_running()
+            time.sleep(args.sample_s)
     finals = [client.communicate()[0].decode().count("\n") for client in clients]
     failed = [client.returncode for client in clients if client.returncode != 0]
     if failed:
@@ -128,7 +123,7 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
                 for kind in ("partial", "final", "background")}  # fmt: skip
     return {
         "clients": args.clients,
-        "clients_peak_mib": peak,
+        "clients_peak_mib": round(peak.peak_mb),
         "finals_per_client": finals,
         "decode_mean_ms": {
             kind: round(h.mean * 1000, 1)
@@ -139,58 +134,24 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
     }
 
 
-def _log_times(log: str) -> dict[str, float]:
-    """The model's load and warm-up durations as the server logged them."""
-    times = {}
-    for key, pattern in (
-        ("load_s", r"loaded model .* with ONNX Runtime .* in ([0-9.]+) s"),
-        ("warmup_s", r"warm-up took ([0-9.]+) s"),
-    ):
-        match = re.search(pattern, log)
-        if match:
-            times[key] = float(match.group(1))
-    return times
-
-
 def _watch(server: common.ManagedServer, every_s: float) -> dict:
-    """Sample the tree's memory, and ``/healthz`` once the server listens, until ready."""
-    assert server.pid is not None and server.started_at is not None
-    tree_peak = server_peak = 0
-    health_ms: list[float] = []
-    health_failures = 0
-    timeline = []
-    ready_s = None
-    while time.monotonic() - server.started_at < READY_TIMEOUT_S:
-        server.check_running()
-        own, tree = int(common.rss_mb(server.pid)), int(common.tree_rss_mb(server.pid) or 0)
-        server_peak, tree_peak = max(server_peak, own), max(tree_peak, tree)
-        sent = time.monotonic()
-        if server.find_port() is not None:
-            status = common.http_get(server.http_url + "/healthz", HEALTH_TIMEOUT_S)[0]
-            if status == 0:
-                health_failures += 1
-            elif status == 200:
-                health_ms.append((time.monotonic() - sent) * 1000)
-        now = time.monotonic() - server.started_at
-        timeline.append((round(now, 2), own, tree, round(health_ms[-1], 1) if health_ms else None))
-        ready = server.port and common.http_get(server.http_url + "/readyz", HEALTH_TIMEOUT_S)
-        if ready and ready[0] == 200:
-            ready_s = now
-            break
-        time.sleep(max(0.0, every_s - (time.monotonic() - sent)))
-    if ready_s is None:
-        raise RuntimeError(f"not ready within {READY_TIMEOUT_S:.0f} s")
+    """Sample the tree's memory from the spawn, and ``/healthz`` and ``/readyz`` in turn
+    once the server listens, until ready."""
+    assert server.pid is not None
+    pid = server.pid
+    with common.PeakRss(pid, every_s) as own, common.PeakRss(pid, every_s, tree=True) as tree:
+        while server.find_port() is None:
+            server.check_running()
+            time.sleep(common.PORT_POLL_S)
+        with common.HealthProbes(server.find_port() or 0, every_s / 2) as probes:
+            server.wait_ready()
+    assert server.load_s is not None
     return {
-        "ready_s": round(ready_s, 1),
-        "tree_peak_mib": tree_peak,
-        "server_peak_mib": server_peak,
-        "healthz_samples": len(health_ms),
-        "healthz_failures": health_failures,
-        "healthz_p50_ms": round(statistics.median(health_ms), 1) if health_ms else None,
-        "healthz_max_ms": round(max(health_ms), 1) if health_ms else None,
-        "healthz_over_100ms": sum(ms > 100 for ms in health_ms),
-        "ready_hwm_mib": common.proc_status(server.pid, "VmHWM") // 1024,
-        "timeline": timeline,
+        "ready_s": round(server.load_s, 1),
+        "tree_peak_mib": round(tree.peak_mb),
+        "server_peak_mib": round(own.peak_mb),
+        **probes.summary_ms(),  # a probe not answered counts 99 s
+        "ready_hwm_mib": common.proc_status(pid, "VmHWM") // 1024,
     }
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import multiprocessing
 import os
@@ -40,12 +41,11 @@ from typing import Any
 import numpy as np
 
 from bench import common
-from bench.common import REPO, HealthProbes, ManagedServer, ServerOptions, percentiles
+from bench.common import HealthProbes, ManagedServer, ServerOptions, percentiles
 from bench.latency import prom
 from bench.latency.monitor import scrape
 from streamer.model.interface import RecognizerBase
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 logger = logging.getLogger("bench.io_load")
 
 
@@ -150,22 +150,16 @@ def _thread_cpu_s(pid: int) -> dict[str, float]:
     delivery to the peer), part of ``loop``.
     """
 
-    def ticks(path: str) -> tuple[float, float]:
-        fields = Path(path).read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
-
-    loop_user, loop_system = ticks(f"/proc/{pid}/task/{pid}/stat")
+    loop_user, loop_system = common.cpu_s(pid, thread=pid)
     children = [  # of every thread: the worker thread starts the model process
         child for task in Path(f"/proc/{pid}/task").iterdir() for child in _children(task)
     ]
     return {
         "loop": loop_user + loop_system,
         "loop_system": loop_system,
-        "process": sum(ticks(f"/proc/{pid}/stat")),
+        "process": sum(common.cpu_s(pid)),
         # --model-process: the model processes (and multiprocessing's resource tracker)
-        "children": sum(
-            sum(ticks(f"/proc/{c}/stat")) for c in children if Path(f"/proc/{c}").exists()
-        ),
+        "children": sum(sum(common.cpu_s(int(c))) for c in children if Path(f"/proc/{c}").exists()),
     }
 
 
@@ -186,7 +180,7 @@ def _generate(args: tuple[str, int, int, int, float, float]) -> dict[str, Any]:
     from bench.latency.load import StepOptions, plan_clients, run_step
     from bench.latency.metrics import send_lags
 
-    audio = load_bench_audio("auto", REPO / "bench" / "out" / "audio-cache")
+    audio = load_bench_audio("auto", common.AUDIO_CACHE)
     options = StepOptions(url=url, clients=total, duration_s=duration_s, stagger_s=stagger_s)
     plans = plan_clients(options, audio)[first : first + count]
     started = time.process_time()
@@ -288,21 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         for streams in (int(s) for s in args.streams.split(",")):
             step = run_step(port, pid, streams, args.duration_s, args.generators)
             results["steps"].append(step)
-            print(  # noqa: T201
-                f"{streams:5d} streams: loop {step['loop_cpu_pct']:5.1f} % of a core, "
-                f"{step['loop_ms_per_stream_s']:.2f} ms/stream-s "
-                f"({step['loop_system_ms_per_stream_s']:.2f} in the kernel), other threads "
-                f"{step['other_threads_cpu_s']:.1f} cpu-s, model processes "
-                f"{step['children_cpu_s']:.1f} cpu-s, lag p99 "
-                f"{step['loop_lag_p99_ms']:.0f} ms, send late p95 "
-                f"{step['send_late_p95_ms']:.0f} ms, "
-                f"generators {step['generator_cpu_s']:.0f} cpu-s, errors {step['error_count']}; "
-                f"/healthz p50/p95/max {step['healthz_p50_ms']:.0f}/"
-                f"{step['healthz_p95_ms']:.0f}/{step['healthz_max_ms']:.0f} ms, /readyz "
-                f"{step['readyz_p50_ms']:.0f}/{step['readyz_p95_ms']:.0f}/"
-                f"{step['readyz_max_ms']:.0f} ms",
-                flush=True,
-            )
+            shown = {k: round(v, 2) if isinstance(v, float) else v for k, v in step.items()}
+            print(json.dumps({k: v for k, v in shown.items() if k != "errors"}), flush=True)
     common.write_results(args.out, results | {"loadavg_after": os.getloadavg()}, args)
     return 0
 

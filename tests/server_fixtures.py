@@ -17,6 +17,7 @@ import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from bench.common import LoopbackUrls
 from streamer.core.capacity import CapacityOptions
 from streamer.model.serving.worker import ModelWorker, SpeechRecognizer
 from streamer.server.server import ConnectionLimits, ServerOptions, StreamingServer
@@ -33,7 +34,7 @@ def server_options(**options) -> ServerOptions:
     return ServerOptions(**options, limits=ConnectionLimits(**limits))
 
 
-class ServerThread:
+class ServerThread(LoopbackUrls):
     """A :class:`StreamingServer` with its model worker, running in a background thread.
 
     With ``lifecycle`` it runs the process's whole life as the CLI does,
@@ -163,16 +164,8 @@ class ServerThread:
         self._thread.join(scaled(timeout))
 
     @property
-    def port(self) -> int:
+    def port(self) -> int:  # type: ignore[override]  # LoopbackUrls's, read from the server
         return self.server.port
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/asr"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ pause: every utterance then ends by silence, not by ``stop``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,25 +48,14 @@ class BenchAudio:
     kind: str  # "synth", "recorded" or "mixed"
     clips: tuple[Clip, ...]
 
-    @property
-    def speech_s(self) -> float:
-        return sum(c.pcm.size for c in self.clips) / SAMPLE_RATE
-
-    @property
-    def total_s(self) -> float:
-        return self.speech_s + sum(c.gap_ms for c in self.clips) / 1000.0
-
     def describe(self) -> dict[str, object]:
-        sources: dict[str, list[str]] = {}
-        for clip in self.clips:
-            family, _, name = clip.source.partition(":")
-            if name not in sources.setdefault(family, []):
-                sources[family].append(name)
+        """What a run's results say of it: the kind, the clips, their speech and sources."""
+        speech_s = sum(clip.pcm.size for clip in self.clips) / SAMPLE_RATE
+        sources = sorted({clip.source for clip in self.clips})  # synth:LANG, recorded:FILE
         return {
             "kind": self.kind,
             "clips": len(self.clips),
-            "speech_s": round(self.speech_s, 2),
-            "loop_s": round(self.total_s, 2),
+            "speech_s": round(speech_s, 2),
             "sources": sources,
         }
 
@@ -148,13 +138,18 @@ def load_bench_audio(choice: str, cache_dir: Path) -> BenchAudio:
 
 
 def _interleave(a: list[Clip], b: list[Clip]) -> list[Clip]:
-    out = []
-    for i in range(max(len(a), len(b))):
-        if i < len(a):
-            out.append(a[i])
-        if i < len(b):
-            out.append(b[i])
-    return out
+    return [clip for pair in itertools.zip_longest(a, b) for clip in pair if clip is not None]
+
+
+def looped_speech(
+    sentences: list[tuple[str, str]], cache_dir: Path, seconds: float, gap_ms: int
+) -> np.ndarray:
+    """``(language, text)`` sentences spoken by espeak-ng, each followed by ``gap_ms`` of
+    silence, repeated to ``seconds`` of audio."""
+    clips = [(lang, text, synth.speak(text, lang, cache_dir=cache_dir)) for lang, text in sentences]
+    pcm, _ = synth.join_with_silence(clips, gap_ms, lead_ms=0)
+    samples = int(seconds * SAMPLE_RATE)
+    return np.tile(pcm, -(-samples // pcm.size))[:samples]
 
 
 def client_track(

@@ -32,10 +32,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import ManagedServer, ServerOptions, proc_status
+from bench.common import ManagedServer, ServerOptions, cpu_s, proc_status
 from bench.latency.audio import AUDIO_CHOICES, BenchAudio, load_bench_audio
 from bench.latency.client_processes import run_step_in_processes
 from bench.latency.load import StepOptions, plan_clients, run_step, warm_up
+from bench.latency.report import ms as _ms
 from bench.latency.sweep import _drained, step_result
 
 logger = logging.getLogger(__name__)
@@ -143,16 +144,9 @@ async def run_config(
     return rows
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
-
-
 def _cpu_s(pid: int | None) -> float:
     """A process's CPU time so far (user + system, its threads included), s."""
-    if not pid:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_s(pid)) if pid else 0.0
 
 
 def _mib(value: float | None) -> str:

@@ -30,8 +30,6 @@ from bench.latency.sweep import Sweep, SweepOptions, parse_clients, parse_varian
 
 logger = logging.getLogger("bench.latency")
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def free_port() -> int:
     """A free 127.0.0.1 port, for the extra listeners (``--funasr-port``, ``--wyoming-port``)
@@ -53,7 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device", default="cpu", help="--device of the started server")
     add("--partial-interval-ms", type=int, help="of the started server (default: its own)")
     add("--server-arg", action="append", default=[], help="for `streamer serve` (repeat)")
-    add("--server-pid", type=int, help="pid of the --url server (default: found by port)")
     add("--variants", default="int8,int8:nopartials,fp32",
         help="comma list of int8 | fp32 | fp16 | bf16 | server (with --url), each optionally"
         " :nopartials; the first swept over --clients, others at --compare-clients")  # fmt: skip
@@ -84,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def server_options(args: argparse.Namespace, *extra: str) -> ServerOptions:
+    """The started server's options (a variant sets its precision)."""
+    return ServerOptions(
+        model=args.model, device=args.device, partial_interval_ms=args.partial_interval_ms,
+        endpoint_ms=args.endpoint_ms, extra_args=(*args.server_arg, *extra),
+    )  # fmt: skip
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """Run the sweep described by ``args``; returns the results (also written to disk)."""
     variants = tuple(parse_variant(v) for v in args.variants.split(",") if v.strip())
@@ -92,18 +97,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if not args.url and any(v.name.startswith("server") for v in variants):
         raise SystemExit("variant 'server' needs --url")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir: Path = args.out or REPO / "bench" / "out" / f"latency-{stamp}"
+    out_dir: Path = args.out or common.REPO / "bench" / "out" / f"latency-{stamp}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
-    server = ServerOptions(
-        model=args.model, device=args.device, partial_interval_ms=args.partial_interval_ms,
-        endpoint_ms=args.endpoint_ms, extra_args=tuple(args.server_arg),
-    )  # fmt: skip
+    audio = load_bench_audio(args.audio, common.AUDIO_CACHE)
+    server = server_options(args)
     compare = None if args.compare_clients == "same" else parse_clients(args.compare_clients)
-    server_pid = args.server_pid
-    if args.url and server_pid is None:
-        port = urlsplit(args.url).port
-        server_pid = find_listening_pid(port) if port else None
+    port = urlsplit(args.url).port if args.url else None
+    server_pid = find_listening_pid(port) if port else None  # a given server's, for its CPU
     step = StepOptions(
         url="", clients=0, duration_s=args.duration_s, stagger_s=args.stagger_s,
         endpoint_ms=args.endpoint_ms, chunk_ms=args.chunk_ms, drain_timeout_s=args.drain_timeout_s,
@@ -127,8 +127,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "options": {**vars(args), "out": str(out_dir), **given},
         "variants": [],
     }
-    json_path = out_dir / "results.json"
-    sweep = Sweep(options, audio, results, on_update=lambda r: report.write_json(r, json_path))
+    sweep = Sweep(options, audio, results, on_update=lambda r: common.write_results(out_dir, r))
     try:
         asyncio.run(sweep.run())
     finally:
@@ -139,7 +138,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def write_outputs(results: dict[str, Any], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    report.write_json(results, out_dir / "results.json")
+    common.write_results(out_dir, results)
     (out_dir / "table.txt").write_text(report.table(results) + "\n")
     (out_dir / "summary.md").write_text(report.summary_markdown(results))
 
@@ -175,17 +174,14 @@ def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
         protocols.validate(options)
     except ValueError as error:
         raise SystemExit(str(error)) from None
-    out_dir: Path = args.out or REPO / "bench" / "out" / "latency-side-by-side"
+    out_dir: Path = args.out or common.REPO / "bench" / "out" / "latency-side-by-side"
     ports: dict[str, int] = {
         p: free_port() for p in ("funasr", "wyoming") if p in options.protocols
     }
     if args.url and ports:
         raise SystemExit("funasr and wyoming need the server the bench starts (no --url)")
     extra = [a for p, port in ports.items() for a in (f"--{p}-port", str(port))]
-    base = ServerOptions(
-        model=args.model, device=args.device, partial_interval_ms=args.partial_interval_ms,
-        endpoint_ms=args.endpoint_ms, extra_args=(*args.server_arg, *extra),
-    )  # fmt: skip
+    base = server_options(args, *extra)
     server = parse_variant(args.variants.split(",")[0]).server_options(base)
     command = shlex.join(["python", "-m", "bench.latency", *argv])
     results: dict[str, Any] = {"command": command, "audio": args.audio, "steps": {}}
@@ -200,7 +196,7 @@ def run_side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
                 results["steps"][n] = continuous.run(url, track, n, args.rounds, args.endpoint_ms)
             text = continuous.table(results)
         else:
-            audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
+            audio = load_bench_audio(args.audio, common.AUDIO_CACHE)
             ports["v1"] = urlsplit(url).port or 80
             results.update(asyncio.run(protocols.run_side_by_side(ports, audio, options)))
             text = protocols.table(results)

@@ -2,17 +2,16 @@
 
 In one process the clients share one interpreter: their own CPU is one core at most,
 and the server's decodes do not compete with 16 clients' worth of other processes, as
-they do when 16 people's programs (or a test harness's) run beside it. Here each
-client of :func:`bench.latency.load.plan_clients`'s plan is ``python -m
-bench.latency.client_processes`` (the same plan, rebuilt from the same arguments; one
-index each), started together and aligned on a shared wall-clock start; each pickles
-its :class:`~bench.latency.load.ClientRecord` for the parent, which pools them as an
-in-process step would be.
+they do when 16 people's programs (or a test harness's) run beside it. Here the parent
+plans the step (:func:`bench.latency.load.plan_clients`) and pickles each client's plan,
+with the step's options and a shared wall-clock start, for ``python -m
+bench.latency.client_processes JOB`` (one process each, started together); each pickles
+its :class:`~bench.latency.load.ClientRecord` beside its job for the parent, which pools
+them as an in-process step would be.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import pickle
@@ -22,12 +21,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.latency.audio import AUDIO_CHOICES, load_bench_audio
+from bench.common import AUDIO_CACHE, REPO
+from bench.latency.audio import load_bench_audio
 from bench.latency.load import ClientRecord, StepOptions, plan_clients, run_step
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
 SPAWN_SLACK_S = 8.0  # the children's start is this far ahead: their imports fit in it
 
 
@@ -36,51 +35,29 @@ def run_step_in_processes(
 ) -> list[ClientRecord]:
     """Run ``step``'s clients, one process each; their records, in plan order."""
     out.mkdir(parents=True, exist_ok=True)
+    plans = plan_clients(step, load_bench_audio(audio_choice, AUDIO_CACHE))
     start_at = time.time() + SPAWN_SLACK_S
+    jobs = [out / f"client-{plan.index}.job" for plan in plans]
     children = []
-    for index in range(step.clients):
-        argv = [
-            python, "-m", "bench.latency.client_processes", "--url", step.url,
-            "--clients", str(step.clients), "--index", str(index),
-            "--duration-s", str(step.duration_s), "--stagger-s", str(step.stagger_s),
-            "--audio", audio_choice, "--start-at", repr(start_at),
-            "--out", str(out / f"client-{index}.pickle"),
-        ]  # fmt: skip
-        children.append(subprocess.Popen(argv, cwd=REPO))
+    for plan, job in zip(plans, jobs, strict=True):
+        job.write_bytes(pickle.dumps((step, plan, start_at)))
+        command = [python, "-m", "bench.latency.client_processes", str(job)]
+        children.append(subprocess.Popen(command, cwd=REPO))
     budget_s = SPAWN_SLACK_S + step.duration_s + step.stagger_s + step.drain_timeout_s + 60
     for child in children:
         child.wait(timeout=budget_s)
-    records = []
-    for index in range(step.clients):
-        path = out / f"client-{index}.pickle"
-        with path.open("rb") as f:
-            records.append(pickle.load(f))
-    return records
+    return [pickle.loads(job.with_suffix(".record").read_bytes()) for job in jobs]
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.latency.client_processes")
-    p.add_argument("--url", required=True)
-    p.add_argument("--clients", type=int, required=True)
-    p.add_argument("--index", type=int, required=True)
-    p.add_argument("--duration-s", type=float, required=True)
-    p.add_argument("--stagger-s", type=float, required=True)
-    p.add_argument("--audio", choices=AUDIO_CHOICES, default="synth")
-    p.add_argument("--start-at", type=float, required=True, help="time.time() of the step start")
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+    (job,) = sys.argv[1:] if argv is None else argv
+    step, plan, start_at = pickle.loads(Path(job).read_bytes())
     logging.basicConfig(level=logging.WARNING)
-    step = StepOptions(
-        url=args.url, clients=args.clients, duration_s=args.duration_s, stagger_s=args.stagger_s
-    )
-    audio = load_bench_audio(args.audio, REPO / "bench" / "out" / "audio-cache")
-    plan = plan_clients(step, audio)[args.index]
     # the plan's delay counts from the shared start, not from this process's
-    plan = replace(plan, delay_s=max(0.0, args.start_at + plan.delay_s - time.time()))
-    (record,) = asyncio.run(run_step(step, [plan]))  # one client: this process's
-    record.plan = replace(plan, delay_s=plan_clients(step, audio)[args.index].delay_s)
-    with args.out.open("wb") as f:
-        pickle.dump(record, f)
+    delayed = replace(plan, delay_s=max(0.0, start_at + plan.delay_s - time.time()))
+    (record,) = asyncio.run(run_step(step, [delayed]))  # one client: this process's
+    record.plan = plan
+    Path(job).with_suffix(".record").write_bytes(pickle.dumps(record))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import percentiles
+from bench.common import markdown_table, percentiles
 from streamer.client.connection import ClientOptions
 from streamer.client.streaming import transcribe
 from streamer.client.timeline import SessionResult
@@ -64,7 +64,7 @@ def _turns(cache_dir: Path, seed: int) -> list[tuple[np.ndarray, int]]:
     rng = np.random.default_rng(seed)
     clips: list[tuple[np.ndarray, int]] = []
     speaker = 0
-    for turn in range(6):
+    for _ in range(6):
         voice, pitch = VOICES[speaker]
         target_s = float(rng.uniform(5, 20))
         spoken_s = 0.0
@@ -75,7 +75,6 @@ def _turns(cache_dir: Path, seed: int) -> list[tuple[np.ndarray, int]]:
             clips.append((pcm, gap))
             spoken_s += (pcm.size / SAMPLE_RATE) + gap / 1000
         speaker = 1 - speaker
-        del turn
     return clips
 
 
@@ -101,7 +100,6 @@ def build_track(name: str, clips: list[tuple[np.ndarray, int]]) -> Track:
 def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> list[dict]:
     """Per final: kind (onset/continuation), TTFT, final latency, length, reason."""
     first_text: dict[int, float] = {}
-    final_arrival: dict[int, float] = {}
     rows = []
     for item in result.messages:
         message = item.message
@@ -109,7 +107,6 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
             first_text.setdefault(message.segment_id, item.arrival_s)
         if not isinstance(message, Final):
             continue
-        final_arrival[message.segment_id] = item.arrival_s
         start = int(message.start_ms * SAMPLE_RATE / 1000)
         end = int(message.end_ms * SAMPLE_RATE / 1000)
         inside = np.flatnonzero(track.speech[start:end])
@@ -123,7 +120,6 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
         sent_last = result.sent_time_s(last_speech)
         if sent_first is None or sent_last is None:
             continue
-        previous = final_arrival.get(message.segment_id - 1)
         first_s = first_text[message.segment_id]
         rows.append(
             {
@@ -133,15 +129,6 @@ def segment_figures(result: SessionResult, track: Track, endpoint_ms: int) -> li
                 "final_ms": (item.arrival_s - sent_last) * 1000,
                 "length_s": (end - start) / SAMPLE_RATE,
                 "reason": message.reason,
-                # the trace: what the segment waited for
-                "start_lag_ms": (start - first_speech) * 1000 / SAMPLE_RATE,  # <0: starts early
-                "decode_ms": message.decode_ms,  # its final's decode (0 when speculative)
-                "queue_ms": message.queue_ms,
-                # its first text came with the previous segment's final (held by ordering)
-                "held": previous is not None and first_s - previous < 0.005,
-                "prev_final_after_first_speech_ms": None
-                if previous is None
-                else (previous - sent_first) * 1000,
             }
         )
     return rows
@@ -160,11 +147,6 @@ def summarize(rows: list[dict]) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def _stream(url: str, track: Track) -> SessionResult:
-    options = ClientOptions(url=url, stream=StreamOptions(language="en"))
-    return await transcribe(options, track.pcm, SAMPLE_RATE, speed=1.0)
-
-
 def rotated(track: Track, index: int, clients: int) -> Track:
     """Client ``index`` of ``clients`` streams the track from another place (so their
     segments do not end together), with the silent lead kept first."""
@@ -178,7 +160,8 @@ def rotated(track: Track, index: int, clients: int) -> Track:
 async def _stream_many(url: str, tracks: list[Track], stagger_s: float) -> list[SessionResult]:
     async def one(i: int, track: Track) -> SessionResult:
         await asyncio.sleep(i * stagger_s)
-        return await _stream(url, track)
+        options = ClientOptions(url=url, stream=StreamOptions(language="en"))
+        return await transcribe(options, track.pcm, SAMPLE_RATE, speed=1.0)
 
     return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tracks))))
 
@@ -209,19 +192,14 @@ def run(url: str, track: Track, clients: int, rounds: int, endpoint_ms: int) -> 
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [
-        "| audio | clients | segments | n | TTFT p50 / p95 / p99 ms | final p50 / p95 / p99 ms "
-        "| capped |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    head = "audio|clients|segments|n|TTFT p50 / p95 / p99 ms|final p50 / p95 / p99 ms|capped"
 
     def ms(p: dict[str, float | None]) -> str:
         return " / ".join("-" if v is None else f"{v:.0f}" for v in p.values())
 
-    for clients, step in results["steps"].items():
-        for kind, s in step["summary"].items():
-            lines.append(
-                f"| {results['audio']} | {clients} | {kind} | {s['n']} | {ms(s['ttft_ms'])} "
-                f"| {ms(s['final_ms'])} | {s['capped']} |"
-            )
-    return "\n".join(lines)
+    rows = [
+        [results["audio"], clients, kind, s["n"], ms(s["ttft_ms"]), ms(s["final_ms"]), s["capped"]]
+        for clients, step in results["steps"].items()
+        for kind, s in step["summary"].items()
+    ]
+    return markdown_table(head.split("|"), rows)

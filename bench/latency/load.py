@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -39,7 +40,8 @@ class StepOptions:
     partials: bool = True  # ask for partial results
     endpoint_ms: int = 500  # trailing silence that ends an utterance
     chunk_ms: int = 100  # audio per WebSocket frame
-    speed: float = 1.0  # 1.0 = real time
+    speed: float | None = 1.0  # 1.0 = real time; None: as fast as the connection takes it
+    ping: bool = True  # keepalive pings
     drain_timeout_s: float = 60.0  # after the last chunk, wait this long for the end
     diarize: bool = False  # ask for speaker labels (the server needs --diarize-model)
 
@@ -92,6 +94,8 @@ async def run_client(plan: ClientPlan, options: StepOptions) -> ClientRecord:
         partials=options.partials, endpoint_ms=options.endpoint_ms, diarize=options.diarize
     )
     client_options = ClientOptions(url=options.url, stream=stream, open_timeout_s=30.0)
+    if not options.ping:
+        client_options = replace(client_options, ping_interval_s=None)
 
     def on_message(item: Received) -> None:
         record.arrivals.append(Arrival(item.message, item.arrival_s))
@@ -106,7 +110,8 @@ async def run_client(plan: ClientPlan, options: StepOptions) -> ClientRecord:
         logger.warning("client %d: %s", plan.index, record.error)
         return record
     record.connect_s = time.monotonic() - started
-    budget_s = plan.track.size / SAMPLE_RATE / options.speed + options.drain_timeout_s
+    budget_s = plan.track.size / SAMPLE_RATE / (options.speed or math.inf)
+    budget_s += options.drain_timeout_s
     try:
         async with client:
             await asyncio.wait_for(

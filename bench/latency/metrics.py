@@ -53,10 +53,6 @@ class SendLog:
             raise ValueError("send log end samples must rise strictly")
         return cls(tuple(ends), tuple(times), sample_rate)
 
-    @property
-    def samples_sent(self) -> int:
-        return self.end_samples[-1] if self.end_samples else 0
-
     def sample_at_ms(self, ms: float) -> int:
         """Index of the sample that starts at audio time ``ms`` (rounded to a sample)."""
         return int(round(ms * self.sample_rate / 1000.0))
@@ -280,33 +276,20 @@ def summarize_segments(segments: Sequence[SegmentLatency]) -> dict[str, Any]:
     """
     timed = [s for s in segments if s.reason != "stop"]
     gaps = [g for s in segments for g in s.partial_gaps_s]
-    by_reason: dict[str, dict[str, Any]] = {}
-    for reason in sorted({s.reason for s in timed if s.reason}):
-        values = [s.final_s for s in timed if s.reason == reason]
-        by_reason[reason] = {"count": len(values), **percentiles(values)}
     return {
         "segments": len(segments),
         "finals_missing": sum(1 for s in segments if s.end_ms is None),
         "stop_finals": sum(1 for s in segments if s.reason == "stop"),
         "no_text": sum(1 for s in timed if s.first_token_s is None),
         "first_token_s": percentiles(s.first_token_s for s in timed),
-        "first_token_from_partial": _share(
-            s.first_token_from == "partial" for s in timed if s.first_token_from
-        ),
         "final_s": percentiles(s.final_s for s in timed),
         "onset_first_token_s": percentiles(s.onset_first_token_s for s in timed),
         "speech_end_final_s": percentiles(s.speech_end_final_s for s in timed),
-        "final_s_by_reason": by_reason,
         "partials_per_segment": _mean(s.partials for s in timed),
         "partial_gap_s": percentiles(gaps),
         "decode_ms": percentiles(s.decode_ms for s in timed),
         "queue_ms": percentiles(s.queue_ms for s in timed),
     }
-
-
-def _share(flags: Iterable[bool]) -> float | None:
-    values = list(flags)
-    return sum(values) / len(values) if values else None
 
 
 def _mean(values: Iterable[float]) -> float | None:

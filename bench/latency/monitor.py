@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+import numpy as np
 import psutil
 
 from bench.common import http_get, nvidia_smi, tree_rss_mb
@@ -46,15 +47,6 @@ def find_listening_pid(port: int) -> int | None:
     except (psutil.AccessDenied, OSError):
         return None
     return None
-
-
-def gpu_sample() -> list[dict[str, float]] | None:
-    """Utilization (%) and memory used (MiB) of each GPU via nvidia-smi; None without one."""
-    rows = []
-    for util, mem, *_ in nvidia_smi("utilization.gpu,memory.used", units=False):
-        with contextlib.suppress(ValueError):
-            rows.append({"util_pct": float(util), "mem_mib": float(mem)})
-    return rows or None
 
 
 def _tree_cpu_s(process: psutil.Process | None) -> float:
@@ -134,10 +126,11 @@ class Monitor:
             self._add("process_rss_mib", tree_rss_mb(self._process.pid))
         self._add("system_cpu_pct", psutil.cpu_percent() * (psutil.cpu_count() or 1))
         self._add("bench_cpu_pct", self._bench.cpu_percent())
-        gpus = gpu_sample()
-        if gpus:
-            self._add("gpu_util_pct", max(g["util_pct"] for g in gpus))
-            self._add("gpu_mem_mib", sum(g["mem_mib"] for g in gpus))
+        with contextlib.suppress(ValueError):  # utilization (%), memory used (MiB) per GPU
+            gpus = np.array(nvidia_smi("utilization.gpu,memory.used", units=False), float)
+            if gpus.size:
+                self._add("gpu_util_pct", float(gpus[:, 0].max()))
+                self._add("gpu_mem_mib", float(gpus[:, 1].sum()))
         samples = scrape(self.http_base)
         self._add("sessions_active", prom.value(samples, "streamer_sessions_active"))
         self._add("loop_lag", prom.value(samples, "streamer_event_loop_lag_seconds"))

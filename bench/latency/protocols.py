@@ -44,7 +44,7 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from bench.common import percentiles
+from bench.common import markdown_table, percentiles
 from bench.latency.audio import SAMPLE_RATE, BenchAudio
 from bench.latency.load import ClientPlan, StepOptions, plan_clients
 from bench.latency.metrics import SendLog
@@ -483,11 +483,8 @@ def summarize(runs: Iterable[ClientRun]) -> dict[str, Any]:
 
 def table(results: dict[str, Any]) -> str:
     """Markdown, a row per step and kind, the first kind the reference."""
-    lines = [
-        "| clients | kind | utterances | ttft p50 / p95 | final p50 / p95 | answer p50 "
-        "| ttft, final p50 vs the first |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    head = "clients|kind|utterances|ttft p50 / p95|final p50 / p95|answer p50|ttft, final p50"
+    rows = []
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.0f}"
@@ -501,12 +498,10 @@ def table(results: dict[str, Any]) -> str:
             t, f = s["ttft_ms"], s["final_ms"]
             base_t, base_f = first["ttft_ms"]["p50"], first["final_ms"]["p50"]
             vs = f"{diff(t['p50'], base_t)}, {diff(f['p50'], base_f)}"
-            lines.append(
-                f"| {clients} | {kind} | {s['utterances']} | {fmt(t['p50'])} / {fmt(t['p95'])} "
-                f"| {fmt(f['p50'])} / {fmt(f['p95'])} | {fmt(s['answer_ms']['p50'])} "
-                f"| {'' if s is first else vs} |"
-            )
-    return "\n".join(lines)
+            spread = [f"{fmt(x['p50'])} / {fmt(x['p95'])}" for x in (t, f)]
+            answer = fmt(s["answer_ms"]["p50"])
+            rows.append([clients, kind, s["utterances"], *spread, answer, "" if s is first else vs])
+    return markdown_table(f"{head} vs the first".split("|"), rows)
 
 
 def decode_cost(pieces: list[Piece], duration_s: float) -> dict[str, float]:

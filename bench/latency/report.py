@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
+
+from bench.common import markdown_table
 
 COLUMNS = (  # a step's row, latencies in ms
     "variant|clients|segs|ttft p50|ttft p95|ttft p99|final p50|final p95|final p99|onset ttft p50|"
@@ -15,7 +15,7 @@ COLUMNS = (  # a step's row, latencies in ms
 SEND_LAG_LIMIT_S = 0.1  # a step whose load generator sent later than this (p95) is flagged
 
 
-def _ms(value: float | None) -> str:
+def ms(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value * 1000:.0f}"
 
 
@@ -35,20 +35,20 @@ def step_row(variant: str, step: dict[str, Any]) -> list[str]:
         variant,
         str(step["clients"]),
         str(s["segments"]),
-        _ms(s["first_token_s"]["p50"]),
-        _ms(s["first_token_s"]["p95"]),
-        _ms(s["first_token_s"]["p99"]),
-        _ms(s["final_s"]["p50"]),
-        _ms(s["final_s"]["p95"]),
-        _ms(s["final_s"]["p99"]),
-        _ms((s.get("onset_first_token_s") or {}).get("p50")),
-        _ms((s.get("speech_end_final_s") or {}).get("p50")),
-        _ms(s["partial_gap_s"]["p50"]),
+        ms(s["first_token_s"]["p50"]),
+        ms(s["first_token_s"]["p95"]),
+        ms(s["first_token_s"]["p99"]),
+        ms(s["final_s"]["p50"]),
+        ms(s["final_s"]["p95"]),
+        ms(s["final_s"]["p99"]),
+        ms((s.get("onset_first_token_s") or {}).get("p50")),
+        ms((s.get("speech_end_final_s") or {}).get("p50")),
+        ms(s["partial_gap_s"]["p50"]),
         _num(None if step["skip_share"] is None else step["skip_share"] * 100, "{:.0f}%"),
         _num(s["decode_ms"]["p50"]),
         _num(s["queue_ms"]["p95"]),
-        _ms(loop_lag),
-        _ms(send_lag) + flag,
+        ms(loop_lag),
+        ms(send_lag) + flag,
         _num((mon.get("process_cpu_pct") or {}).get("mean")),
         _num((mon.get("bench_cpu_pct") or {}).get("mean")),
         _num(other_cpu_pct(mon)),
@@ -80,9 +80,7 @@ def table(results: dict[str, Any], markdown: bool = False) -> str:
         for step in variant["steps"]:
             rows.append(step_row(variant["name"], step))
     if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-        return "\n".join(lines)
+        return markdown_table(rows[0], rows[1:])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
@@ -109,14 +107,6 @@ def carried_lines(results: dict[str, Any]) -> list[str]:
             )
         lines.append(text)
     return lines
-
-
-def write_json(results: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
-
-
-def _json_default(obj: object) -> object:
-    return obj.item() if hasattr(obj, "item") else str(obj)  # numpy scalars; paths
 
 
 def summary_markdown(results: dict[str, Any]) -> str:

@@ -300,9 +300,9 @@ class Sweep:
         entry["carried_clients"] = metrics.carried_clients(p95, self.options.saturation_final_p95_s)
         s = step["summary"]
         logger.info(
-            "%s x%d: ttft p50 %s, final p50 %s p95 %s, errors %d",
-            variant.name, clients, _fmt(s["first_token_s"]["p50"]), _fmt(s["final_s"]["p50"]),
-            _fmt(s["final_s"]["p95"]), len(step["errors"]),
+            "%s x%d: ttft p50 %s ms, final p50 %s ms p95 %s ms, errors %d",
+            variant.name, clients, report.ms(s["first_token_s"]["p50"]),
+            report.ms(s["final_s"]["p50"]), report.ms(s["final_s"]["p95"]), len(step["errors"]),
         )  # fmt: skip
         if self.on_update is not None:
             self.on_update(self.results)
@@ -340,7 +340,3 @@ async def _drained(url: str, timeout_s: float) -> bool:
             logger.info("server not drained: %d sessions, %d queued jobs", sessions, queued)
             return False
         await asyncio.sleep(1.0)
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f} ms"

@@ -36,18 +36,17 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from bench import common
-from bench.common import HealthProbes, ManagedServer, PeakRss, ServerOptions, percentiles
+from bench.common import HealthProbes, ManagedServer, PeakRss, percentiles
 from bench.latency import prom
+from bench.latency.audio import looped_speech
+from bench.latency.load import ClientPlan, StepOptions, run_client
+from bench.latency.metrics import segment_latencies
 from bench.latency.monitor import scrape
-from streamer.client.connection import ClientOptions, Received, StreamingClient
-from streamer.client.streaming import run_session
-from streamer.core.protocol import Error, Final, StreamOptions
-from streamer.errors import ConnectionRefusedByServer
+from streamer.core.protocol import Error, Final
 from streamer.testkit import speech as synth
 
 logger = logging.getLogger("bench.stress")
 
-READY_TIMEOUT_S = 900.0  # building random:small the first time takes minutes
 ATTACK_TIMEOUT_S = 1800.0  # no attack runs longer than this
 ATTACKS = ("unpaced", "floods")
 
@@ -55,23 +54,12 @@ ATTACKS = ("unpaced", "floods")
 # -- the server process --------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class StressServerOptions(ServerOptions):
-    """``streamer serve`` with exactly ``args`` (the server's defaults for the rest)."""
-
-    args: tuple[str, ...] = ()
-    ready_timeout_s: float = READY_TIMEOUT_S
-    ready_poll_s: float = 0.25
-
-    def command(self, port: int) -> list[str]:
-        return [self.python, "-m", "streamer", "serve", "--host", "127.0.0.1", "--port",
-                str(port), *self.args]  # fmt: skip
-
-
-def stress_server(args: list[str], log: Path) -> ManagedServer:
-    """A stress server, not started yet (``with`` starts it and waits for /readyz)."""
-    options = StressServerOptions(args=tuple(args), env=(("PYTHONUNBUFFERED", "1"),))
-    return ManagedServer(options, log)
+def stress_server(args: argparse.Namespace, log: Path) -> ManagedServer:
+    """The server of :func:`common.add_server_args`'s arguments and ``--threads``, logging
+    at info, not started yet (``with`` starts it and waits for /readyz)."""
+    threads = ("--threads", str(args.threads))
+    env = (("PYTHONUNBUFFERED", "1"),)
+    return common.started_server(args, log, log_level="info", extra_args=threads, env=env)
 
 
 # -- results -------------------------------------------------------------------
@@ -86,37 +74,30 @@ class Row:
     finals_lost: tuple[int, int] | None = None  # (lost, expected)
     peak_rss_mb: float = 0.0
 
-
-TABLE_HEAD = (
-    "| attack | expected | observed | verdict | finals lost | peak RSS |\n" + "|---" * 6 + "|"
-)
+    def cells(self) -> list[str]:
+        lost = "-" if self.finals_lost is None else "{} of {}".format(*self.finals_lost)
+        verdict, rss = "PASS" if self.ok else "FAIL", f"{self.peak_rss_mb:.0f} MB"
+        return [self.attack, self.expected, self.observed, verdict, lost, rss]
 
 
 def table(rows: list[Row]) -> str:
-    lines = [TABLE_HEAD]
-    for r in rows:
-        lost = "-" if r.finals_lost is None else "{} of {}".format(*r.finals_lost)
-        lines.append(f"| {r.attack} | {r.expected} | {r.observed} | {'PASS' if r.ok else 'FAIL'} "
-                     f"| {lost} | {r.peak_rss_mb:.0f} MB |")  # fmt: skip
-    return "\n".join(lines)
+    head = "attack|expected|observed|verdict|finals lost|peak RSS".split("|")
+    return common.markdown_table(head, (row.cells() for row in rows))
 
 
 # -- audio -----------------------------------------------------------------------
 
 
 def long_speech(cache_dir: Path, minutes: float) -> np.ndarray:
-    """espeak sentences with pauses, repeated to ``minutes`` of 16 kHz audio."""
-    clips = [synth.speak(text, "en", cache_dir=cache_dir) for text in synth.SENTENCES["en"][:3]]
-    pause = np.zeros(16000 * 12 // 10, dtype=np.int16)
-    one = np.concatenate([x for clip in clips for x in (clip, pause)])
-    reps = max(1, int(np.ceil(minutes * 60 * 16000 / one.size)))
-    return np.tile(one, reps)[: int(minutes * 60 * 16000)]
+    """Three espeak sentences with 1.2 s pauses, repeated to ``minutes`` of 16 kHz audio."""
+    sentences = [("en", text) for text in synth.SENTENCES["en"][:3]]
+    return looped_speech(sentences, cache_dir, minutes * 60, gap_ms=1200)
 
 
 @dataclass
 class Session:
     """What one client got: its finals, each final's latency (arrival minus when its last
-    sample was due, paced sessions), whether ``end`` came, error codes, a refusal."""
+    sample was sent), whether ``end`` came, error codes, a refusal."""
 
     finals: list[Final] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
@@ -137,34 +118,21 @@ async def session(
     speed: float | None = None,
     partials: bool = False,
 ) -> Session:
-    """One session, sent unpaced or at ``speed`` times real time in 100 ms chunks."""
-    options = ClientOptions(url=url, stream=StreamOptions(partials=partials),
-                            ping_interval_s=20.0 if ping else None)  # fmt: skip
-    result = Session()
-    try:
-        client = await StreamingClient.connect(options)
-    except ConnectionRefusedByServer as refused:
-        result.refused = refused.reason or str(refused.status)
-        return result
-    t0 = time.monotonic()
-
-    def on_message(item: Received) -> None:
-        message = item.message
-        if isinstance(message, Final):
-            result.finals.append(message)
-            due_s = t0 + message.end_ms / 1000 / (speed or math.inf)
-            result.latencies_s += [time.monotonic() - due_s] if message.text else []
-        elif isinstance(message, Error):
-            result.errors.append(message.code)
-
-    try:
-        async with client:  # the package's own client loop: chunks of 100 ms, then stop
-            sending = run_session(client, pcm, 16000, on_message=on_message, speed=speed)
-            await asyncio.wait_for(sending, pcm.size / 16000 / (speed or math.inf) + 120)
-    except Exception as exc:  # the row records it
-        result.errors.append(f"{type(exc).__name__}: {exc}"[:80])
-    result.ended = client.end is not None
-    return result
+    """One session through the load generator's client (100 ms chunks, then ``stop``),
+    unpaced or at ``speed`` times real time."""
+    options = StepOptions(url, 1, 0.0, 0.0, partials=partials, speed=speed, ping=ping,
+                          drain_timeout_s=120.0)  # fmt: skip
+    record = await run_client(ClientPlan(0, 0.0, 0, pcm, ()), options)
+    messages = [arrival.message for arrival in record.arrivals]
+    segments = segment_latencies(record.arrivals, record.send_log())
+    codes = [m.code for m in messages if isinstance(m, Error)]
+    return Session(
+        finals=[m for m in messages if isinstance(m, Final)],
+        latencies_s=[s.final_s for s in segments if s.final_s is not None and s.first_token_s],
+        ended=record.end is not None,
+        errors=codes + ([record.error] if record.error else []),
+        refused=record.error if record.connect_s is None else None,
+    )
 
 
 # -- attacks -----------------------------------------------------------------------
@@ -277,7 +245,6 @@ async def run(args: argparse.Namespace) -> list[Row]:
     log = Path(args.log)
     log.unlink(missing_ok=True)
     long_pcm = long_speech(speech_cache, args.minutes)
-    flags = args.model_args
     rows: list[Row] = []
 
     async def step(name: str, make: Callable[[], Awaitable[Row]]) -> None:
@@ -291,7 +258,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
         logger.info("%s: %s (%s)", "PASS" if row.ok else "FAIL", row.observed, name)
         rows.append(row)
 
-    with stress_server(flags, log) as server:
+    with stress_server(args, log) as server:
         # the reference: one client alone, the whole file
         reference_finals = (await session(server.url, long_pcm, ping=False)).finals
         await step("unpaced", lambda: attack_unpaced(server, args, len(reference_finals), long_pcm))
@@ -343,22 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the table replaces the stress section of this file (or is appended)",
     )
     args = p.parse_args(argv)
-    args.model_args = ["--model", args.model, "--quantize", args.quantize, "--threads",
-                       str(args.threads), "--device", args.device, "--log-level", "info",
-                       *args.server_arg]  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     started = time.monotonic()
     rows = asyncio.run(run(args))
-    command = "python -m bench.stress " + " ".join(argv)
-    text = "\n".join(
-        [
-            f"Command: `{command.strip()}` ({time.monotonic() - started:.0f} s, "
-            f"{os.cpu_count()} CPUs, model {args.model} quantize {args.quantize})",
-            "",
-            table(rows),
-            "",
-        ]
-    )
+    took = f"{time.monotonic() - started:.0f} s, {os.cpu_count()} CPUs"
+    head = f"Command: `{common.command_line('bench.stress', argv)}` ({took}, model {args.model}"
+    text = f"{head} quantize {args.quantize})\n\n{table(rows)}\n"
     sys.stdout.write(text)
     write_section(Path(args.results), text)
     return 0 if all(r.ok for r in rows) else 1

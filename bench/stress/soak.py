@@ -1,5 +1,5 @@
-"""Mixed soak (issue 32): live PCM, WebM streams and closed tabs, uploads, SSE and hostile
-clients together for N minutes against a ``streamer serve`` it starts; the server's RSS,
+"""Mixed soak (issue 32): live PCM, WebM streams and closed tabs, uploads and SSE uploads
+together for N minutes against a ``streamer serve`` it starts; the server's RSS,
 threads and fds at start, middle and end, and every well-behaved client's finals checked.
 
     python -m bench.stress soak --minutes 20            # the issue's soak
@@ -13,10 +13,11 @@ The well-behaved clients and what each must get, every time, equal to its refere
   * an upload (Deepgram, WAV) every ``--upload-every-s``: 200 and the same utterances;
   * an SSE upload (OpenAI, ``stream=true``) every ``--upload-every-s``: the same text in
     its deltas, ended by ``transcript.text.done``.
-Beside them, hostile clients: a WebM tab that closes without ``stop`` (or drops its
-connection) every ``--tab-close-every-s``, and in turn every ``--hostile-every-s`` a
-dripping upload (cut: 408), a 1 Hz WAV, a WAV of 0 bits per sample, a truncated WAV, a
-form of 70 parts (each 400), and an upload reset mid-transcription.
+Beside them, a WebM tab that closes without ``stop`` (or drops its connection) every
+``--tab-close-every-s``. The hostile uploads the issue's soak also mixed in (a dripping
+upload, 1 Hz, 0-bit and truncated WAVs, a 70-part form, an upload reset
+mid-transcription) are each asserted by tests/test_hostile_uploads.py; their clients are
+at ``git show 276f9f2:bench/stress/soak.py``.
 
 Every attack talks to 127.0.0.1 only; every wait has a timeout.
 """
@@ -27,33 +28,36 @@ import argparse
 import asyncio
 import contextlib
 import http.client
+import io
+import itertools
 import logging
 import os
 import signal
-import socket
-import struct
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import orjson
+import soundfile as sf
 from websockets.asyncio.client import connect
 
-from bench.common import cpu_name, multipart_form, proc_status, rss_mb
+from bench import common
+from bench.common import cpu_name, proc_status, rss_mb
 from bench.files import Uploader
 from bench.latency.protocols import webm_bytes
 from bench.stress.attacks import long_speech, session, stress_server
+from streamer.client.connection import ClientOptions, StreamingClient
+from streamer.core.protocol import Error, Final, StreamOptions
 
 logger = logging.getLogger("bench.stress.soak")
 
-BOUNDARY = "soak-boundary"
-OPENAI_PATH = "/v1/audio/transcriptions"
 HTTP_TIMEOUT_S = 120.0  # one upload's answer (it waits behind live work)
 SAMPLE_EVERY_S = 5.0
+DEEPGRAM_PATH = "/v1/listen?utterances=true"
 
 
 @dataclass
@@ -63,12 +67,11 @@ class Tally:
     counts: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
 
-    def ok(self, what: str) -> None:
-        self.counts[f"{what} ok"] += 1
-
-    def bad(self, what: str, detail: str) -> None:
-        self.counts[f"{what} FAILED"] += 1
-        self.failures.append(f"{what}: {detail}"[:300])
+    def record(self, what: str, failure: str | None) -> None:
+        """One outcome of ``what``: None when it was as it must be, else what went wrong."""
+        self.counts[f"{what} {'ok' if failure is None else 'FAILED'}"] += 1
+        if failure is not None:
+            self.failures.append(f"{what}: {failure}"[:300])
 
 
 @dataclass(frozen=True)
@@ -91,18 +94,11 @@ def sample(pid: int, at_s: float) -> Sample:
 # -- audio ---------------------------------------------------------------------------
 
 
-def wav_bytes(pcm: np.ndarray, *, rate: int = 16000, bits: int = 16, declared: int = 0) -> bytes:
-    """A mono WAV whose header says ``rate``, ``bits`` and ``declared`` data bytes (lies
-    for the hostile cases)."""
-    data, block = pcm.astype("<i2").tobytes(), bits // 8
-    size = declared or len(data)
-    head = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + size, b"WAVE", b"fmt ", 16, 1, 1,
-                       rate, rate * block, block, bits, b"data", size)  # fmt: skip
-    return head + data
-
-
-def form(audio: bytes, *fields: tuple[str, str]) -> bytes:
-    return multipart_form(audio, fields, filename="a.wav", boundary=BOUNDARY)
+def wav_bytes(pcm: np.ndarray) -> bytes:
+    """A 16 kHz mono 16-bit WAV of ``pcm``."""
+    buffer = io.BytesIO()
+    sf.write(buffer, pcm, 16000, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
 
 
 # -- clients --------------------------------------------------------------------------
@@ -123,25 +119,20 @@ def deepgram_texts(body: bytes) -> list[str]:
 
 
 async def webm_session(url: str, webm: bytes, *, slice_s: float, seconds: float) -> list[str]:
-    """A real-time WebM stream ended by ``stop``: its finals' texts."""
-    pieces = _slices(webm, seconds, slice_s)
-    async with connect(f"{url}?encoding=webm&partials=false", max_size=None) as ws:
-        assert orjson.loads(await ws.recv())["type"] == "ready"
-        for piece in pieces:
-            await ws.send(piece)
+    """A real-time WebM stream ended by ``stop`` (the package's client): its finals' texts."""
+    options = ClientOptions(url=url, stream=StreamOptions(encoding="webm", partials=False))
+    async with await StreamingClient.connect(options) as client:
+        for piece in _slices(webm, seconds, slice_s):
+            await client.send_audio(piece)
             await asyncio.sleep(slice_s)
-        await ws.send('{"type": "stop"}')
-        texts = []
+        await client.stop()
         async with asyncio.timeout(HTTP_TIMEOUT_S):
-            async for frame in ws:
-                message = orjson.loads(frame)
-                if message["type"] == "final" and message["text"]:
-                    texts.append(message["text"])
-                elif message["type"] == "error":
-                    raise RuntimeError(message["code"])
-                elif message["type"] == "end":
-                    return texts
-    raise RuntimeError("no end")
+            messages = [item.message async for item in client.received()]
+    if errors := [m.code for m in messages if isinstance(m, Error)]:
+        raise RuntimeError(errors)
+    if client.end is None:
+        raise RuntimeError("no end")
+    return [m.text for m in messages if isinstance(m, Final) and m.text]
 
 
 async def closed_tab(url: str, webm: bytes, *, abort: bool) -> None:
@@ -166,35 +157,6 @@ def _slices(data: bytes, seconds: float, slice_s: float) -> list[bytes]:
     return [data[i : i + step] for i in range(0, len(data), step)]
 
 
-def drip(port: int, seconds: float) -> bytes:
-    """An upload declaring 1 MB and sending a byte a second: what it is answered."""
-    with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
-        sock.sendall(
-            b"POST /v1/listen HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
-            b"Content-Length: 1048576\r\n\r\n"
-        )
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            try:
-                answer = sock.recv(4096)
-                return answer
-            except TimeoutError:
-                sock.sendall(b"R")
-    return b""
-
-
-def reset_upload(port: int, body: bytes, after_s: float) -> None:
-    """An upload whose connection is reset ``after_s`` after its body was sent."""
-    head = (
-        f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n\r\n"
-    ).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(head + body)
-        time.sleep(after_s)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-
-
 # -- the soak --------------------------------------------------------------------------
 
 
@@ -203,11 +165,7 @@ async def soak(args: argparse.Namespace) -> str:
     speech = long_speech(cache / "speech", args.clip_s / 60)
     webm = webm_bytes(speech)
     wav = wav_bytes(speech)
-    server = stress_server(
-        ["--model", args.model, "--threads", str(args.threads), "--device", "cpu"]
-        + ["--log-level", "info", *args.server_arg],
-        Path(args.log),
-    )
+    server = stress_server(args, Path(args.log))
     tally = Tally()
     try:
         server.__enter__()  # started and ready; stopped below with SIGTERM, its exit timed
@@ -215,9 +173,7 @@ async def soak(args: argparse.Namespace) -> str:
         # references: each well-behaved client alone, once
         live_ref = (await session(url, speech, ping=False)).texts
         webm_ref = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
-        status, body = await asyncio.to_thread(
-            post, port, "/v1/listen?utterances=true", wav, "audio/wav"
-        )
+        status, body = await asyncio.to_thread(post, port, DEEPGRAM_PATH, wav, "audio/wav")
         assert status == 200, body[:200]
         upload_ref = deepgram_texts(body)
         wav_path = Path(args.log).with_suffix(".wav")
@@ -236,71 +192,43 @@ async def soak(args: argparse.Namespace) -> str:
         def running() -> bool:
             return time.monotonic() < end
 
-        async def live() -> None:
-            while running():
-                got = await session(url, speech, speed=1.0)
-                texts, ended, errors = got.texts, got.ended, got.errors
-                if texts == live_ref and ended and not errors:
-                    tally.ok("live PCM session")
-                else:
-                    tally.bad("live PCM session", f"{len(texts)}/{len(live_ref)} {ended} {errors}")
-
-        async def webm_stream() -> None:
-            while running():
-                try:
-                    texts = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
-                except Exception as error:  # the tally records it
-                    tally.bad("WebM stream", repr(error))
-                    continue
-                if texts == webm_ref:
-                    tally.ok("WebM stream")
-                else:
-                    tally.bad("WebM stream", f"{len(texts)}/{len(webm_ref)} finals")
-
-        async def tabs() -> None:
-            count = 0
-            while running():
-                count += 1
-                try:
-                    await closed_tab(url, webm, abort=count % 2 == 0)
-                    tally.ok("closed tab")
-                except Exception as error:
-                    tally.bad("closed tab", repr(error))
-                await asyncio.sleep(args.tab_close_every_s)
-
-        async def uploads() -> None:
+        async def repeat(
+            what: str, attempt: Callable[[], Awaitable[str | None]], every_s: float = 0.0
+        ) -> None:
+            """``attempt`` until the end, one every ``every_s`` at most: each returns None
+            when its client got what it must, else what went wrong."""
             while running():
                 started = time.monotonic()
                 try:
-                    status, body = await asyncio.to_thread(
-                        post, port, "/v1/listen?utterances=true", wav, "audio/wav"
-                    )
-                    if status == 200 and deepgram_texts(body) == upload_ref:
-                        tally.ok("upload")
-                    else:
-                        tally.bad("upload", f"{status} {body[:120]!r}")
-                    up = await asyncio.to_thread(Uploader(server.http_url).upload, wav_path)
-                    if up.error is None and up.deltas_match_done and _same(up.text, text_ref):
-                        tally.ok("SSE upload")
-                    else:
-                        tally.bad("SSE upload", f"{up.error} {up.text[:80]!r}")
-                except Exception as error:
-                    tally.bad("upload", repr(error))
-                await asyncio.sleep(max(0.0, started + args.upload_every_s - time.monotonic()))
+                    failure = await attempt()
+                except Exception as error:  # the tally records it
+                    failure = repr(error)
+                tally.record(what, failure)
+                await asyncio.sleep(max(0.0, started + every_s - time.monotonic()))
 
-        hostile_cases = hostile_clients(port, speech, wav)
+        async def live() -> str | None:
+            got = await session(url, speech, speed=1.0)
+            ok = got.texts == live_ref and got.ended and not got.errors
+            return None if ok else f"{len(got.texts)}/{len(live_ref)} {got.ended} {got.errors}"
 
-        async def hostile() -> None:
-            index = 0
-            while running():
-                name, case = hostile_cases[index % len(hostile_cases)]
-                index += 1
-                try:
-                    await asyncio.to_thread(case)
-                    tally.ok(name)
-                except Exception as error:
-                    tally.bad(name, repr(error))
-                await asyncio.sleep(args.hostile_every_s)
+        async def webm_stream() -> str | None:
+            texts = await webm_session(url, webm, slice_s=0.25, seconds=args.clip_s)
+            return None if texts == webm_ref else f"{len(texts)}/{len(webm_ref)} finals"
+
+        tabs = itertools.count()
+
+        async def tab() -> None:
+            await closed_tab(url, webm, abort=next(tabs) % 2 == 1)
+
+        async def upload() -> str | None:
+            status, body = await asyncio.to_thread(post, port, DEEPGRAM_PATH, wav, "audio/wav")
+            ok = status == 200 and deepgram_texts(body) == upload_ref
+            return None if ok else f"{status} {body[:120]!r}"
+
+        async def sse_upload() -> str | None:
+            up = await asyncio.to_thread(Uploader(server.http_url).upload, wav_path)
+            ok = up.error is None and up.deltas_match_done and _same(up.text, text_ref)
+            return None if ok else f"{up.error} {up.text[:80]!r}"
 
         async def sampler() -> None:
             while running():
@@ -308,11 +236,11 @@ async def soak(args: argparse.Namespace) -> str:
                 samples.append(sample(pid, time.monotonic() - t0))
 
         tasks = [
-            *(live() for _ in range(args.live)),
-            webm_stream(),
-            tabs(),
-            uploads(),
-            hostile(),
+            *(repeat("live PCM session", live) for _ in range(args.live)),
+            repeat("WebM stream", webm_stream),
+            repeat("closed tab", tab, args.tab_close_every_s),
+            repeat("upload", upload, args.upload_every_s),
+            repeat("SSE upload", sse_upload, args.upload_every_s),
             sampler(),
         ]
         await asyncio.gather(*tasks)
@@ -324,34 +252,6 @@ async def soak(args: argparse.Namespace) -> str:
     log = Path(args.log).read_text(errors="replace")
     tally.counts["server log: tracebacks"] = log.count("Traceback (most recent call last)")
     return report(args, samples, load_end, settled, tally, exit_s)
-
-
-def hostile_clients(
-    port: int, speech: np.ndarray, wav: bytes
-) -> list[tuple[str, Callable[[], None]]]:
-    """The hostile clients, each a blocking call that raises unless it was answered as
-    it must be."""
-    multipart = f"multipart/form-data; boundary={BOUNDARY}"
-
-    def refused(body: bytes, path: str = "/v1/listen", content_type: str = "audio/wav") -> None:
-        status, answer = post(port, path, body, content_type)
-        if status != 400:
-            raise AssertionError(f"{status} {answer[:120]!r}")
-
-    def dripping() -> None:
-        answer = drip(port, 30.0)
-        if not answer.startswith(b"HTTP/1.1 408"):
-            raise AssertionError(repr(answer[:120]))
-
-    parts = [(f"f{i}", "x") for i in range(70)]
-    return [
-        ("dripping upload", dripping),
-        ("1 Hz WAV", lambda: refused(wav_bytes(speech[:28000], rate=1))),
-        ("0-bit WAV", lambda: refused(wav_bytes(speech[:8000], bits=0))),
-        ("truncated WAV", lambda: refused(wav_bytes(speech[:16000], declared=320000))),
-        ("70-part form", lambda: refused(form(wav, *parts), OPENAI_PATH, multipart)),
-        ("reset upload", lambda: reset_upload(port, form(wav), 0.5)),
-    ]
 
 
 def _same(a: str, b: str) -> bool:
@@ -367,38 +267,22 @@ def report(
     exit_s: float | None,
 ) -> str:
     middle = min(samples, key=lambda s: abs(s.at_s - args.minutes * 30))
-    start = samples[0]
-    rows = [("start", start), ("middle", middle), ("end of the load", load_end)]
-    rows.append((f"{args.settle_s:g} s after", settled))
-
-    first = [s for s in samples if s.at_s <= middle.at_s]
-    second = [s for s in samples if s.at_s > middle.at_s] + [load_end]
-
-    def peaks(name: str, unit: str = "") -> str:
-        high = [max(getattr(s, name) for s in half) for half in (first, second)]
-        return f"{high[0]:.0f} / {high[1]:.0f} {unit}".strip()
-
-    def growth(a: float, b: float) -> str:
-        return f"{(b - a) / a * 100:+.1f} %" if a else "-"
-
+    named = [("start", samples[0]), ("middle", middle), ("end of the load", load_end)]
+    named.append((f"{args.settle_s:g} s after", settled))
+    rows: list[list[object]] = [
+        [name, f"{s.at_s:.0f} s", f"{s.rss_mb:.0f} MiB", s.threads, s.fds] for name, s in named
+    ]
+    before, after = (np.array([s.rss_mb, s.threads, s.fds], float) for s in (middle, load_end))
+    rows.append(
+        ["growth over the last half", "", *(f"{g:+.1f} %" for g in 100 * (after / before - 1))]
+    )
     lines = [
         f"Mixed soak, {args.minutes:g} min, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{cpu_name()}, {os.cpu_count()} CPUs, model {args.model}",
         "",
-        "| when | at | RSS | threads | fds |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {name} | {s.at_s:.0f} s | {s.rss_mb:.0f} MiB | {s.threads} | {s.fds} |"
-            for name, s in rows
-        ),
-        f"| growth over the last half | | {growth(middle.rss_mb, load_end.rss_mb)} | "
-        f"{growth(middle.threads, load_end.threads)} | {growth(middle.fds, load_end.fds)} |",
-        f"| highest, first half / second half | | {peaks('rss_mb', 'MiB')} | "
-        f"{peaks('threads')} | {peaks('fds')} |",
+        common.markdown_table("when|at|RSS|threads|fds".split("|"), rows),
         "",
-        "| client | outcomes |",
-        "|---|---|",
-        *(f"| {name} | {count} |" for name, count in sorted(tally.counts.items())),
+        common.markdown_table(["client", "outcomes"], sorted(tally.counts.items())),
         "",
         f"SIGTERM to exit: {'killed' if exit_s is None else f'{exit_s:.1f} s'}",
     ]
@@ -411,15 +295,13 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.stress soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--minutes", type=float, default=20.0)
-    p.add_argument("--model", default="random:tiny")
+    common.add_server_args(p, model="random:tiny", quantize=None)  # and --server-arg
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--live", type=int, default=2, help="real-time PCM sessions at once")
     p.add_argument("--clip-s", type=float, default=20.0, help="each client's audio")
     p.add_argument("--tab-close-every-s", type=float, default=10.0)
     p.add_argument("--upload-every-s", type=float, default=20.0)
-    p.add_argument("--hostile-every-s", type=float, default=5.0)
     p.add_argument("--settle-s", type=float, default=30.0)
-    p.add_argument("--server-arg", action="append", default=[])
     p.add_argument("--log", default="/tmp/stress-soak-server.log")
     p.add_argument("--out", help="also write the report to this file")
     args = p.parse_args(argv)
