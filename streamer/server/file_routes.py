@@ -46,11 +46,11 @@ from streamer.server.http_exchange import (
 )
 from streamer.server.options import FileOptions
 from streamer.server.route_table import (
+    NOT_FOUND,
     BodyHandler,
     BodyRoute,
     RouteTable,
     check_request_line,
-    method_not_allowed,
 )
 from streamer.server.uploads import FileJob, FileJobs, Receiving
 
@@ -174,8 +174,9 @@ class FileRoutes:
         try:
             check_request_line(request.ws_request)  # BadRequest: a 400
             route = self.table.find(request.method, request.path)  # 404, 405
-            if not isinstance(route, BodyRoute):  # a page's method (GET, HEAD) never comes here
-                raise method_not_allowed(self.table.allowed(request.path))
+            if not isinstance(route, BodyRoute):
+                # a page's method read here (``get``, which h11 reads as ``GET``): as before
+                raise HttpError(http.HTTPStatus.NOT_FOUND, NOT_FOUND)
             await route.handle(exchange)
         finally:
             self.admission.close_work(tracked)

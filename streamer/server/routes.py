@@ -39,7 +39,7 @@ from streamer.server.http import (
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
-from streamer.server.route_table import RouteTable
+from streamer.server.route_table import NOT_FOUND, RouteTable
 
 if TYPE_CHECKING:
     from streamer.model.backends.loading import LoadProgress
@@ -131,11 +131,7 @@ class Routes:
     def static_file(self, request: Request, url: SplitResult) -> Response:
         """The web demo's file at the path, or 404."""
         found = self.static.response(url.path)
-        if found is None:
-            return json_response(
-                http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
-            )
-        return found
+        return json_response(http.HTTPStatus.NOT_FOUND, NOT_FOUND) if found is None else found
 
     def metrics_page(self, request: Request, url: SplitResult) -> Response:
         options = self.admission.options
