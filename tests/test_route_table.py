@@ -8,8 +8,8 @@ import http.client
 
 import pytest
 
-from streamer.server.funasr_listener import TABLE as FUNASR_TABLE
-from streamer.server.route_table import RouteTable
+from streamer.errors import HttpError
+from streamer.server.route_table import BodyRoute, PageRoute, RouteTable, UpgradeRoute
 from tests.timing import timeout_s
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
@@ -27,8 +27,23 @@ def answer(port: int, method: str, path: str) -> tuple[int, str | None]:
         connection.close()
 
 
+def page(request, url):
+    return None
+
+
+async def body(exchange) -> None:
+    pass
+
+
 def test_the_table_lists_every_endpoint() -> None:
-    table = RouteTable(("/v1/asr", "/v1/listen"), ("/v1/listen", "/v1/audio/transcriptions"))
+    table = RouteTable(fallback=page)
+    for path in ("/healthz", "/readyz", "/metrics", "/v1/models", "/"):
+        table.page(path, page)
+    table.page("/v1/models/", page, prefix=True)
+    for path in ("/v1/asr", "/v1/listen"):
+        table.upgrade(path, page)
+    for path in ("/v1/listen", "/v1/audio/transcriptions"):
+        table.body(("POST", "OPTIONS"), path, body)
     assert table.allowed("/v1/listen") == ("GET", "POST", "OPTIONS")  # live and prerecorded
     assert table.allowed("/v1/asr") == ("GET",)
     assert table.allowed("/v1/audio/transcriptions") == ("POST", "OPTIONS")
@@ -39,6 +54,34 @@ def test_the_table_lists_every_endpoint() -> None:
     assert table.preflight_methods("/v1/listen") == ("POST", "OPTIONS")
     assert table.preflight_methods("/v1/audio/transcriptions") == ("POST", "OPTIONS")
     assert table.preflight_methods("/v1/asr") == table.preflight_methods("/healthz") == ()
+    # one route per (method, path), found by one lookup
+    assert isinstance(table.find("GET", "/v1/listen"), UpgradeRoute)
+    assert isinstance(table.find("POST", "/v1/listen"), BodyRoute)
+    assert isinstance(table.find("HEAD", "/v1/models/any-id"), PageRoute)
+    assert table.find("GET", "/app.js") == PageRoute(page)  # the fallback
+    with pytest.raises(ValueError, match="routed twice"):
+        table.page("/healthz", page)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "allow"),
+    [
+        ("HEAD", "/v1/asr", 405, "GET"),
+        ("GET", "/v1/audio/transcriptions", 405, "POST, OPTIONS"),
+        ("POST", "/v1/models/x", 405, "GET, HEAD"),
+        ("POST", "/app.js", 404, None),
+        ("PUT", "/nothing", 404, None),
+    ],
+)
+def test_a_method_or_path_not_routed_is_a_refusal(method, path, status, allow) -> None:
+    table = RouteTable(fallback=page)
+    table.page("/v1/models/", page, prefix=True)
+    table.upgrade("/v1/asr", page)
+    table.body(("POST", "OPTIONS"), "/v1/audio/transcriptions", body)
+    with pytest.raises(HttpError) as refused:
+        table.find(method, path)
+    assert refused.value.status == status
+    assert refused.value.headers.get("Allow") == allow
 
 
 def test_every_method_on_every_path_answers_from_the_table(make_fake_server) -> None:
@@ -71,8 +114,9 @@ def test_the_funasr_port_answers_from_its_table(make_fake_server) -> None:
     """FunASR's port: its one WebSocket endpoint takes GET (a plain GET: 426, no upgrade),
     every other method is 405 with the table's ``Allow``; a GET on another path is 404."""
     server = make_fake_server(funasr_port=0)
-    port = server.server.listeners["funasr"].port
-    assert FUNASR_TABLE.paths == {"/": ("GET",)}
+    listener = server.server.listeners["funasr"]
+    port = listener.port
+    assert listener.table.paths == {"/": ("GET",)}
     wrong: list[str] = []
     for method in METHODS:
         status, allow = answer(port, method, "/")

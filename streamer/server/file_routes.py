@@ -1,9 +1,12 @@
 """The main port's requests with a body: file uploads (OpenAI's and Deepgram's file APIs).
 
-:class:`FileRoutes` is the handler of every :class:`HttpExchange`: it routes by method
-and path, checks the key and the server's state the way the WebSocket endpoints do, and
-hands the request to its API (:mod:`streamer.server.openai_files`,
-:mod:`streamer.server.deepgram_files`). What both APIs share lives here: the options
+:class:`FileRoutes` registers each file API's routes in the port's
+:class:`~streamer.server.route_table.RouteTable` (``POST`` its API, ``OPTIONS`` the CORS
+preflight) and is the handler of every :class:`HttpExchange`: it tracks the request for
+the shutdown, checks its line and answers it from the table's route. An API checks the
+key and the server's state the way the WebSocket endpoints do
+(:mod:`streamer.server.openai_files`, :mod:`streamer.server.deepgram_files`). What both
+APIs share lives here: the options
 (:class:`FileOptions`), admission of a file (:meth:`FileRoutes.admit`: a slot for
 receiving its body, at most half of them per client; :meth:`Upload.start`: the
 transcription slot, once the body is complete, so uploads that drip never hold one),
@@ -19,6 +22,7 @@ import logging
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import IO
 
 import h11
@@ -32,7 +36,7 @@ from streamer.server.admission import (
     Admission,
     authorize,
 )
-from streamer.server.http import BadRequest, single_header
+from streamer.server.http import single_header
 from streamer.server.http_exchange import (
     BodyError,
     HttpError,
@@ -41,8 +45,13 @@ from streamer.server.http_exchange import (
     HttpRequest,
 )
 from streamer.server.options import FileOptions
-from streamer.server.route_table import RouteTable
-from streamer.server.routes import check_request_line
+from streamer.server.route_table import (
+    NOT_FOUND,
+    BodyHandler,
+    BodyRoute,
+    RouteTable,
+    check_request_line,
+)
 from streamer.server.uploads import FileJob, FileJobs, Receiving
 
 logger = logging.getLogger(__name__)
@@ -94,15 +103,6 @@ class OpenRequest:
         self.exchange.abort()
 
 
-def method_not_allowed(allowed: tuple[str, ...], message: str) -> HttpError:
-    """405 with ``Allow`` (the WebSocket side's is :func:`routes.method_not_allowed`)."""
-    return HttpError(
-        http.HTTPStatus.METHOD_NOT_ALLOWED,
-        {"error": "method_not_allowed", "message": message},
-        {"Allow": ", ".join(allowed)},
-    )
-
-
 class FileRoutes:
     """Every request with a body on the main port."""
 
@@ -114,17 +114,39 @@ class FileRoutes:
         refused: Mapping[str, tuple[http.HTTPStatus, str]] | None = None,
         table: RouteTable | None = None,
     ) -> None:
-        """``table``: the port's routes, which the 405 answers' ``Allow`` comes from (by
-        default these APIs' paths alone)."""
+        """``table``: the port's routes, in which these APIs' are registered (by default
+        a table of these APIs alone); ``refused``: paths known and refused (their POST
+        answered with the status and message)."""
         self.admission = admission
         self.options = options
         self.jobs = FileJobs(options.max_jobs)
         self.receiving = Receiving(
             options.max_uploads_receiving, options.max_uploads_receiving_per_client
         )
-        self.apis = {api.path: api for api in apis}
-        self.refused = dict(refused or {})  # path -> (status, message): known, not served
-        self.table = table or RouteTable((), (*self.apis, *self.refused))
+        self.table = table if table is not None else RouteTable()
+        for api in apis:
+            self._register(api.path, self._api_handler(api))
+        for path, (status, message) in (refused or {}).items():
+            self._register(path, partial(_refuse, status, message))
+
+    def _register(self, path: str, handle: BodyHandler) -> None:
+        self.table.body(BODY_METHODS, path, handle)
+        self.table.body(("OPTIONS",), path, self.preflight)
+
+    def _api_handler(self, api: FileApi) -> BodyHandler:
+        """``api``'s handler, its outcome counted and its refusals in its own shape."""
+
+        async def handle(exchange: HttpExchange) -> None:
+            metrics = self.admission.metrics
+            try:
+                await api.handler(self, exchange)
+            except ApiError as error:
+                metrics.files_total.labels(api.name, error.code).inc()
+                logger.info("refused an upload (%s): %s", api.name, error.message)
+                raise api.http_error(error) from None
+            metrics.files_total.labels(api.name, "ok").inc()
+
+        return handle
 
     def exchange(self, peer: str, accepted_at: float, connection: h11.Connection) -> HttpExchange:
         """A new exchange for one connection accepted at loop time ``accepted_at``, whose
@@ -144,57 +166,28 @@ class FileRoutes:
         )
 
     async def handle(self, exchange: HttpExchange) -> None:
+        """Every request with a body: answered by its route in the port's table."""
         request = exchange.request
         assert request is not None
         tracked = OpenRequest(exchange)
         self.admission.open_work(tracked)  # shutdown aborts what is left
         try:
-            try:
-                check_request_line(request.ws_request)
-            except BadRequest as error:
-                raise HttpError(
-                    http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": error.message}
-                ) from None
-            api = self.apis.get(request.path)
-            preflight = self.table.preflight_methods(request.path)
-            if request.method == "OPTIONS" and preflight:
-                await self.preflight(exchange, preflight)
-                return
-            if api is None:
-                self._not_served(request)
-            elif request.method not in BODY_METHODS:
-                raise method_not_allowed(self.table.allowed(api.path), f"{api.path} takes POST")
-            else:
-                metrics = self.admission.metrics
-                try:
-                    await api.handler(self, exchange)
-                except ApiError as error:
-                    metrics.files_total.labels(api.name, error.code).inc()
-                    logger.info("refused an upload (%s): %s", api.name, error.message)
-                    raise api.http_error(error) from None
-                metrics.files_total.labels(api.name, "ok").inc()
+            check_request_line(request.ws_request)  # BadRequest: a 400
+            route = self.table.find(request.method, request.path)  # 404, 405
+            if not isinstance(route, BodyRoute):
+                # a page's method read here (``get``, which h11 reads as ``GET``): as before
+                raise HttpError(http.HTTPStatus.NOT_FOUND, NOT_FOUND)
+            await route.handle(exchange)
         finally:
             self.admission.close_work(tracked)
 
-    def _not_served(self, request: HttpRequest) -> None:
-        allowed = self.table.allowed(request.path)
-        if self.table.is_known(request.path) and request.method not in allowed:
-            raise method_not_allowed(allowed, f"this path takes {allowed[0]}")
-        refused = self.refused.get(request.path)
-        if refused is not None:
-            status, message = refused
-            raise HttpError(status, transcripts.openai_error_body(message, code="unsupported"))
-        raise HttpError(
-            http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
-        )
-
-    async def preflight(self, exchange: HttpExchange, methods: tuple[str, ...]) -> None:
-        """A browser's CORS preflight for an upload from another origin (``methods``:
-        what the port's table lets it send)."""
+    async def preflight(self, exchange: HttpExchange) -> None:
+        """A browser's CORS preflight for an upload from another origin (told what the
+        port's table lets it send)."""
         request = exchange.request
         assert request is not None
         headers = {
-            "Access-Control-Allow-Methods": ", ".join(methods),
+            "Access-Control-Allow-Methods": ", ".join(self.table.preflight_methods(request.path)),
             "Access-Control-Allow-Headers": "Authorization, Content-Type",
             "Access-Control-Max-Age": "600",
             **self.cors_headers(request),
@@ -356,6 +349,11 @@ class Upload:
             receiving = self.routes.receiving
             receiving.remove(self.peer)
             self.routes.admission.metrics.file_uploads_receiving.set(receiving.total)
+
+
+async def _refuse(status: http.HTTPStatus, message: str, exchange: HttpExchange) -> None:
+    """A path known and not served (OpenAI's translations): its refusal, in OpenAI's shape."""
+    raise HttpError(status, transcripts.openai_error_body(message, code="unsupported"))
 
 
 def new_spool() -> IO[bytes]:

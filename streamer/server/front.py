@@ -6,10 +6,12 @@ answered here, WebSocket handshakes handed to the port's WebSocket, requests wit
 :class:`~streamer.server.port.Port` (the main port and the FunASR port alike). It makes the
 connection's one h11 parser and feeds it every byte read. A method other than ``GET`` or
 ``HEAD`` goes, with that parser, to an :class:`HttpExchange` of the port (the main port's
-file APIs), which parses the head where the front left it and reads the body: nothing is
-parsed twice. A ``GET`` or ``HEAD`` head is read by h11 to its end and routed: a plain
-page of the port (``/healthz``, ``/readyz``, ``/metrics``, ``/v1/models``, the web demo, a
-404 or 405) is answered here, from the port's route, and the connection closes after it; a
+file APIs), which parses the head where the front left it and reads the body (nothing is
+parsed twice), and whose handler answers it from the port's
+:class:`~streamer.server.route_table.RouteTable`. A ``GET`` or ``HEAD`` head is read by
+h11 to its end and routed from the same table: a plain page of the port (``/healthz``,
+``/readyz``, ``/metrics``, ``/v1/models``, the web demo, a 404 or 405) is answered here,
+and the connection closes after it; a
 WebSocket endpoint's handshake goes to a :class:`~streamer.server.websocket.WebSocket`,
 which is given the exact bytes read (as uvicorn replays the head into websockets' sans-I/O
 protocol) and takes the transport (``transport.set_protocol``). So one port, one

@@ -20,7 +20,7 @@ import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from functools import partial
-from urllib.parse import parse_qsl
+from urllib.parse import SplitResult, parse_qsl
 
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -33,15 +33,13 @@ from streamer.server.admission import Admission
 from streamer.server.connection import serve_websocket
 from streamer.server.http import Endpoint, Negotiation, bearer_or_query_token, json_response
 from streamer.server.port import Port
-from streamer.server.route_table import RouteTable
-from streamer.server.routes import check_request_line, method_not_allowed
+from streamer.server.route_table import UPGRADE, RouteTable, method_not_allowed
 from streamer.server.websocket import WebSocket
 
 logger = logging.getLogger(__name__)
 
 PATH = "/"  # where FunASR's clients and its html5 demo connect
 SUBPROTOCOL = "binary"  # what FunASR's Python clients ask for
-TABLE = RouteTable((PATH,), (), pages=False)  # one WebSocket endpoint, no pages or files
 
 
 def _negotiate(request: Request, query: Mapping[str, str], defaults: StreamOptions) -> Negotiation:
@@ -80,6 +78,16 @@ FUNASR_ENDPOINT = Endpoint(
 )
 
 
+def _elsewhere(request: Request, url: SplitResult) -> Response:
+    """A path other than :data:`PATH`: 405 for a method it would not take either, else 404."""
+    if request.method not in UPGRADE:
+        raise method_not_allowed(UPGRADE)
+    return json_response(
+        http.HTTPStatus.NOT_FOUND,
+        {"error": "not_found", "message": f"FunASR clients connect to {PATH}"},
+    )
+
+
 class FunAsrListener:
     """Listens on the FunASR port while the main server runs."""
 
@@ -88,7 +96,11 @@ class FunAsrListener:
     def __init__(self, admission: Admission, port: int) -> None:
         self.admission = admission
         self._requested_port = port
-        self._port = Port(admission.options, self._handle, self._route, _select_subprotocol, TABLE)
+        # one WebSocket endpoint, no pages or files; the method is checked first on
+        # every path (a GET elsewhere is a 404)
+        self.table = RouteTable(fallback=_elsewhere, fallback_methods=None)
+        self.table.upgrade(PATH, self._check)
+        self._port = Port(admission.options, self._handle, _select_subprotocol, self.table)
 
     @property
     def port(self) -> int:
@@ -100,15 +112,7 @@ class FunAsrListener:
         scheme = "wss" if ssl_context else "ws"
         logger.info("FunASR protocol on %s://%s:%d%s", scheme, o.host, self.port, PATH)
 
-    def _route(self, request: Request) -> Response | None:
-        if request.method not in TABLE.allowed(PATH):
-            return method_not_allowed(TABLE.allowed(PATH), "WebSocket handshakes use GET")
-        url = check_request_line(request)  # raises BadRequest: a 400
-        if url.path != PATH:
-            return json_response(
-                http.HTTPStatus.NOT_FOUND,
-                {"error": "not_found", "message": f"FunASR clients connect to {PATH}"},
-            )
+    def _check(self, request: Request, url: SplitResult) -> Response | None:
         return self.admission.check_request(request, FUNASR_ENDPOINT, dict(parse_qsl(url.query)))
 
     async def _handle(self, ws: WebSocket) -> None:

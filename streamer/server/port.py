@@ -29,7 +29,7 @@ from streamer.server.http import json_response
 from streamer.server.http_exchange import SERVER_HEADER
 from streamer.server.options import WS_MAX_QUEUE_FRAMES, ServerOptions
 from streamer.server.route_table import RouteTable
-from streamer.server.routes import Route, answering, final_response
+from streamer.server.routes import answering, final_response
 from streamer.server.websocket import Handler, SubprotocolChoice, WebSocket
 
 CLOSE_GOING_AWAY = 1001  # what open connections hear when the port closes
@@ -54,17 +54,18 @@ class Port:
         self,
         options: ServerOptions,
         handler: Handler,
-        route: Route,
         select_subprotocol: SubprotocolChoice,
         table: RouteTable,
         exchange: ExchangeFactory | None = None,
     ) -> None:
-        """``table``: the port's endpoints (which paths are WebSocket endpoints);
-        ``exchange``: the port's requests with a body (None: the WebSocket's route
-        answers them)."""
+        """``table``: the port's routes, which answer every request (pages and
+        handshakes here, through :meth:`RouteTable.answer`; a request with a body through
+        the exchange's handler); ``exchange``: the port's requests with a body (None: the
+        table answers them from their head)."""
         self.options = options
         self._handler = handler
-        self._route = answering(route)  # a malformed request is a 400, a failure a 500
+        # a refusal is its answer (400, 404, 405), a failure a 500
+        self._route = answering(table.answer)
         self._select = select_subprotocol
         self._table = table
         self._exchange = exchange

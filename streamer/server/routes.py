@@ -1,18 +1,20 @@
-"""The main port's plain HTTP: ``/healthz``, ``/readyz``, ``/metrics``, the web demo, and
-the upgrade requests handed to :class:`~streamer.server.admission.Admission`.
+"""The main port's plain HTTP: ``/healthz``, ``/readyz``, ``/metrics``, ``/v1/models``,
+the web demo, and the upgrade requests handed to
+:class:`~streamer.server.admission.Admission`, each registered in the port's
+:class:`~streamer.server.route_table.RouteTable`.
 
-:func:`answering` makes a route's failures answers: a malformed request is a 400 and an
-unexpected error a 500, and neither echoes anything of the request; :func:`final_response`
-is the last word on every answer of a WebSocket port;
-:func:`check_request_line` is the validation every port shares (method, target, headers
-that must not repeat).
+:func:`answering` makes a route's failures answers: a refusal (:class:`HttpError`: a
+malformed request's 400, the table's 404 and 405) is its status and body, an unexpected
+error a 500, and neither echoes anything of the request; :func:`final_response` is the
+last word on every answer of a WebSocket port.
 """
 
 from __future__ import annotations
 
 import http
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
@@ -20,12 +22,12 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from streamer.core.compat.transcripts import openai_error_body
+from streamer.errors import HttpError
 from streamer.model.serving.pool import WorkerPool
 from streamer.server import models_page
 from streamer.server.admission import ORIGIN_NOT_ALLOWED, RETRY_AFTER_S, Admission, authorize
 from streamer.server.http import (
     V1_ENDPOINT,
-    BadRequest,
     Endpoint,
     StaticFiles,
     bytes_response,
@@ -37,15 +39,12 @@ from streamer.server.http import (
 )
 from streamer.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamer.server.metrics import Metrics
-from streamer.server.route_table import PLAIN as SERVED_METHODS
-from streamer.server.route_table import RouteTable
+from streamer.server.route_table import NOT_FOUND, RouteTable
 
 if TYPE_CHECKING:
     from streamer.model.backends.loading import LoadProgress
 
 logger = logging.getLogger(__name__)
-
-SINGLE_HEADERS = ("Authorization", "Origin", "Host")  # a repeated one is a 400
 
 Route = Callable[[Request], Response | None]
 
@@ -53,17 +52,19 @@ Route = Callable[[Request], Response | None]
 def answering(route: Route) -> Route:
     """``route``, whose failures are answers: None goes on with the handshake.
 
-    Malformed requests get 400 and nothing of the request is echoed back; anything
+    A refusal is answered with its status, body and headers (a malformed request's 400,
+    the table's 404 and 405), and nothing of the request is echoed back; anything
     unexpected is logged with its traceback and answered 500 without details.
     """
 
     def answer(request: Request) -> Response | None:
         try:
             return route(request)
-        except BadRequest as error:
-            return json_response(
-                http.HTTPStatus.BAD_REQUEST, {"error": "bad_request", "message": error.message}
-            )
+        except HttpError as error:
+            response = json_response(error.status, error.body)
+            for name, value in error.headers.items():
+                response.headers[name] = value
+            return response
         except Exception:
             logger.exception("answering an HTTP request failed")
             return json_response(
@@ -85,28 +86,6 @@ def final_response(request: Request, response: Response) -> Response:
     return without_body(response) if request.method == "HEAD" else response
 
 
-def method_not_allowed(allowed: tuple[str, ...], message: str) -> Response:
-    response = json_response(
-        http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": "method_not_allowed", "message": message}
-    )
-    response.headers["Allow"] = ", ".join(allowed)
-    return response
-
-
-def check_request_line(request: Request) -> SplitResult:
-    """The request's URL once its target and single headers are valid (else BadRequest)."""
-    try:
-        url = urlsplit(request.path)
-    except ValueError:
-        raise BadRequest("the request target is not a valid URL") from None
-    path = url.path
-    if "\x00" in path or any(len(part) > 255 for part in path.split("/")):
-        raise BadRequest("the request path is not valid")
-    for name in SINGLE_HEADERS:
-        single_header(request, name)  # raises BadRequest when repeated
-    return url
-
-
 class Routes:
     """Every plain HTTP answer of the main port."""
 
@@ -116,15 +95,23 @@ class Routes:
         endpoints: dict[str, Endpoint],
         static: StaticFiles,
         loading: LoadProgress | None = None,
-        upload_paths: Collection[str] = (),
     ) -> None:
-        """``upload_paths``: the file APIs' (POST) paths, for the port's :class:`RouteTable`."""
+        """Makes the port's :attr:`table` with these routes in it (the file APIs add
+        theirs: :class:`~streamer.server.file_routes.FileRoutes`)."""
         self.admission = admission
         self.endpoints = endpoints
         self.static = static
         self.loading = loading  # the model's loading stage, shown by /readyz until ready
-        # every (method, path) of the port: the 405 answers of both dispatchers
-        self.table = RouteTable(endpoints, upload_paths)
+        # every (method, path) of the port; a path not in it is the web demo's file
+        self.table = table = RouteTable(fallback=self.static_file)
+        table.page("/healthz", self.healthz)
+        table.page("/readyz", lambda request, url: self.readyz())
+        table.page("/metrics", self.metrics_page)
+        table.page(models_page.PATH, self.models)
+        table.page(models_page.PATH + "/", self.models, prefix=True)  # /v1/models/{id}
+        table.page("/", self.static_file)  # the web demo
+        for path, endpoint in endpoints.items():
+            table.upgrade(path, partial(self.handshake, endpoint))
 
     @property
     def worker(self) -> WorkerPool:
@@ -134,37 +121,21 @@ class Routes:
     def metrics(self) -> Metrics:
         return self.admission.metrics
 
-    def route(self, request: Request) -> Response | None:
-        url = check_request_line(request)
-        path = url.path
-        allowed = self.table.allowed(path)
-        if request.method not in SERVED_METHODS:
-            return method_not_allowed(allowed, "only GET and HEAD are served")
-        query = dict(parse_qsl(url.query))
-        if path == "/healthz":
-            return json_response(http.HTTPStatus.OK, {"status": "ok", "workers": self.workers()})
-        if path == "/readyz":
-            return self.readyz()
-        if path == "/metrics":
-            return self.metrics_page(request, query)
-        if path == models_page.PATH or path.startswith(models_page.PATH + "/"):
-            return self.models(request, query, path)
-        endpoint = self.endpoints.get(path)
-        if endpoint is not None:
-            if request.method != "GET":
-                return method_not_allowed(allowed, "WebSocket handshakes use GET")
-            return self.admission.check_request(request, endpoint, query)
-        if request.method not in allowed:  # an upload's path
-            return method_not_allowed(allowed, f"{path} takes POST")
-        found = self.static.response(path)
-        if found is None:
-            return json_response(
-                http.HTTPStatus.NOT_FOUND, {"error": "not_found", "message": "no such path"}
-            )
-        return found
+    def healthz(self, request: Request, url: SplitResult) -> Response:
+        return json_response(http.HTTPStatus.OK, {"status": "ok", "workers": self.workers()})
 
-    def metrics_page(self, request: Request, query: dict[str, str]) -> Response:
+    def handshake(self, endpoint: Endpoint, request: Request, url: SplitResult) -> Response | None:
+        """A WebSocket endpoint's upgrade request: its refusal, or None (it goes on)."""
+        return self.admission.check_request(request, endpoint, dict(parse_qsl(url.query)))
+
+    def static_file(self, request: Request, url: SplitResult) -> Response:
+        """The web demo's file at the path, or 404."""
+        found = self.static.response(url.path)
+        return json_response(http.HTTPStatus.NOT_FOUND, NOT_FOUND) if found is None else found
+
+    def metrics_page(self, request: Request, url: SplitResult) -> Response:
         options = self.admission.options
+        query = dict(parse_qsl(url.query))
         if (
             not options.public_metrics
             and authorize(options, V1_ENDPOINT.presented_token(request, query), None) is not None
@@ -175,8 +146,9 @@ class Routes:
         self.metrics.observe_workers(self.worker.loads())  # current, not a probe old
         return bytes_response(http.HTTPStatus.OK, METRICS_CONTENT_TYPE, self.metrics.render())
 
-    def models(self, request: Request, query: dict[str, str], path: str) -> Response:
+    def models(self, request: Request, url: SplitResult) -> Response:
         """``/v1/models`` (and ``/v1/models/{id}``) in OpenAI's shape, with OpenAI's key."""
+        path, query = url.path, dict(parse_qsl(url.query))
         presented = V1_ENDPOINT.presented_token(request, query)  # OpenAI's Bearer key
         refused = authorize(self.admission.options, presented, single_header(request, "Origin"))
         if refused == ORIGIN_NOT_ALLOWED:

@@ -108,10 +108,7 @@ class StreamingServer:
         self._endpoints: dict[str, Endpoint] = {protocol.PATH: V1_ENDPOINT, **COMPAT_ENDPOINTS}
         for endpoint in self._endpoints.values():
             self.metrics.sessions_active.labels(endpoint.name)  # exported at 0 from the start
-        upload_paths = (OPENAI_FILES.path, DEEPGRAM_FILES.path, TRANSLATIONS_PATH)
-        self.routes = Routes(
-            self.admission, self._endpoints, StaticFiles(web_root), loading, upload_paths
-        )
+        self.routes = Routes(self.admission, self._endpoints, StaticFiles(web_root), loading)
         # requests with a body on the main port: the file APIs (docs/files.md)
         self.files = FileRoutes(
             self.admission,
@@ -191,7 +188,6 @@ class StreamingServer:
             main = Port(
                 o,
                 self._handle,
-                self.routes.route,
                 self.routes.select_subprotocol,
                 self.routes.table,
                 self.files.exchange,
