@@ -118,6 +118,32 @@ def test_worker_queue_is_bounded_live_first_and_failures_answer_none() -> None:
     assert not worker.submit(job(4), done)
 
 
+def test_worker_drops_live_jobs_queued_past_the_bound_unanswered() -> None:
+    """Overload sheds: a live job nobody waits for any more is not analysed (its final
+    went out without speakers at the transport's bound); a file upload's always is."""
+    gate = Gate()
+    now = [0.0]
+    answers: list[int] = []
+    worker = SpeakerWorker(lambda: gate, max_live_wait_s=2.5, clock=lambda: now[0])
+    worker.start()
+    assert worker.wait_ready(timeout_s(10))
+
+    def done(j: SpeakerJob, a: SpeakerAnalysis | None) -> None:
+        answers.append(j.segment_id)
+
+    assert worker.submit(job(0), done)  # taken at once, waits in the gate
+    eventually(lambda: worker.queued == 0)
+    assert worker.submit(job(1), done) and worker.submit(job(2, background=True), done)
+    now[0] = 2.0
+    assert worker.submit(job(3), done)
+    now[0] = 3.0  # job 1 waited 3 s, job 3 1 s
+    gate.go.set()
+    eventually(lambda: len(answers) == 3)
+    assert gate.seen == [0, 3, 2] and sorted(answers) == [0, 2, 3]
+    assert worker.stats.stale == 1
+    worker.stop(timeout_s(5))
+
+
 class Windowed(Gate):
     """Gate models that embed windows early: what the early jobs and analyses were given."""
 
