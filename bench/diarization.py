@@ -10,11 +10,17 @@ any figure. DER (missed, false alarm, confusion apart) with and without a 0.25 s
 for the online labels (the live path: a diarized session's finals) and offline (the same
 utterances' local speakers clustered together at the end: spectral clustering with the
 count given, and with the eigengap's estimate). Then the speaker models' CPU per second
-of audio (one thread), the resident memory they add, and, with ``--latency-s`` > 0, one
+of audio (one thread), as the offline pass spends it and as the live server's worker
+does (each utterance's early jobs while it grows, then its analysis: thread CPU seconds,
+robust on a loaded machine, and the CAM++ frames embedded, exact anywhere), the resident
+memory they add, and, with ``--latency-s`` > 0, one
 real-time client's final latency against a ``streamer serve --diarize-model`` with the
 stream option diarize on and off in alternation (one server, one run).
 
     python -m bench.diarization --out bench/out/diarization --latency-s 60
+
+Another checkout's speaker models measured by this bench (it needs only ``streamer`` and
+bench/common.py): ``cd OLD && PYTHONPATH=$PWD python NEW/bench/diarization.py ...``.
 """
 
 from __future__ import annotations
@@ -31,11 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.latency import prom
-from bench.latency.monitor import scrape
-from streamer.core.diarization import DiarizationOptions
+from streamer.core.diarization import FBANK_BINS, DiarizationOptions
 from streamer.testkit import diarizer as kit
 
+DER_FIELDS = ("der", "missed", "false_alarm", "confusion")
 PREFIX_STEP_SAMPLES = 6000  # close_ms: an open utterance's audio as early jobs see it grow
 CONVERSATIONS = [
     (("reader", "cards"), 0),
@@ -50,12 +55,7 @@ def _score(reference: list, hypothesis: list) -> dict[str, Any]:
     out = {}
     for name, collar in (("no_collar", 0.0), ("collar_0.25", 0.25)):
         s = kit.der(reference, hypothesis, collar_s=collar)
-        out[name] = {
-            "der": round(s.der, 4),
-            "missed": round(s.missed, 4),
-            "false_alarm": round(s.false_alarm, 4),
-            "confusion": round(s.confusion, 4),
-        }
+        out[name] = {k: round(getattr(s, k), 4) for k in DER_FIELDS}
     return out
 
 
@@ -66,9 +66,7 @@ def measure_der(models: Any, out: Path, turns: int) -> list[dict[str, Any]]:
         pcm, reference = kit.conversation(list(voices), turns, seed=seed, overlap_every=4)
         name = "-".join(voices)
         (out / f"{name}.rttm").write_text(kit.rttm(name, reference))
-        started = time.process_time()
         run = kit.diarize_stream(models, pcm, options)
-        cpu_s = time.process_time() - started
         audio_s = len(pcm) / 16000
         row = {
             "voices": list(voices),
@@ -79,31 +77,48 @@ def measure_der(models: Any, out: Path, turns: int) -> list[dict[str, Any]]:
             "offline_eigengap": _score(reference, kit.offline_turns(run, options, None)),
             "online_speakers_found": len({t.speaker for t in run.online}),
             "models_s_per_audio_s": round(run.analyse_s / audio_s, 4),
-            "close_ms": close_ms(models, pcm, run),
-            "process_cpu_s_per_audio_s": round(cpu_s / audio_s, 4),
+            **live_worker(models, pcm, run),
         }
         rows.append(row)
         print(json.dumps(row))
     return rows
 
 
-def close_ms(models: Any, pcm: Any, run: kit.DiarizedRun) -> dict[str, float]:
-    """The models' time per utterance once it has ended (one thread), after every window
-    that closed before its end was embedded (``embed_closed``), as a worker that keeps up
-    leaves it."""
+def live_worker(models: Any, pcm: Any, run: kit.DiarizedRun) -> dict[str, Any]:
+    """What the live server's speaker worker spends on the utterances (one thread): each
+    one's early jobs as it grows, then its analysis (``close_ms``: wall, ``close_cpu_ms``:
+    thread CPU, once it has ended, as a worker that keeps up leaves it)."""
     from streamer.model.speakers.models import WindowCache
 
-    times = []
+    session, frames = models._emb, [0]
+
+    class Counted:  # the embedding graph's session, counting the frames it is given
+        def run(self, names: Any, feeds: dict[str, Any]) -> Any:
+            frames[0] += sum(x.size for x in feeds.values()) // FBANK_BINS  # batch x time
+            return session.run(names, feeds)
+
+    models._emb = Counted()
+    wall_ms, close_cpu_ms, began = [], [], time.thread_time()
     for start, analysis in run.analyses:
-        audio = pcm[start : start + analysis.samples]
-        windows = WindowCache()
+        audio, windows = pcm[start : start + analysis.samples], WindowCache()
         for end in range(PREFIX_STEP_SAMPLES, len(audio), PREFIX_STEP_SAMPLES):
             models.embed_closed(audio[:end], windows)
-        started = time.perf_counter()
+        started, closing = time.perf_counter(), time.thread_time()
         models.analyse(0, audio, windows)
-        times.append((time.perf_counter() - started) * 1000)
-    quantiles = common.percentiles(times, (50.0, 95.0))
-    return {q: round(v or 0.0, 1) for q, v in quantiles.items()}
+        wall_ms.append((time.perf_counter() - started) * 1000)
+        close_cpu_ms.append((time.thread_time() - closing) * 1000)
+    models._emb, audio_s = session, len(pcm) / 16000
+    return {
+        "close_ms": _quantiles(wall_ms),
+        "close_cpu_ms": _quantiles(close_cpu_ms),
+        "worker_cpu_s_per_audio_s": round((time.thread_time() - began) / audio_s, 4),
+        "campp_frames_per_audio_s": round(frames[0] / audio_s, 1),
+    }
+
+
+def _quantiles(values: list[float], unit: str = "", digits: int = 1) -> dict[str, float]:
+    quantiles = common.percentiles(values, (50.0, 95.0))
+    return {f"{q}{unit}": round(v or 0.0, digits) for q, v in quantiles.items()}
 
 
 async def _latency(args: argparse.Namespace, out: Path, diarizer_dir: Path) -> dict[str, Any]:
@@ -128,32 +143,11 @@ async def _latency(args: argparse.Namespace, out: Path, diarizer_dir: Path) -> d
             if mode == "on":
                 unlabelled += sum(1 for f in result.finals if f.text and f.speaker is None)
             turn += 1
-        metrics = _metrics(server.http_url)
-    summary: dict[str, Any] = {"unlabelled_finals_on": unlabelled, "server_metrics": metrics}
+    summary: dict[str, Any] = {"unlabelled_finals_on": unlabelled}
     for mode, values in finals.items():
         if values:
-            quantiles = common.percentiles(values, (50.0, 95.0))
-            summary[mode] = {"finals": len(values)}
-            summary[mode].update({f"{q}_s": round(v or 0.0, 3) for q, v in quantiles.items()})
+            summary[mode] = {"finals": len(values), **_quantiles(values, "_s", 3)}
     return summary
-
-
-def _metrics(http_base: str) -> dict[str, float]:
-    """The server's speaker-model time and audio, from /metrics (speculation included)."""
-    samples = scrape(http_base)
-    wanted = {
-        "streamer_diarization_analysis_seconds_sum": "speaker_analysis_s",
-        "streamer_diarization_analysis_seconds_count": "speaker_analyses",
-        "streamer_audio_seconds_total": "audio_s",
-    }
-    out: dict[str, float] = {}
-    for name, key in wanted.items():
-        value = prom.value(samples, name)  # summed over the labels
-        if value is not None:
-            out[key] = value
-    if out.get("audio_s"):
-        out["speaker_s_per_audio_s"] = round(out.get("speaker_analysis_s", 0.0) / out["audio_s"], 4)
-    return out
 
 
 _LOAD_MEMORY = """
@@ -197,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
 
     directory = kit.ensure_diarizer(args.cache_dir)
     models = SpeakerModels(resolve_diarizer(str(directory), args.cache_dir))
-    results: dict[str, Any] = {"conversations": measure_der(models, out, args.turns)}
+    rows = measure_der(models, out, args.turns)
+    audio_s = sum(row["audio_s"] for row in rows)  # the live worker on all, by their audio:
+    live = ("worker_cpu_s_per_audio_s", "campp_frames_per_audio_s")
+    total = {k: round(sum(r[k] * r["audio_s"] for r in rows) / audio_s, 4) for k in live}
+    results: dict[str, Any] = {"conversations": rows, "live_worker": total}
     results["memory_mb"] = {
         **_load_memory_mb(directory, args.cache_dir),
         "rss_after_runs": round(common.rss_mb(os.getpid()), 1),

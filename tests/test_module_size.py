@@ -115,7 +115,7 @@ def test_no_function_in_the_model_is_over_60_statements() -> None:
 
 # bench/ (issue 35): the benches stay small, and one ManagedServer starts every server.
 # The issue's target is 4,000 code lines; this is the ceiling reached so far, a ratchet.
-MAX_BENCH_CODE_LINES = 3995
+MAX_BENCH_CODE_LINES = 3990
 BENCH = PACKAGE.parent / "bench"
 
 

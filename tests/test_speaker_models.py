@@ -10,11 +10,13 @@ import numpy as np
 import orjson
 import pytest
 
+from streamer.core.audio import SAMPLE_RATE as RATE
 from streamer.core.diarization import (
     DiarizationOptions,
     SpeakerAnalysis,
     SpeakerTracker,
     closed_windows,
+    window_span,
 )
 from streamer.core.session_speakers import SpeakerJob
 from streamer.model.speakers.models import WindowCache
@@ -116,6 +118,32 @@ def test_worker_queue_is_bounded_live_first_and_failures_answer_none() -> None:
     assert not worker.submit(job(4), done)
 
 
+def test_worker_drops_live_jobs_queued_past_the_bound_unanswered() -> None:
+    """Overload sheds: a live job nobody waits for any more is not analysed (its final
+    went out without speakers at the transport's bound); a file upload's always is."""
+    gate = Gate()
+    now = [0.0]
+    answers: list[int] = []
+    worker = SpeakerWorker(lambda: gate, max_live_wait_s=2.5, clock=lambda: now[0])
+    worker.start()
+    assert worker.wait_ready(timeout_s(10))
+
+    def done(j: SpeakerJob, a: SpeakerAnalysis | None) -> None:
+        answers.append(j.segment_id)
+
+    assert worker.submit(job(0), done)  # taken at once, waits in the gate
+    eventually(lambda: worker.queued == 0)
+    assert worker.submit(job(1), done) and worker.submit(job(2, background=True), done)
+    now[0] = 2.0
+    assert worker.submit(job(3), done)
+    now[0] = 3.0  # job 1 waited 3 s, job 3 1 s
+    gate.go.set()
+    eventually(lambda: len(answers) == 3)
+    assert gate.seen == [0, 3, 2] and sorted(answers) == [0, 2, 3]
+    assert worker.stats.stale == 1
+    worker.stop(timeout_s(5))
+
+
 class Windowed(Gate):
     """Gate models that embed windows early: what the early jobs and analyses were given."""
 
@@ -177,7 +205,7 @@ def test_windows_embedded_early_give_the_same_analysis(models) -> None:
     cache = WindowCache()
     for end in range(16000, len(pcm), 8000):  # as the worker sees an open segment grow
         models.embed_closed(pcm[:end], cache)
-    assert len(cache) > 10
+    assert len(cache) >= 3  # early: the 0.75 s grid's windows without a pause in them
     stale = WindowCache()
     models.embed_closed(np.roll(pcm, 4000), stale)
     plain = models.analyse(0, pcm)
@@ -329,5 +357,41 @@ def test_windows_embed_long_voices_unless_turned_off(models, cache_dir: Path) ->
     lean_models = SpeakerModels(files, DiarizationOptions(change_windows=False))
     lean = lean_models.analyse(0, clip)
     assert lean.speakers and all(s.pieces == () for s in lean.speakers)
-    # early, only the windows end to end (the solo embeddings' means) are embedded
-    assert lean_models.embed_closed(clip, WindowCache()) == -(-closed_windows(len(clip)) // 4)
+    # early, only the windows end to end (the solo embeddings' means) are embedded, and
+    # with the pieces every other one (those with a pause in them left to the analysis)
+    lean_early = lean_models.embed_closed(clip, WindowCache())
+    assert 0 < lean_early <= -(-closed_windows(len(clip)) // 4)
+    assert (
+        lean_early < models.embed_closed(clip, WindowCache()) <= -(-closed_windows(len(clip)) // 2)
+    )
+
+
+def test_windows_with_a_pause_are_left_out_early() -> None:
+    from streamer.model.speakers.models import paused_windows
+
+    rng = np.random.default_rng(0)
+    voice = (0.3 * rng.standard_normal(3 * RATE)).astype(np.float32)
+    audio = np.concatenate([voice, np.zeros(RATE * 3 // 10, np.float32), voice])
+    every = list(range(closed_windows(len(audio))))
+    paused = paused_windows(audio, every)
+    pause_start, pause_end = 3 * RATE, 3 * RATE + RATE * 3 // 10
+    crossing = {
+        k for k in every if window_span(k)[0] <= pause_start < pause_end <= window_span(k)[1]
+    }
+    assert paused == crossing and paused  # the windows holding the whole pause, no other
+    assert paused_windows(np.zeros(5 * RATE, np.float32), every) == set()  # no loud blocks
+    assert paused_windows(voice, every) == set()
+
+
+def test_a_window_between_two_that_disagree_or_at_a_regions_edge_is_embedded_too() -> None:
+    from streamer.model.speakers.models import _refinements
+
+    a, b = np.eye(2, 192, dtype=np.float32)
+    cache = WindowCache()
+    pcm = np.zeros(12 * RATE, np.int16)
+    for k, vector in {0: a, 2: a, 4: b, 6: b}.items():
+        cache.put(k, pcm, vector)
+    region = (0, window_span(6)[1])  # grid windows 0 .. 6 whole inside
+    assert _refinements([region], cache) == [3]  # 2 and 4 disagree; 1 and 5 do not
+    later = (window_span(1)[0], window_span(6)[1])  # 1 .. 6: window 1 is its first
+    assert _refinements([later], cache) == [1, 3]

@@ -121,7 +121,7 @@ def speaker_worker(args: argparse.Namespace, metrics: Any) -> Any:
     if not args.diarize_model:
         return None
     from streamer.model.speakers.models import SpeakerModels
-    from streamer.model.speakers.worker import SpeakerWorker
+    from streamer.model.speakers.worker import STALE_MARGIN_S, SpeakerWorker
 
     options = diarization_options(args)
     files = diarizer_files(args)
@@ -129,7 +129,11 @@ def speaker_worker(args: argparse.Namespace, metrics: Any) -> Any:
     def observed(job: Any, answer: Any, seconds: float) -> None:
         metrics.speaker_analysis_seconds.observe(seconds)
 
-    return SpeakerWorker(lambda: SpeakerModels(files, options), on_analysed=observed)
+    return SpeakerWorker(
+        lambda: SpeakerModels(files, options),
+        on_analysed=observed,
+        max_live_wait_s=options.max_wait_ms / 1000 + STALE_MARGIN_S,
+    )
 
 
 def diarizer_files(args: argparse.Namespace) -> Any:

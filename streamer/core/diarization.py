@@ -43,11 +43,19 @@ MIN_CENTROID_SAMPLES = SAMPLE_RATE  # a speaker a piece may switch to has 1 s be
 # the windows lie on one grid from the utterance's first sample (window k starts at
 # k * PIECE_STEP_SAMPLES), so those closed while it is still spoken can be embedded early
 # and only the tail remains when it ends; a local speaker with at least this many whole
-# windows in its solo speech takes their mean as its embedding (no second pass over it)
-MIN_SOLO_WINDOWS = 2
+# embedded windows in its solo speech takes their mean as its embedding (no second pass
+# over it; one window of the 0.75 s grid gave the same labels as two of the 0.375 s one)
+MIN_SOLO_WINDOWS = 1
 # without the windowed changes (change_windows off) only windows end to end are embedded:
 # every END_TO_END-th of the grid, for the solo embeddings' means (a quarter of the work)
 END_TO_END = PIECE_WINDOW_SAMPLES // PIECE_STEP_SAMPLES
+# with them, every COARSE_EVERY-th window of the grid (0.75 s apart) is embedded, and the
+# one between two of a local speaker's pieces only where those two disagree (cosine below
+# REFINE_BELOW_COSINE: a change of voice may lie there), so a change is still placed on
+# the 0.375 s grid at half the windows (the 0.75 s grid alone: reader + cards confusion
+# 6.1 % against 4.8 %, bench/results-incoming/wip-diar3.md)
+COARSE_EVERY = 2
+REFINE_BELOW_COSINE = 0.6
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ bounded queue (:meth:`SpeakerWorker.submit` says False when it is full, and the 
 goes out without labels), one thread loads the graphs and analyses the jobs in order,
 and each answer goes to its callback from that thread (the transport hands it to the
 event loop). Live jobs go before file uploads' (``background``); a departed session's
-queued jobs are dropped. The transport bounds how long a final waits for its answer.
+queued jobs are dropped. The transport bounds how long a final waits for its answer, so
+under overload a live job that waited in the queue past ``max_live_wait_s`` is dropped
+unanswered (its final has gone, or goes at that bound, without speakers): the worker
+sheds what nobody waits for and spends itself on fresh segments.
 
 An open segment's *early* jobs (its audio so far) are embedded between the live jobs, at
 most one queued per segment (a newer one replaces it), into a per-segment cache of
@@ -41,8 +44,14 @@ DEFAULT_MAX_QUEUED = 64  # jobs waiting (live and background together)
 LOAD_TIMEOUT_S = 120.0
 IDLE_WAIT_S = 5.0  # an idle worker's wait is bounded too (a notify ends it at once)
 MAX_CACHED_SEGMENTS = 64  # segments whose windows' embeddings are kept (a few KB each)
+# ``serve`` drops a live job queued longer than its final may wait for speakers
+# (--diarize-max-wait-ms, counted from the decode's end) and this margin for the decode:
+# by then the final has gone without them, and one over 2 s late fails the capacity
+# criterion anyway
+STALE_MARGIN_S = 2.0
 
 SegmentKey = tuple[str, int]  # (session, segment)
+Queued = tuple[SpeakerJob, SpeakerCallback, float]  # the job, its callback, when queued
 
 
 @runtime_checkable
@@ -63,6 +72,7 @@ class SpeakerStats:
     failed: int = 0  # jobs whose analysis raised (answered None)
     refused: int = 0  # jobs refused: queue full, or the worker stopped or failed
     superseded: int = 0  # queued jobs dropped for a newer one of the same segment
+    stale: int = 0  # live jobs dropped unanswered: queued longer than max_live_wait_s
     early_windows: int = 0  # windows embedded ahead of their segment's analysis
     audio_s: float = 0.0  # audio analysed
     busy_s: float = 0.0  # time spent analysing
@@ -77,14 +87,19 @@ class SpeakerWorker:
         *,
         max_queued: int = DEFAULT_MAX_QUEUED,
         on_analysed: Callable[[SpeakerJob, SpeakerAnalysis | None, float], None] | None = None,
+        max_live_wait_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``load`` builds the models in the worker's thread; ``on_analysed(job, answer,
-        seconds)`` is called there after every job (metrics)."""
+        seconds)`` is called there after every job (metrics); a live job queued longer
+        than ``max_live_wait_s`` (None: no bound) by ``clock`` is dropped unanswered."""
         self._load = load
         self.max_queued = max_queued
         self._on_analysed = on_analysed
-        self._live: deque[tuple[SpeakerJob, SpeakerCallback]] = deque()
-        self._background: deque[tuple[SpeakerJob, SpeakerCallback]] = deque()
+        self.max_live_wait_s = max_live_wait_s
+        self._clock = clock
+        self._live: deque[Queued] = deque()
+        self._background: deque[Queued] = deque()
         self._early: OrderedDict[SegmentKey, SpeakerJob] = OrderedDict()
         self._windows: OrderedDict[SegmentKey, WindowCache] = OrderedDict()
         self._cond = threading.Condition()
@@ -119,7 +134,8 @@ class SpeakerWorker:
                 self._early[key] = job
             else:
                 self._supersede(key)
-                (self._background if job.background else self._live).append((job, callback))
+                queue = self._background if job.background else self._live
+                queue.append((job, callback, self._clock()))
             self._cond.notify()
         return True
 
@@ -128,7 +144,7 @@ class SpeakerWorker:
         if self._early.pop(key, None) is not None:
             self.stats.superseded += 1
         for queue in (self._live, self._background):
-            kept = [(j, c) for j, c in queue if (j.session_id, j.segment_id) != key]
+            kept = [q for q in queue if (q[0].session_id, q[0].segment_id) != key]
             self.stats.superseded += len(queue) - len(kept)
             if len(kept) != len(queue):
                 queue.clear()
@@ -139,7 +155,7 @@ class SpeakerWorker:
         with self._cond:
             dropped = 0
             for queue in (self._live, self._background):
-                kept = [(j, c) for j, c in queue if j.session_id != session_id]
+                kept = [q for q in queue if q[0].session_id != session_id]
                 dropped += len(queue) - len(kept)
                 queue.clear()
                 queue.extend(kept)
@@ -157,7 +173,7 @@ class SpeakerWorker:
             self._background.clear()
             self._early.clear()
             self._cond.notify_all()
-        for job, callback in pending:
+        for job, callback, _ in pending:
             callback(job, None)
         if self._thread.is_alive():
             self._thread.join(timeout_s)
@@ -173,7 +189,7 @@ class SpeakerWorker:
                 self._live.clear()
                 self._background.clear()
             self.ready.set()
-            for job, callback in pending:
+            for job, callback, _ in pending:
                 callback(job, None)
             return
         self.ready.set()
@@ -187,11 +203,20 @@ class SpeakerWorker:
                     early = self._early.popitem(last=False)[1]
                 else:
                     early = None
-                    job, callback = (self._live or self._background).popleft()
+                    job, callback, queued_at = (self._live or self._background).popleft()
+                    if self._stale(job, queued_at):
+                        self.stats.stale += 1
+                        continue
             if early is None:
                 self._analyse(models, job, callback)
             elif isinstance(models, WindowedAnalyser):  # else early jobs are dropped
                 self._embed_early(models, early)
+
+    def _stale(self, job: SpeakerJob, queued_at: float) -> bool:
+        """A live job nobody waits for any more (see STALE_MARGIN_S)."""
+        if job.background or self.max_live_wait_s is None:
+            return False
+        return self._clock() - queued_at > self.max_live_wait_s
 
     def _cache(self, job: SpeakerJob) -> WindowCache:
         """The segment's window cache (made now if new); older segments' of its session
