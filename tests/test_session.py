@@ -432,6 +432,27 @@ def test_the_pause_decode_waits_for_the_segments_first_partial():
     assert not refresh.first and not refresh.speculative and spec.speculative
 
 
+def test_a_superseded_partials_answer_does_not_free_the_next_tick():
+    """One partial in flight per session: the answer of one superseded in the queue
+    (dropped) is not the answer of the one in flight, so the next tick does not
+    supersede that in turn (a first partial was replaced every 300 ms, issue 31)."""
+    s = make_session()
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1500)]), respond=False)
+    (first,) = s.jobs_to_submit()
+    s.decode_finished(_decoded(first, "hel"))
+    refresh = next(j for j in s.jobs_to_submit() if not j.speculative)
+    feed(s, silence(300), respond=False)
+    (spec,) = s.jobs_to_submit()  # the pause's decode supersedes the queued refresh
+    assert spec.speculative
+    s.decode_finished(DecodeResult(job=refresh, dropped=True))
+    feed(s, tone(700), respond=False)  # speech again, ticks pass: the spec is in flight
+    assert s.jobs_to_submit() == []
+    s.decode_finished(_decoded(spec, "hello"))
+    (catch_up,) = s.jobs_to_submit()  # its answer frees the session's next partial
+    assert not catch_up.speculative and catch_up.end_sample > spec.end_sample
+
+
 def test_dropped_speculation_is_decoded_as_a_final():
     s = make_session(partials=False)
     s.start()
