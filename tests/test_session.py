@@ -410,28 +410,6 @@ def test_speech_after_the_pause_discards_the_speculation():
     assert [f.text for f in finals] == ["whole utterance"]
 
 
-def test_the_pause_decode_waits_for_the_segments_first_partial():
-    """The first partial goes ahead of finals in the worker's queue; a speculative decode
-    would supersede it there (one pending partial per session) and the first words
-    would wait with the finals (issue 31). So it is submitted once the first partial is
-    answered, and a first partial already answered holds nothing up."""
-    s = make_session()
-    s.start()
-    feed(s, np.concatenate([silence(300), tone(1500)]), respond=False)
-    (first,) = s.jobs_to_submit()  # still queued: no refresh either
-    assert first.first and not first.speculative
-    feed(s, silence(300), respond=False)  # a pause while the first partial is queued
-    assert s.jobs_to_submit() == []
-    s.decode_finished(_decoded(first, "hel"))
-    (spec,) = s.jobs_to_submit()  # at once, not at the next frame
-    assert spec.speculative and (spec.start_sample, spec.first) == (first.start_sample, False)
-    assert [m.text for m in s.messages_to_send() if isinstance(m, Partial)] == ["hel"]
-    s.decode_finished(_decoded(spec, "hello"))
-    feed(s, np.concatenate([tone(1000), silence(300)]), respond=False)
-    refresh, spec = s.jobs_to_submit()  # a refresh still queued holds nothing up
-    assert not refresh.first and not refresh.speculative and spec.speculative
-
-
 def test_a_superseded_partials_answer_does_not_free_the_next_tick():
     """One partial in flight per session: the answer of one superseded in the queue
     (dropped) is not the answer of the one in flight, so the next tick does not

@@ -175,6 +175,27 @@ def test_late_speculative_decodes_go_with_the_finals_behind_short_first_partials
     assert take(None) == [4]  # no clock: every speculative decode is late
 
 
+def test_a_pause_decode_that_replaced_a_first_partial_goes_ahead_as_it_would():
+    """A segment's pause before any text was shown: its speculative decode (first) is
+    the segment's first text, and short, it goes ahead of finals as a first partial."""
+    import dataclasses
+
+    from streamer.model.serving.job_queue import FIRST_AHEAD_MAX_SAMPLES
+
+    queue, push, take, _ = _queue_and_take()
+
+    def spec(session: str, tag: int, **fields: object) -> DecodeJob:
+        return dataclasses.replace(job(session, "partial", tag, **fields), speculative=True)
+
+    push(job("a", "final", 1), 1.9)  # has not waited FINAL_PATIENCE_MS at 2.0
+    push(spec("b", 2, first=True), 2.0)
+    push(spec("c", 3, first=True, samples=FIRST_AHEAD_MAX_SAMPLES + 1), 2.0)
+    push(spec("d", 4), 2.0)  # text already shown: a final in waiting
+    queue_take = queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None, now=2.0)
+    assert [int(q.job.pcm[0]) for q in queue_take] == [2]
+    assert [take(), take(), take()] == [[1], [3], [4]]  # no clock: late, oldest first
+
+
 def test_a_final_kept_waiting_its_patience_goes_before_first_partials():
     """Under overload finals are not starved by every new utterance's first partial."""
     from streamer.model.serving.job_queue import FINAL_PATIENCE_MS, JobQueue, Queued

@@ -19,10 +19,6 @@ class OpenSegment:
     window_options: PartialWindowOptions = field(default_factory=PartialWindowOptions)
     revision: int = 0  # partials sent for it so far
     last_partial_text: str = ""
-    # its first partial is queued or decoding: its speculative decode waits for it (the
-    # first partial goes ahead of finals; superseded by the speculative decode, the first
-    # words would wait with the finals: issue 31)
-    first_inflight: bool = False
     partial_mark: int = field(init=False)  # where the last partial tick happened
     partial_submitted_end: int = field(init=False)  # the end of the last partial's audio
     window: PartialWindow = field(init=False)  # where a refresh's audio starts

@@ -385,7 +385,6 @@ class Session:
             speculative=speculative,
             background=self.background,
         )
-        seg.first_inflight = job.first and not speculative
         self._partial_inflight = job
         self._jobs.append(job)
         return job
@@ -399,8 +398,8 @@ class Session:
         ):
             return
         end = self._segmenter.tentative_end_sample
-        if end is None or self._open is None or self._open.first_inflight:
-            return  # (after the first partial: it is answered first, then this follows)
+        if end is None or self._open is None:
+            return
         if self._spec.range == (self._open.start_sample, end):
             return  # already submitted (or decoded) for this pause
         self._spec.reset((self._open.start_sample, end))
@@ -487,8 +486,6 @@ class Session:
         job = result.job
         if job is self._partial_inflight:  # not an older one, superseded in the queue
             self._partial_inflight = None
-            if self._open is not None and job.segment_id == self._open.segment_id:
-                self._open.first_inflight = False
         if job.speculative and self._speculation_finished(result):
             return
         seg = self._open
@@ -508,7 +505,6 @@ class Session:
         # catch up at once if audio arrived while this partial was decoding
         seg = self._open
         if self.stream.partials and seg is not None and self.state is State.STREAMING:
-            self._maybe_speculate()  # one held for the first partial goes now
             interval = self.options.partial_interval_ms * SAMPLE_RATE // 1000
             position = self._segmenter.position_sample
             onset_missed = seg.partial_submitted_end == seg.start_sample  # none yet

@@ -1,7 +1,8 @@
 """The worker's queue of decode jobs: its discipline and batch selection (no threads).
 
 * live work first: a segment's first partial (which decides when its speaker sees the
-  first words) when its audio is short (``FIRST_AHEAD_MAX_SAMPLES``), but behind finals
+  first words) when its audio is short (``FIRST_AHEAD_MAX_SAMPLES``), or the
+  speculative decode that replaced it (a pause before any text was shown), but behind finals
   and late speculative decodes that have waited ``FINAL_PATIENCE_MS``; then the other
   finals and late speculative decodes, oldest first; then speculative decodes that are
   not late; then refreshes of segments already shown; oldest first within each class.
@@ -229,10 +230,13 @@ class JobQueue:
             return []
         partials = list(self.partials.values())
         # the queue discipline: finals and late speculative decodes that have waited
-        # FINAL_PATIENCE_MS, short first partials, the other finals and late
-        # speculative decodes (oldest first in each: a retried final, older than
-        # anything queued, comes first), longer first partials, speculative decodes
-        # not late, refreshes
+        # FINAL_PATIENCE_MS, short first texts (a first partial, or the speculative
+        # decode of a pause that came before any text was shown, which replaced it), the
+        # other finals and late speculative decodes (oldest first in each: a retried
+        # final, older than anything queued, comes first), longer first partials,
+        # speculative decodes not late, refreshes
+        ahead = [q for q in partials if q.job.first and q.job.pcm.size <= FIRST_AHEAD_MAX_SAMPLES]
+        partials = [q for q in partials if not any(q is a for a in ahead)]
         slack_s = SPECULATIVE_SLACK_MS / 1000
         late: list[Queued] = []
         early: list[Queued] = []
@@ -240,13 +244,12 @@ class JobQueue:
             if q.job.speculative:
                 (early if now is not None and now - q.submitted < slack_s else late).append(q)
         firsts = [q for q in partials if is_first_partial(q.job)]
-        ahead = [q for q in firsts if q.job.pcm.size <= FIRST_AHEAD_MAX_SAMPLES]
         finals = sorted([*self.finals, *late], key=lambda q: q.submitted)
         patience_s = FINAL_PATIENCE_MS / 1000
         due = [q for q in finals if now is None or now - q.submitted >= patience_s]
         queued = due + sorted(ahead, key=lambda q: q.submitted)
         queued += [q for q in finals if not any(q is d for d in due)]
-        queued += [q for q in firsts if q.job.pcm.size > FIRST_AHEAD_MAX_SAMPLES]
+        queued += firsts  # longer ones
         queued += sorted(early, key=lambda q: q.submitted)
         queued += [q for q in partials if is_refresh(q.job) and not q.job.first]
         # real-time sessions' work first (sorted() is stable: each class keeps its order)
