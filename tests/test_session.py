@@ -431,6 +431,25 @@ def test_a_superseded_partials_answer_does_not_free_the_next_tick():
     assert not catch_up.speculative and catch_up.end_sample > spec.end_sample
 
 
+def test_the_next_segments_first_partial_does_not_wait_for_the_last_ones_final():
+    """A segment that ended while its speculative decode (its final) is in flight: the
+    next segment's first partial is submitted at its onset all the same (issue 31)."""
+    s = make_session()
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1500)]), respond=False)
+    (first,) = s.jobs_to_submit()
+    s.decode_finished(_decoded(first, "one"))
+    s.jobs_to_submit()  # a refresh
+    feed(s, silence(300), respond=False)
+    (spec,) = s.jobs_to_submit()
+    assert spec.speculative
+    feed(s, np.concatenate([silence(700), tone(600)]), respond=False)
+    jobs = s.jobs_to_submit()  # the pause ended the segment; the next one began
+    assert [(j.segment_id, j.first) for j in jobs] == [(1, True)]
+    s.decode_finished(_decoded(spec, "one two"))
+    assert [m.text for m in s.messages_to_send() if isinstance(m, Final)] == ["one two"]
+
+
 def test_dropped_speculation_is_decoded_as_a_final():
     s = make_session(partials=False)
     s.start()

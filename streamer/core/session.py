@@ -359,8 +359,10 @@ class Session:
         seg.partial_mark = position
         if self._segmenter.last_speech_sample <= seg.partial_submitted_end:
             return  # only silence since the last partial: its text cannot have changed
-        if self._partial_inflight is not None:
-            # the worker is still busy with this session's last partial: skip this tick
+        inflight = self._partial_inflight
+        if inflight is not None and inflight.segment_id == seg.segment_id:
+            # the worker is still busy with this segment's last partial: skip this tick
+            # (an ended segment's speculative decode, its final, holds up no first partial)
             self.stats.partials_skipped += 1
             return
         self._submit_partial(position)
