@@ -431,6 +431,17 @@ def test_an_ended_segments_speculative_decode_waits_with_the_finals():
     assert push(job("a", "partial", 3, segment=1, first=True), 3.0) is None
     assert len(queue) == 3 and queue.oldest_final_submitted() == 1.0
     assert [take(), take(), take(), take()] == [[1], [2], [3], []]
+    # with a clock: the first partial still waits for its session's earlier final (its
+    # text is held until that final is sent), not for another session's
+    push(spec, 9.99)
+    push(job("b", "final", 2), 10.0)
+    push(job("a", "partial", 3, segment=1, first=True), 10.0)
+    push(job("c", "partial", 5, first=True), 10.0)
+    now = 10.0 + 0.001
+    order = []
+    while batch := queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None, now=now):
+        order.append(int(batch[0].job.pcm[0]))
+    assert order == [5, 1, 3, 2]  # a's final decoded, its first partial goes ahead
     # within a segment a newer partial still replaces a pending one, speculative or not
     push(spec, 4.0)
     replaced = push(job("a", "partial", 4, segment=0), 5.0)

@@ -6,7 +6,8 @@
   and late speculative decodes that have waited ``FINAL_PATIENCE_MS``; then the other
   finals and late speculative decodes, oldest first; then speculative decodes that are
   not late; then refreshes of segments already shown; oldest first within each class.
-  A first partial goes before finals not yet kept waiting: it is short (a fraction of a
+  A first partial goes before finals not yet kept waiting (not before its own session's
+  earlier final: its text is held until that final is sent): it is short (a fraction of a
   final's decode), there is at most one per session, and each segment has one, so the
   finals wait no more than a few short decodes. Behind every final and late
   speculative decode, with sixteen client processes on 2 cores first partials waited
@@ -235,7 +236,16 @@ class JobQueue:
         # other finals and late speculative decodes (oldest first in each: a retried
         # final, older than anything queued, comes first), longer first partials,
         # speculative decodes not late, refreshes
-        ahead = [q for q in partials if q.job.first and q.job.pcm.size <= FIRST_AHEAD_MAX_SAMPLES]
+        # not of a session whose earlier final waits: its text is held until that final
+        # is sent (the protocol's order), so going first would only delay the final
+        behind = {q.job.session_id for q in self.finals}
+        ahead = [
+            q
+            for q in partials
+            if q.job.first
+            and q.job.pcm.size <= FIRST_AHEAD_MAX_SAMPLES
+            and q.job.session_id not in behind
+        ]
         partials = [q for q in partials if not any(q is a for a in ahead)]
         slack_s = SPECULATIVE_SLACK_MS / 1000
         late: list[Queued] = []
