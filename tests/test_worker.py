@@ -136,16 +136,19 @@ def test_a_speculative_decode_goes_after_first_partials_until_it_is_late(gated, 
     assert [tag for _, tag, _ in recognizer.order] == [1, 3, 5, 4, 6, 2]
 
 
-def test_late_speculative_decodes_go_with_the_finals_behind_short_first_partials():
+def test_late_speculative_decodes_go_with_the_finals_behind_short_first_partials(monkeypatch):
     """Late: with the finals, ahead of a long first partial; not late: behind it."""
     import dataclasses
 
+    from streamer.model.serving import job_queue
     from streamer.model.serving.job_queue import (
         FIRST_AHEAD_MAX_SAMPLES,
         SPECULATIVE_SLACK_MS,
         JobQueue,
         Queued,
     )
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 300.0)  # none has waited it
 
     queue = JobQueue()
     slack_s = SPECULATIVE_SLACK_MS / 1000
@@ -175,12 +178,15 @@ def test_late_speculative_decodes_go_with_the_finals_behind_short_first_partials
     assert take(None) == [4]  # no clock: every speculative decode is late
 
 
-def test_a_pause_decode_that_replaced_a_first_partial_goes_ahead_as_it_would():
+def test_a_pause_decode_that_replaced_a_first_partial_goes_ahead_as_it_would(monkeypatch):
     """A segment's pause before any text was shown: its speculative decode (first) is
     the segment's first text, and short, it goes ahead of finals as a first partial."""
     import dataclasses
 
+    from streamer.model.serving import job_queue
     from streamer.model.serving.job_queue import FIRST_AHEAD_MAX_SAMPLES
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 300.0)
 
     queue, push, take, _ = _queue_and_take()
 
@@ -196,12 +202,14 @@ def test_a_pause_decode_that_replaced_a_first_partial_goes_ahead_as_it_would():
     assert [take(), take(), take()] == [[1], [3], [4]]  # no clock: late, oldest first
 
 
-def test_a_final_kept_waiting_its_patience_goes_before_first_partials():
+def test_a_final_kept_waiting_its_patience_goes_before_first_partials(monkeypatch):
     """Under overload finals are not starved by every new utterance's first partial."""
-    from streamer.model.serving.job_queue import FINAL_PATIENCE_MS, JobQueue, Queued
+    from streamer.model.serving import job_queue
+    from streamer.model.serving.job_queue import JobQueue, Queued
 
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 300.0)
     queue = JobQueue()
-    patience_s = FINAL_PATIENCE_MS / 1000
+    patience_s = 0.3
     for j, submitted in [
         (job("young", "final", 1), 10.0 + patience_s / 2),
         (job("b", "partial", 2, first=True), 10.0 + patience_s / 2),
@@ -419,10 +427,14 @@ def _queue_and_take():
     return queue, push, take, answered
 
 
-def test_an_ended_segments_speculative_decode_waits_with_the_finals():
+def test_an_ended_segments_speculative_decode_waits_with_the_finals(monkeypatch):
     """A session's next segment's first partial does not drop the speculative decode of
     the segment before: that segment has ended, and the decode is its final."""
     import dataclasses
+
+    from streamer.model.serving import job_queue
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 300.0)
 
     queue, push, take, answered = _queue_and_take()
     spec = dataclasses.replace(job("a", "partial", 1, segment=0), speculative=True)

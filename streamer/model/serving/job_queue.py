@@ -1,22 +1,19 @@
 """The worker's queue of decode jobs: its discipline and batch selection (no threads).
 
-* live work first: a segment's first partial (which decides when its speaker sees the
-  first words) when its audio is short (``FIRST_AHEAD_MAX_SAMPLES``), or the
-  speculative decode that replaced it (a pause before any text was shown), but behind finals
-  and late speculative decodes that have waited ``FINAL_PATIENCE_MS``; then the other
-  finals and late speculative decodes, oldest first; then speculative decodes that are
-  not late; then refreshes of segments already shown; oldest first within each class.
-  A first partial goes before finals not yet kept waiting (not before its own session's
-  earlier final: its text is held until that final is sent): it is short (a fraction of a
-  final's decode), there is at most one per session, and each segment has one, so the
-  finals wait no more than a few short decodes. Behind every final and late
-  speculative decode, with sixteen client processes on 2 cores first partials waited
-  0.9 s on average, most segments' pause came first, and their first words were the
-  final (issue 31, TTFT p95 3.4-3.9 s). A
-  speculative decode is the final of a segment whose pause may be its end: behind every
-  session's refreshes, with seven sessions the first client's final p95 doubled. It is
-  submitted a few hundred ms before the endpoint would make it a final; once it has
-  waited ``SPECULATIVE_SLACK_MS`` it goes with the finals;
+* live work first: finals and late speculative decodes that have waited
+  ``FINAL_PATIENCE_MS`` (0 by default: all of them), oldest first; then a segment's
+  first text when its audio is short (``FIRST_AHEAD_MAX_SAMPLES``): its first partial,
+  or the speculative decode that replaced it (a pause before any text was shown); then
+  the other finals and late speculative decodes; then longer first partials; then
+  speculative decodes that are not late; then refreshes of segments already shown;
+  oldest first within each class. With a patience, a first partial goes before the
+  finals not yet kept waiting that long (not before its own session's earlier final:
+  its text is held until that final is sent); 300 ms cost the finals at sixteen client
+  processes on a loaded 2-core machine (issue 31). A speculative decode is the final of
+  a segment whose pause may be its end: behind every session's refreshes, with seven
+  sessions the first client's final p95 doubled. It is submitted a few hundred ms
+  before the endpoint would make it a final; once it has waited
+  ``SPECULATIVE_SLACK_MS`` it goes with the finals;
 * a session sending faster than real time (``DecodeJob.realtime`` False: a file
   streamed unpaced) has its live jobs after every real-time session's, in the same
   order among themselves: it takes the model at the rate it sends, and the sessions
@@ -57,9 +54,11 @@ ResultCallback = Callable[[DecodeResult], None]
 # already heard, a first partial's decode is short (its segment is young)
 SPECULATIVE_SLACK_MS = 150.0
 # a final (or a late speculative decode) that has waited this long goes before first
-# partials: under overload, when finals would queue behind every new utterance's first
-# partial, they keep the order they had before first partials went first
-FINAL_PATIENCE_MS = 300.0
+# partials (0: every final does, the order before issue 31's traces). 300 ms cost the
+# finals at 16 client processes on a loaded 2-core machine (final p50 +200-2000 ms in
+# six of six side-by-side pairs, bench/results-incoming/wip-ttft3.md); 0 measured no
+# worse than main there. A quiet machine may pick another value.
+FINAL_PATIENCE_MS = 0.0
 # a first partial of at most this much audio goes ahead of finals (2 s at 16 kHz): one
 # submitted at the onset holds the pre-roll and a few frames; a longer one (a segment
 # whose first decodes had no text yet) waits behind the finals like a refresh

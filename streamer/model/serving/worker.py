@@ -16,7 +16,7 @@ so a batch's other rows change a row's result. ``max_batch=None`` (automatic) ba
 on an accelerator in fp32/fp16 only; on the CPU it stays at batch 1, where batching
 measured no better (bench/RESULTS.md, "Dynamic batching").
 
-The queue discipline (a segment's short first partial, then live finals, then refreshes;
+The queue discipline (live finals, then a segment's short first partial, then refreshes;
 one pending partial per session; then file uploads' background finals round robin among
 their sessions) and the batch selection are :mod:`streamer.model.serving.job_queue`.
 
