@@ -353,7 +353,12 @@ def test_the_cpu_decodes_at_batch_1_unless_asked(
         assert recording.sizes == sizes
 
 
-def test_batch_order_finals_first_then_first_partials_then_refreshes() -> None:
+def test_batch_order_first_partials_then_finals_then_refreshes(monkeypatch) -> None:
+    """First partials go first, batched with each other but not with a refresh (which
+    would hold up the finals); then the finals; the refresh last."""
+    from streamer.model.serving import job_queue
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 60_000.0)  # none has waited it
     fake = BatchingFake()
     worker = ModelWorker(lambda: fake, max_batch=3)
     collect = Answers()
@@ -365,8 +370,8 @@ def test_batch_order_finals_first_then_first_partials_then_refreshes() -> None:
     worker.start()
     results = collect.wait(5)
     worker.stop()
-    assert fake.calls_seen == [[3, 5], [2, 4, 1]]
-    assert sorted(r.batch_size for r in results) == [2, 2, 3, 3, 3]
+    assert fake.calls_seen == [[2, 4], [3, 5], [1]]
+    assert sorted(r.batch_size for r in results) == [1, 2, 2, 2, 2]
 
 
 def test_a_failing_batch_fails_only_its_bad_job() -> None:

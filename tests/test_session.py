@@ -410,6 +410,46 @@ def test_speech_after_the_pause_discards_the_speculation():
     assert [f.text for f in finals] == ["whole utterance"]
 
 
+def test_a_superseded_partials_answer_does_not_free_the_next_tick():
+    """One partial in flight per session: the answer of one superseded in the queue
+    (dropped) is not the answer of the one in flight, so the next tick does not
+    supersede that in turn (a first partial was replaced every 300 ms, issue 31)."""
+    s = make_session()
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1500)]), respond=False)
+    (first,) = s.jobs_to_submit()
+    s.decode_finished(_decoded(first, "hel"))
+    refresh = next(j for j in s.jobs_to_submit() if not j.speculative)
+    feed(s, silence(300), respond=False)
+    (spec,) = s.jobs_to_submit()  # the pause's decode supersedes the queued refresh
+    assert spec.speculative
+    s.decode_finished(DecodeResult(job=refresh, dropped=True))
+    feed(s, tone(700), respond=False)  # speech again, ticks pass: the spec is in flight
+    assert s.jobs_to_submit() == []
+    s.decode_finished(_decoded(spec, "hello"))
+    (catch_up,) = s.jobs_to_submit()  # its answer frees the session's next partial
+    assert not catch_up.speculative and catch_up.end_sample > spec.end_sample
+
+
+def test_the_next_segments_first_partial_does_not_wait_for_the_last_ones_final():
+    """A segment that ended while its speculative decode (its final) is in flight: the
+    next segment's first partial is submitted at its onset all the same (issue 31)."""
+    s = make_session()
+    s.start()
+    feed(s, np.concatenate([silence(300), tone(1500)]), respond=False)
+    (first,) = s.jobs_to_submit()
+    s.decode_finished(_decoded(first, "one"))
+    s.jobs_to_submit()  # a refresh
+    feed(s, silence(300), respond=False)
+    (spec,) = s.jobs_to_submit()
+    assert spec.speculative
+    feed(s, np.concatenate([silence(700), tone(600)]), respond=False)
+    jobs = s.jobs_to_submit()  # the pause ended the segment; the next one began
+    assert [(j.segment_id, j.first) for j in jobs] == [(1, True)]
+    s.decode_finished(_decoded(spec, "one two"))
+    assert [m.text for m in s.messages_to_send() if isinstance(m, Final)] == ["one two"]
+
+
 def test_dropped_speculation_is_decoded_as_a_final():
     s = make_session(partials=False)
     s.start()

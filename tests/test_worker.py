@@ -87,30 +87,43 @@ def release_all(recognizer: GatedRecognizer, worker: ModelWorker, n: int) -> Non
         threading.Event().wait(0.01)
 
 
-def test_finals_first_then_first_partials_then_refreshes(gated):
+def test_short_first_partials_first_then_finals_then_long_first_partials_then_refreshes(
+    gated, monkeypatch
+):
+    """A short first partial goes even before finals queued before it (issue 31); one of
+    more than FIRST_AHEAD_MAX_SAMPLES waits behind the finals, a refresh behind all."""
+    from streamer.model.serving import job_queue
+    from streamer.model.serving.job_queue import FIRST_AHEAD_MAX_SAMPLES
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 60_000.0)  # none has waited it
+
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
     assert recognizer.started.wait(timeout_s(5))
     worker.submit(job("a", "partial", 2), collect)  # a refresh
-    worker.submit(job("b", "partial", 3, first=True), collect)  # a first partial
     worker.submit(job("c", "final", 4), collect)
+    long_first = job("e", "partial", 6, first=True, samples=FIRST_AHEAD_MAX_SAMPLES + 1)
+    worker.submit(long_first, collect)
+    worker.submit(job("b", "partial", 3, first=True), collect)  # a short first partial
     worker.submit(job("d", "final", 5), collect)
-    release_all(recognizer, worker, 5)
-    assert [tag for _, tag, _ in recognizer.order] == [1, 4, 5, 3, 2]
+    worker.submit(job("f", "partial", 7, first=True), collect)  # another, newer
+    release_all(recognizer, worker, 7)
+    assert [tag for _, tag, _ in recognizer.order] == [1, 3, 7, 4, 5, 6, 2]
     assert all(r.transcript is not None for r in results)
     assert all(r.queue_ms >= 0 and r.decode_ms >= 0 for r in results)
 
 
 def test_a_speculative_decode_goes_after_first_partials_until_it_is_late(gated, monkeypatch):
     """A speculative decode is the final of a segment whose pause may be its end: it
-    goes ahead of every refresh, behind finals queued before it, and behind first
-    partials until it has waited SPECULATIVE_SLACK_MS (issue 31: TTFT p95 3.4 s at
-    sixteen clients behind finals and speculative decodes)."""
+    goes ahead of every refresh, behind first partials and the finals queued before it
+    until it has waited SPECULATIVE_SLACK_MS (issue 31: TTFT p95 3.4 s at sixteen
+    clients behind finals and speculative decodes)."""
     import dataclasses
 
     from streamer.model.serving import job_queue
 
     monkeypatch.setattr(job_queue, "SPECULATIVE_SLACK_MS", 60_000.0)  # none is late
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 60_000.0)
     worker, recognizer, results, collect = gated
     worker.submit(job("busy", "partial", 1), collect)  # occupies the worker
     assert recognizer.started.wait(timeout_s(5))
@@ -120,13 +133,22 @@ def test_a_speculative_decode_goes_after_first_partials_until_it_is_late(gated, 
     worker.submit(job("c", "final", 5), collect)
     worker.submit(dataclasses.replace(job("f", "partial", 6), speculative=True), collect)
     release_all(recognizer, worker, 6)
-    assert [tag for _, tag, _ in recognizer.order] == [1, 5, 3, 4, 6, 2]
+    assert [tag for _, tag, _ in recognizer.order] == [1, 3, 5, 4, 6, 2]
 
 
-def test_late_speculative_decodes_go_with_the_finals_ahead_of_first_partials():
+def test_late_speculative_decodes_go_with_the_finals_behind_short_first_partials(monkeypatch):
+    """Late: with the finals, ahead of a long first partial; not late: behind it."""
     import dataclasses
 
-    from streamer.model.serving.job_queue import SPECULATIVE_SLACK_MS, JobQueue, Queued
+    from streamer.model.serving import job_queue
+    from streamer.model.serving.job_queue import (
+        FIRST_AHEAD_MAX_SAMPLES,
+        SPECULATIVE_SLACK_MS,
+        JobQueue,
+        Queued,
+    )
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 300.0)  # none has waited it
 
     queue = JobQueue()
     slack_s = SPECULATIVE_SLACK_MS / 1000
@@ -147,11 +169,61 @@ def test_late_speculative_decodes_go_with_the_finals_ahead_of_first_partials():
         batch = queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None, now=now)
         return [int(q.job.pcm[0]) for q in batch]
 
+    long_first = job("l", "partial", 6, first=True, samples=FIRST_AHEAD_MAX_SAMPLES + 1)
+    push(long_first, 10.0)
     now = 10.0 + slack_s * 1.1
-    assert [take(now) for _ in range(5)] == [[1], [2], [3], [4], [5]]
+    assert [take(now) for _ in range(6)] == [[3], [1], [2], [6], [4], [5]]
     push(spec("new", 4), 20.0)
-    push(job("b", "partial", 3, first=True), 20.0)
+    push(long_first, 20.0)
     assert take(None) == [4]  # no clock: every speculative decode is late
+
+
+def test_a_pause_decode_that_replaced_a_first_partial_goes_ahead_as_it_would(monkeypatch):
+    """A segment's pause before any text was shown: its speculative decode (first) is
+    the segment's first text, and short, it goes ahead of finals as a first partial."""
+    import dataclasses
+
+    from streamer.model.serving import job_queue
+    from streamer.model.serving.job_queue import FIRST_AHEAD_MAX_SAMPLES
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 300.0)
+
+    queue, push, take, _ = _queue_and_take()
+
+    def spec(session: str, tag: int, **fields: object) -> DecodeJob:
+        return dataclasses.replace(job(session, "partial", tag, **fields), speculative=True)
+
+    push(job("a", "final", 1), 1.9)  # has not waited FINAL_PATIENCE_MS at 2.0
+    push(spec("b", 2, first=True), 2.0)
+    push(spec("c", 3, first=True, samples=FIRST_AHEAD_MAX_SAMPLES + 1), 2.0)
+    push(spec("d", 4), 2.0)  # text already shown: a final in waiting
+    queue_take = queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None, now=2.0)
+    assert [int(q.job.pcm[0]) for q in queue_take] == [2]
+    assert [take(), take(), take()] == [[1], [3], [4]]  # no clock: late, oldest first
+
+
+def test_a_final_kept_waiting_its_patience_goes_before_first_partials(monkeypatch):
+    """Under overload finals are not starved by every new utterance's first partial."""
+    from streamer.model.serving import job_queue
+    from streamer.model.serving.job_queue import JobQueue, Queued
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 300.0)
+    queue = JobQueue()
+    patience_s = 0.3
+    for j, submitted in [
+        (job("young", "final", 1), 10.0 + patience_s / 2),
+        (job("b", "partial", 2, first=True), 10.0 + patience_s / 2),
+        (job("old", "final", 3), 10.0),
+        (job("c", "partial", 4, first=True), 10.0),
+    ]:
+        queue.push(Queued(j, lambda result: None, submitted))
+    now = 10.0 + patience_s * 1.01
+    batches = [queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None, now=now)]
+    while batches[-1]:
+        batches.append(
+            queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None, now=now)
+        )
+    assert [int(b[0].job.pcm[0]) for b in batches if b] == [3, 4, 2, 1]
 
 
 def test_newer_partial_replaces_pending_one_and_final_drops_it(gated):
@@ -302,8 +374,9 @@ def test_worker_thread_dying_of_a_base_exception_fails_loudly():
 
 
 def test_the_job_queue_keeps_its_discipline_without_a_thread():
-    """The queue alone: finals, then first partials, then refreshes; one partial per
-    session; a final drops its session's partial; a retried final goes alone, first."""
+    """The queue alone (no clock: every final has waited its patience): finals, then
+    first partials, then refreshes; one partial per session; a final drops its
+    session's partial; a retried final goes alone, first."""
     from streamer.model.serving.job_queue import JobQueue, Queued
 
     queue, answered = JobQueue(), []
@@ -352,6 +425,40 @@ def _queue_and_take():
         return [int(q.job.pcm[0]) for q in batch]
 
     return queue, push, take, answered
+
+
+def test_an_ended_segments_speculative_decode_waits_with_the_finals(monkeypatch):
+    """A session's next segment's first partial does not drop the speculative decode of
+    the segment before: that segment has ended, and the decode is its final."""
+    import dataclasses
+
+    from streamer.model.serving import job_queue
+
+    monkeypatch.setattr(job_queue, "FINAL_PATIENCE_MS", 300.0)
+
+    queue, push, take, answered = _queue_and_take()
+    spec = dataclasses.replace(job("a", "partial", 1, segment=0), speculative=True)
+    assert push(spec, 1.0) is None
+    push(job("b", "final", 2), 2.0)
+    assert push(job("a", "partial", 3, segment=1, first=True), 3.0) is None
+    assert len(queue) == 3 and queue.oldest_final_submitted() == 1.0
+    assert [take(), take(), take(), take()] == [[1], [2], [3], []]
+    # with a clock: the first partial still waits for its session's earlier final (its
+    # text is held until that final is sent), not for another session's
+    push(spec, 9.99)
+    push(job("b", "final", 2), 10.0)
+    push(job("a", "partial", 3, segment=1, first=True), 10.0)
+    push(job("c", "partial", 5, first=True), 10.0)
+    now = 10.0 + 0.001
+    order = []
+    while batch := queue.take(max_batch=1, max_padding_ratio=1.25, max_batch_samples=None, now=now):
+        order.append(int(batch[0].job.pcm[0]))
+    assert order == [5, 1, 3, 2]  # a's final decoded, its first partial goes ahead
+    # within a segment a newer partial still replaces a pending one, speculative or not
+    push(spec, 4.0)
+    replaced = push(job("a", "partial", 4, segment=0), 5.0)
+    assert replaced is not None and replaced.job is spec and take() == [4]
+    assert answered == []
 
 
 def test_background_jobs_wait_behind_every_class_of_live_job():
@@ -585,10 +692,11 @@ def test_a_first_partial_stops_a_refresh_but_never_another_first_partial(interru
     assert recognizer.asked == 1 and worker.stats().live.partials_interrupted == 1
 
 
-@pytest.mark.parametrize("running", ["final", "speculative", "background"])
-def test_a_final_never_stops_a_final_a_speculative_decode_or_a_files_job(
+@pytest.mark.parametrize("running", ["final", "speculative", "background", "first partial"])
+def test_a_final_never_stops_a_final_a_speculative_decode_a_files_job_or_a_first_partial(
     interruptible, running: str
 ) -> None:
+    """A first partial is short: stopped, it would be decoded again from the start."""
     import dataclasses
 
     worker, recognizer, results, collect = interruptible
@@ -596,6 +704,7 @@ def test_a_final_never_stops_a_final_a_speculative_decode_or_a_files_job(
         "final": job("a", "final", 1),
         "speculative": dataclasses.replace(job("a", "partial", 1), speculative=True),
         "background": job("file", "final", 1, background=True),
+        "first partial": job("a", "partial", 1, first=True),
     }[running]
     worker.submit(first, collect)
     assert recognizer.started.wait(timeout_s(5))

@@ -282,7 +282,11 @@ class Session:
             self._resampler = StreamResampler(stream.sample_rate, SAMPLE_RATE)
             self._decoder = S16Decoder()  # whole input samples for the resampler
         self._open: OpenSegment | None = None
-        self._partial_inflight = False
+        # the partial last submitted, until it is answered (None: none in flight); an
+        # older one's answer (dropped: superseded in the queue) does not clear it, or the
+        # next tick would supersede the pending one in turn (a first partial was replaced
+        # every 300 ms and never decoded: issue 31)
+        self._partial_inflight: DecodeJob | None = None
         # speculative final of the open segment: the range submitted, and its result
         self._spec = Speculation()
         # segments that ended while their speculative decode runs: their finals follow it
@@ -355,8 +359,10 @@ class Session:
         seg.partial_mark = position
         if self._segmenter.last_speech_sample <= seg.partial_submitted_end:
             return  # only silence since the last partial: its text cannot have changed
-        if self._partial_inflight:
-            # the worker is still busy with this session's last partial: skip this tick
+        inflight = self._partial_inflight
+        if inflight is not None and inflight.segment_id == seg.segment_id:
+            # the worker is still busy with this segment's last partial: skip this tick
+            # (an ended segment's speculative decode, its final, holds up no first partial)
             self.stats.partials_skipped += 1
             return
         self._submit_partial(position)
@@ -364,7 +370,6 @@ class Session:
     def _submit_partial(self, position: int, speculative: bool = False) -> DecodeJob:
         seg = self._open
         assert seg is not None
-        self._partial_inflight = True
         seg.partial_submitted_end = max(position, seg.partial_submitted_end)
         start, segment_start = window_job_fields(seg, speculative)
         job = DecodeJob(
@@ -382,6 +387,7 @@ class Session:
             speculative=speculative,
             background=self.background,
         )
+        self._partial_inflight = job
         self._jobs.append(job)
         return job
 
@@ -479,8 +485,9 @@ class Session:
     # -- results ---------------------------------------------------------------
 
     def _partial_finished(self, result: DecodeResult) -> None:
-        self._partial_inflight = False
         job = result.job
+        if job is self._partial_inflight:  # not an older one, superseded in the queue
+            self._partial_inflight = None
         if job.speculative and self._speculation_finished(result):
             return
         seg = self._open
@@ -504,7 +511,8 @@ class Session:
             position = self._segmenter.position_sample
             onset_missed = seg.partial_submitted_end == seg.start_sample  # none yet
             if (
-                (onset_missed or position - seg.partial_submitted_end >= interval)
+                self._partial_inflight is None
+                and (onset_missed or position - seg.partial_submitted_end >= interval)
                 and self._segmenter.last_speech_sample > seg.partial_submitted_end
                 and not self._segmenter.pause_possible
             ):

@@ -1,14 +1,19 @@
 """The worker's queue of decode jobs: its discipline and batch selection (no threads).
 
-* live work first: finals and late speculative decodes, oldest first; then a segment's
-  first partial (which decides when its speaker sees the first words); then speculative
-  decodes that are not late; then refreshes of segments already shown; oldest first
-  within each class. A speculative decode is the final of a segment whose pause may be
-  its end: behind every session's refreshes, with seven sessions the first client's
-  final p95 doubled. It is submitted a few hundred ms before the endpoint would make it
-  a final, so a short first partial can go first without delaying that final; once it
-  has waited ``SPECULATIVE_SLACK_MS`` it goes with the finals (with sixteen clients on
-  2 cores TTFT p95 reached 3.4 s behind finals and speculative decodes, issue 31);
+* live work first: finals and late speculative decodes that have waited
+  ``FINAL_PATIENCE_MS`` (0 by default: all of them), oldest first; then a segment's
+  first text when its audio is short (``FIRST_AHEAD_MAX_SAMPLES``): its first partial,
+  or the speculative decode that replaced it (a pause before any text was shown); then
+  the other finals and late speculative decodes; then longer first partials; then
+  speculative decodes that are not late; then refreshes of segments already shown;
+  oldest first within each class. With a patience, a first partial goes before the
+  finals not yet kept waiting that long (not before its own session's earlier final:
+  its text is held until that final is sent); 300 ms cost the finals at sixteen client
+  processes on a loaded 2-core machine (issue 31). A speculative decode is the final of
+  a segment whose pause may be its end: behind every session's refreshes, with seven
+  sessions the first client's final p95 doubled. It is submitted a few hundred ms
+  before the endpoint would make it a final; once it has waited
+  ``SPECULATIVE_SLACK_MS`` it goes with the finals;
 * a session sending faster than real time (``DecodeJob.realtime`` False: a file
   streamed unpaced) has its live jobs after every real-time session's, in the same
   order among themselves: it takes the model at the rate it sends, and the sessions
@@ -18,10 +23,15 @@
   goes to the back, so two uploads progress alike and a short one is not stuck behind
   a long one. A live job waits for no more than the one batch already decoding;
 * a batch is of one class: background jobs are batched together (several segments of
-  one file, or of several files) but never with live ones;
+  one file, or of several files) but never with live ones; first partials that go ahead
+  of the finals only with each other (several sessions' first words in one decode,
+  where the worker batches), never with a refresh that would hold up the finals;
 * at most one pending partial per session: a newer one replaces it (the old one is
-  answered ``dropped``);
-* a session's pending partial is dropped as soon as one of its finals is queued;
+  answered ``dropped``), and a session's pending partial is dropped as soon as one of
+  its finals is queued; but a speculative decode of a segment before the new job's is
+  that ended segment's final (its session waits for it): it goes on waiting, with the
+  finals (dropped, it was queued again as a final behind the others: with first
+  partials ahead of finals, sixteen clients' finals waited 3.7 s);
 * a final decoded again after the model failed while decoding it is taken alone, first
   in its class;
 * :meth:`JobQueue.drop_session` forgets every queued job of a departed client.
@@ -43,6 +53,16 @@ ResultCallback = Callable[[DecodeResult], None]
 # that makes it a final follows its submission by endpoint_ms (500) less the pause
 # already heard, a first partial's decode is short (its segment is young)
 SPECULATIVE_SLACK_MS = 150.0
+# a final (or a late speculative decode) that has waited this long goes before first
+# partials (0: every final does, the order before issue 31's traces). 300 ms cost the
+# finals at 16 client processes on a loaded 2-core machine (final p50 +200-2000 ms in
+# six of six side-by-side pairs, bench/results-incoming/wip-ttft3.md); 0 measured no
+# worse than main there. A quiet machine may pick another value.
+FINAL_PATIENCE_MS = 0.0
+# a first partial of at most this much audio goes ahead of finals (2 s at 16 kHz): one
+# submitted at the onset holds the pre-roll and a few frames; a longer one (a segment
+# whose first decodes had no text yet) waits behind the finals like a refresh
+FIRST_AHEAD_MAX_SAMPLES = 32_000
 
 
 @dataclass
@@ -68,6 +88,12 @@ def is_first_partial(job: DecodeJob) -> bool:
 def is_refresh(job: DecodeJob) -> bool:
     """A live session's partial that is only shown, never kept for its final."""
     return job.kind == "partial" and not job.speculative and not job.background
+
+
+def _ended_by(pending: DecodeJob, new: DecodeJob) -> bool:
+    """``pending`` is a speculative decode of a segment before ``new``'s: that segment
+    has ended, and the decode is its final (the session waits for it)."""
+    return pending.speculative and pending.segment_id < new.segment_id
 
 
 def select_batch(
@@ -132,6 +158,10 @@ class JobQueue:
         """Queue ``item``; returns the pending partial it supersedes (to answer dropped)."""
         session_id = item.job.session_id
         superseded = self.partials.pop(session_id, None)
+        if superseded is not None and _ended_by(superseded.job, item.job):
+            # the final of a segment that has ended: it waits with the finals, in order
+            self.finals = deque(sorted([*self.finals, superseded], key=lambda q: q.submitted))
+            superseded = None
         if item.job.background:  # whatever its kind (background sessions send finals)
             self.background.setdefault(session_id, deque()).append(item)
         elif item.job.kind == "final":
@@ -194,24 +224,43 @@ class JobQueue:
     ) -> list[Queued]:
         """The next batch off the queue (see :func:`select_batch`); [] when empty.
         ``now`` (the clock of :attr:`Queued.submitted`) tells which speculative decodes
-        are late; None: all are."""
+        are late and which finals have waited long enough to go before first partials;
+        None: all are and all have."""
         if not self:
             return []
         partials = list(self.partials.values())
-        # the queue discipline: finals and late speculative decodes oldest first (a
-        # retried final, older than anything queued, comes first), first partials,
+        # the queue discipline: finals and late speculative decodes that have waited
+        # FINAL_PATIENCE_MS, short first texts (a first partial, or the speculative
+        # decode of a pause that came before any text was shown, which replaced it), the
+        # other finals and late speculative decodes (oldest first in each: a retried
+        # final, older than anything queued, comes first), longer first partials,
         # speculative decodes not late, refreshes
+        # not of a session whose earlier final waits: its text is held until that final
+        # is sent (the protocol's order), so going first would only delay the final
+        behind = {q.job.session_id for q in self.finals}
+        ahead = [
+            q
+            for q in partials
+            if q.job.first
+            and q.job.pcm.size <= FIRST_AHEAD_MAX_SAMPLES
+            and q.job.session_id not in behind
+        ]
+        partials = [q for q in partials if not any(q is a for a in ahead)]
         slack_s = SPECULATIVE_SLACK_MS / 1000
         late: list[Queued] = []
         early: list[Queued] = []
         for q in partials:
             if q.job.speculative:
                 (early if now is not None and now - q.submitted < slack_s else late).append(q)
-        shown = [q for q in partials if not q.job.speculative]
-        queued = sorted([*self.finals, *late], key=lambda q: q.submitted)
-        queued += [q for q in shown if q.job.first]
+        firsts = [q for q in partials if is_first_partial(q.job)]
+        finals = sorted([*self.finals, *late], key=lambda q: q.submitted)
+        patience_s = FINAL_PATIENCE_MS / 1000
+        due = [q for q in finals if now is None or now - q.submitted >= patience_s]
+        queued = due + sorted(ahead, key=lambda q: q.submitted)
+        queued += [q for q in finals if not any(q is d for d in due)]
+        queued += firsts  # longer ones
         queued += sorted(early, key=lambda q: q.submitted)
-        queued += [q for q in shown if not q.job.first]
+        queued += [q for q in partials if is_refresh(q.job) and not q.job.first]
         # real-time sessions' work first (sorted() is stable: each class keeps its order)
         queued = sorted(queued, key=lambda q: (not q.retried, not q.job.realtime))
         if not queued:  # no live work: the background sessions' jobs, interleaved
@@ -220,6 +269,8 @@ class JobQueue:
             batch = [queued[0]]
         else:  # queued[0] is fresh[0]
             fresh = [q for q in queued if not q.retried]
+            if any(fresh[0] is q for q in ahead):  # first partials with their like only
+                fresh = [q for q in fresh if any(q is a for a in ahead)]
             chosen = select_batch(
                 [q.job for q in fresh],
                 max_batch=max_batch,
@@ -230,10 +281,10 @@ class JobQueue:
         for item in batch:
             if item.job.background:
                 self._take_background(item)
-            elif item.job.kind == "final":
-                self.finals.remove(item)
-            else:
+            elif self.partials.get(item.job.session_id) is item:
                 del self.partials[item.job.session_id]
+            else:  # a final, or a speculative decode that waits as one
+                self.finals.remove(item)
         return batch
 
     def _background_order(self) -> list[Queued]:
