@@ -477,7 +477,7 @@ def test_continuous_speech_through_the_cli(server_url: str, tmp_path: Path) -> N
 
 
 def test_capacity_sweep_rows_count_refusals_apart_from_other_errors() -> None:
-    from bench.latency.capacity_sweep import summary_row, table
+    from bench.capacity import summary_row, table
 
     step = {
         "errors": [
@@ -498,7 +498,7 @@ def test_capacity_sweep_rows_count_refusals_apart_from_other_errors() -> None:
 
 
 def test_capacity_sweep_configurations_are_server_flags() -> None:
-    from bench.latency.capacity_sweep import config_args
+    from bench.capacity import config_args
 
     assert config_args("default") == ()
     assert config_args("off") == ("--no-capacity-admission",)

@@ -1,5 +1,5 @@
-"""A smoke run of each bench that no other test module runs whole: io_load, first_start,
-stress and its soak, and diarization, each for seconds on the tiny
+"""A smoke run of each bench that no other test module runs whole: capacity, io_load,
+first_start, stress and its soak, and diarization, each for seconds on the tiny
 random model (``bench.latency``, ``bench.decode`` and ``bench.files`` have modules of their
 own)."""
 
@@ -14,6 +14,7 @@ import pytest
 from bench.__main__ import benches
 
 SMOKED = {  # bench -> the test module that runs it
+    "capacity": "test_bench_smoke.py",
     "decode": "test_bench_decode.py",
     "diarization": "test_bench_smoke.py",
     "files": "test_bench_files.py",
@@ -133,3 +134,18 @@ def test_diarization_scores_every_conversation_and_times_diarize_on_and_off(
         assert latency[mode]["finals"] > 0
         assert 0 < latency[mode]["p50_s"] <= latency[mode]["p95_s"]
     assert latency["unlabelled_finals_on"] == 0
+
+
+def test_capacity_runs_a_step_per_configuration_and_writes_its_table(tmp_path: Path) -> None:
+    from bench.capacity import main
+
+    argv = ["--model", "random:tiny", "--clients", "2", "--duration-s", "2"]
+    argv += ["--start-every-s", "0.3", "--configs", "off,default", "--pause-s", "0"]
+    main([*argv, "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(row["config"], row["clients"]) for row in rows] == [("off", 2), ("default", 2)]
+    for row in rows:
+        assert row["admitted"] == 2 and not row["refused"] and not row["other_errors"]
+        assert row["segments"] > 0 and 0 < row["final_p50_s"] <= row["final_p95_s"]
+        assert row["server_cpu_s"] > 0
+    assert "| off |" in (tmp_path / "table.md").read_text()

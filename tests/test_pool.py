@@ -353,10 +353,14 @@ async def _finals_of(server_workers: int, tiny_model_dir: Path, clips: list[np.n
         results = await asyncio.gather(
             *(transcribe(ClientOptions(url=url), clip, 16000) for clip in clips)
         )
-        per_worker = [
-            metrics.registry.get_sample_value(
-                "streamer_worker_decodes_total",
-                {"worker": s.label, "device": "cpu", "kind": "final"},
+        per_worker = [  # a final may come from its pause's speculative decode (a partial)
+            sum(
+                metrics.registry.get_sample_value(
+                    "streamer_worker_decodes_total",
+                    {"worker": s.label, "device": "cpu", "kind": kind},
+                )
+                or 0.0
+                for kind in ("final", "partial")
             )
             for s in slots
         ]

@@ -1,8 +1,8 @@
-"""Admission under load (issue 31): per client count, what real-time clients feel with
-admission off, how many the default admits and what those feel, quiet and with a CPU
-hog (a busy loop on one core) beside the server.
+"""Capacity and admission: per client count, what real-time clients feel with admission
+off, how many the default admits and what those feel, quiet and beside a CPU hog, with
+speaker labels asked or not.
 
-    python -m bench.latency.capacity_sweep --clients 1,4,8 --hog-clients 3 \\
+    python -m bench.capacity --clients 1,4,8 --hog-clients 3 \\
         --duration-s 40 --out bench/out/capacity-31
 
 Each server configuration (``off``: ``--no-capacity-admission``; ``default``: every
@@ -173,7 +173,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.latency.capacity_sweep", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__)
     p.add_argument("--model", default="random:small")
     p.add_argument("--clients", default="1,4,8", help="comma list of client counts")
     p.add_argument("--duration-s", type=float, default=40.0, help="audio per client")
