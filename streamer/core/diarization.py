@@ -33,14 +33,15 @@ POWERSET: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (2,), (0, 1), (0, 2), (
 EMBEDDING_DIM = 192  # CAM++'s speaker embedding
 FBANK_BINS = 80  # CAM++'s input features per frame
 # a long local speaker (3 s of speech at least) is also embedded in windows, which catch
-# a change of voice the segmentation missed (two voices in one local speaker): 1 s windows
-# on a grid every 0.375 s from the utterance's first sample (window k starts at
+# a change of voice the segmentation missed (two voices in one local speaker): 1.25 s
+# windows on a grid every 0.375 s from the utterance's first sample (window k starts at
 # k * PIECE_STEP_SAMPLES), not all of them: each long region's first and last, then by
 # bisection the one between two embedded ones that disagree (cosine under
 # REFINE_BELOW_COSINE: a change of voice may lie there), so a change is placed on the
 # grid at a few windows per region (bench/results-incoming/wip-diar4.md: 1.5 s windows
-# 0.75 s apart with the same DER took 2.6x the CAM++ frames)
-PIECE_WINDOW_SAMPLES = SAMPLE_RATE
+# 0.75 s apart with the same DER took 2.6x the CAM++ frames; 1 s windows missed changes
+# among 4 voices in 24 turns)
+PIECE_WINDOW_SAMPLES = 5 * SAMPLE_RATE // 4
 PIECE_STEP_SAMPLES = 3 * SAMPLE_RATE // 8
 MIN_PIECES_REGION_SAMPLES = 3 * SAMPLE_RATE
 REFINE_BELOW_COSINE = 0.4

@@ -7,7 +7,7 @@ is the whole per-utterance path: segmentation in 10 s windows, the powerset deco
 ``core/diarization.py``, and one CAM++ embedding per local speaker with enough solo
 speech, computed from 80-bin Kaldi filterbanks (kaldi-native-fbank, mean-normalised over
 the speaker's frames, as 3D-Speaker and sherpa-onnx do; one pass over at most
-SOLO_PASS_MAX_SAMPLES of its longest solo runs). CAM++ also embeds 1 s windows on a grid
+SOLO_PASS_MAX_SAMPLES of its longest solo runs). CAM++ also embeds 1.25 s windows on a grid
 from the utterance's start (:class:`WindowCache`, one batch per call), only where the
 segmentation says they may matter: a long region's first and last, then, by bisection,
 the one between two embedded ones that disagree (:func:`_refinements`); they are its
