@@ -68,8 +68,9 @@ class DiarizationOptions:
     # a window of a local speaker goes to another known speaker when it is at least this
     # much closer to it (cosine) than to its own, and past match_threshold
     change_margin: float = 0.15
-    # embed long local speakers in windows too (about twice the speaker models' time;
-    # off: changes inside one local speaker go unseen, bench/RESULTS.md, "Speaker diarization")
+    # embed long local speakers' region edges in windows too, and bisect where they
+    # disagree (off: windows end to end for the solo embeddings only, no cheaper, and
+    # changes inside one local speaker go unseen, bench/results-incoming/wip-diar4.md)
     change_windows: bool = True
     # how long a live final waits for its speakers once its text is ready (past it, it is
     # sent without them); a file upload's waits up to background_max_wait_ms
