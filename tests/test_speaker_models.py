@@ -12,6 +12,8 @@ import pytest
 
 from streamer.core.audio import SAMPLE_RATE as RATE
 from streamer.core.diarization import (
+    END_TO_END,
+    MIN_PIECES_REGION_SAMPLES,
     DiarizationOptions,
     SpeakerAnalysis,
     SpeakerTracker,
@@ -194,20 +196,31 @@ def test_worker_embeds_early_after_live_jobs_and_a_new_job_supersedes_queued_one
     worker.stop(timeout_s(5))
 
 
-def test_windows_embedded_early_give_the_same_analysis(models) -> None:
-    """The early windows are a cache, not a second opinion: the analysis with them is the
-    one without them, and windows of other audio are not taken for this one's."""
+@pytest.mark.parametrize("change_windows", [True, False])
+def test_windows_embedded_before_give_the_same_analysis(models, change_windows) -> None:
+    """The windows embedded before (early, or for other audio) are a cache, not a second
+    opinion: the analysis with them is the one without them, and windows of other audio
+    are not taken for this one's."""
+    import copy
+
+    from streamer.core.diarization import DiarizationOptions
     from streamer.model.speakers.models import WindowCache
     from streamer.testkit.diarizer import conversation
 
+    models = copy.copy(models)  # the same graphs, its own options
+    models.options = DiarizationOptions(change_windows=change_windows)
     pcm, _ = conversation(["reader", "cards"], 2, seed=0)
     pcm = pcm[: 9 * 16000]
     cache = WindowCache()
     for end in range(16000, len(pcm), 8000):  # as the worker sees an open segment grow
         models.embed_closed(pcm[:end], cache)
-    assert len(cache) >= 3  # early: the 0.75 s grid's windows without a pause in them
+    if change_windows:  # the windows come from the segmentation: none early
+        assert len(cache) == 0
+    else:  # the grid's windows end to end, without a pause in them
+        assert len(cache) >= 2
     stale = WindowCache()
-    models.embed_closed(np.roll(pcm, 4000), stale)
+    models.analyse(0, np.roll(pcm, 4000), stale)
+    assert len(stale) > 0
     plain = models.analyse(0, pcm)
     for cached in (models.analyse(0, pcm, cache), models.analyse(0, pcm, stale)):
         assert len(cached.speakers) == len(plain.speakers) > 0
@@ -352,18 +365,19 @@ def test_windows_embed_long_voices_unless_turned_off(models, cache_dir: Path) ->
 
     clip = (load_voice(VOICES["reader"][0]) * 32767).astype(np.int16)  # 7 s of one voice
     with_windows = models.analyse(0, clip)
-    assert any(len(s.pieces) >= 4 for s in with_windows.speakers)
+    # one voice: its long region's edges agree, so few of the grid's windows are embedded
+    pieces = [len(s.pieces) for s in with_windows.speakers]
+    assert max(pieces) >= 2 and sum(pieces) < closed_windows(len(clip)) // 2
     files = resolve_diarizer(str(ensure_diarizer(cache_dir)), cache_dir)
     lean_models = SpeakerModels(files, DiarizationOptions(change_windows=False))
     lean = lean_models.analyse(0, clip)
     assert lean.speakers and all(s.pieces == () for s in lean.speakers)
-    # early, only the windows end to end (the solo embeddings' means) are embedded, and
-    # with the pieces every other one (those with a pause in them left to the analysis)
+    # early, without the pieces the windows end to end (the solo embeddings' means) are
+    # embedded (those with a pause in them left to the analysis); with them none, as the
+    # segmentation picks them
     lean_early = lean_models.embed_closed(clip, WindowCache())
-    assert 0 < lean_early <= -(-closed_windows(len(clip)) // 4)
-    assert (
-        lean_early < models.embed_closed(clip, WindowCache()) <= -(-closed_windows(len(clip)) // 2)
-    )
+    assert 0 < lean_early <= -(-closed_windows(len(clip)) // END_TO_END)
+    assert models.embed_closed(clip, WindowCache()) == 0
 
 
 def test_windows_with_a_pause_are_left_out_early() -> None:
@@ -371,10 +385,10 @@ def test_windows_with_a_pause_are_left_out_early() -> None:
 
     rng = np.random.default_rng(0)
     voice = (0.3 * rng.standard_normal(3 * RATE)).astype(np.float32)
-    audio = np.concatenate([voice, np.zeros(RATE * 3 // 10, np.float32), voice])
+    audio = np.concatenate([voice, np.zeros(RATE * 3 // 20, np.float32), voice])  # 150 ms
     every = list(range(closed_windows(len(audio))))
     paused = paused_windows(audio, every)
-    pause_start, pause_end = 3 * RATE, 3 * RATE + RATE * 3 // 10
+    pause_start, pause_end = 3 * RATE, 3 * RATE + RATE * 3 // 20
     crossing = {
         k for k in every if window_span(k)[0] <= pause_start < pause_end <= window_span(k)[1]
     }
@@ -389,9 +403,32 @@ def test_a_window_between_two_that_disagree_or_at_a_regions_edge_is_embedded_too
     a, b = np.eye(2, 192, dtype=np.float32)
     cache = WindowCache()
     pcm = np.zeros(12 * RATE, np.int16)
-    for k, vector in {0: a, 2: a, 4: b, 6: b}.items():
+    for k, vector in {0: a, 2: a, 4: b, 6: b, 8: b}.items():
         cache.put(k, pcm, vector)
     region = (0, window_span(6)[1])  # grid windows 0 .. 6 whole inside
-    assert _refinements([region], cache) == [3]  # 2 and 4 disagree; 1 and 5 do not
-    later = (window_span(1)[0], window_span(6)[1])  # 1 .. 6: window 1 is its first
-    assert _refinements([later], cache) == [1, 3]
+    assert _refinements([region], cache, {0, 2, 4, 6}) == [3]  # 2 and 4 disagree
+    later = (window_span(1)[0], window_span(8)[1])  # 1 .. 8: window 1 is its first
+    assert _refinements([later], cache, {2, 4, 6, 8}) == [1, 3]
+    short = (0, window_span(0)[0] + MIN_PIECES_REGION_SAMPLES - 1)
+    assert _refinements([short], cache, set()) == []  # too short for pieces
+
+
+def test_a_change_inside_a_region_is_found_by_bisection() -> None:
+    from streamer.model.speakers.models import _refinements
+
+    a, b = np.eye(2, 192, dtype=np.float32)
+    voice = {k: (a if k <= 5 else b) for k in range(9)}  # the voice changes after window 5
+    cache, pcm = WindowCache(), np.zeros(12 * RATE, np.int16)
+    region = (0, window_span(8)[1])
+    embedded: set[int] = set()
+    asked = []
+    while refine := _refinements([region], cache, embedded):
+        asked.append(refine)
+        for k in refine:
+            cache.put(k, pcm, voice[k])
+        embedded.update(refine)
+    assert asked == [[0, 8], [4], [6], [5]]  # its edges, then halves where they disagree
+    same = (window_span(9)[0], window_span(17)[1])
+    for k in (9, 17):
+        cache.put(k, pcm, a)
+    assert _refinements([same], cache, {9, 17}) == []  # its edges agree: no more

@@ -88,8 +88,9 @@ def add_diarize_arguments(p: argparse.ArgumentParser) -> None:
         False,
         _bool,
         action="store_true",
-        help="embed each voice once per utterance, not also in 1.5 s windows: half the "
-        "speaker models' time, but a change of voice the segmentation misses goes unseen",
+        help="embed each voice from windows end to end, not also a long region's edges "
+        "and bisection: no cheaper now, and a change of voice the segmentation misses "
+        "goes unseen",
     )
     _flag(
         d,

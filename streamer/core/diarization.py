@@ -32,30 +32,27 @@ LOCAL_SPEAKERS = 3  # per window
 POWERSET: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2))
 EMBEDDING_DIM = 192  # CAM++'s speaker embedding
 FBANK_BINS = 80  # CAM++'s input features per frame
-# a long local speaker (2.25 s of speech at least) is also embedded in windows, which
-# catch a change of voice the segmentation missed (two voices in one local speaker):
-# 1.5 s every 0.375 s (every 0.75 s on a grid missed more changes than windows from each
-# region's start; end to end windows found fewer: bench/RESULTS.md, "Speaker diarization")
-PIECE_WINDOW_SAMPLES = 3 * SAMPLE_RATE // 2
+# a long local speaker (3 s of speech at least) is also embedded in windows, which catch
+# a change of voice the segmentation missed (two voices in one local speaker): 1.25 s
+# windows on a grid every 0.375 s from the utterance's first sample (window k starts at
+# k * PIECE_STEP_SAMPLES), not all of them: each long region's first and last, then by
+# bisection the one between two embedded ones that disagree (cosine under
+# REFINE_BELOW_COSINE: a change of voice may lie there), so a change is placed on the
+# grid at a few windows per region (bench/results-incoming/wip-diar4.md: 1.5 s windows
+# 0.75 s apart with the same DER took 2.6x the CAM++ frames; 1 s windows missed changes
+# among 4 voices in 24 turns)
+PIECE_WINDOW_SAMPLES = 5 * SAMPLE_RATE // 4
 PIECE_STEP_SAMPLES = 3 * SAMPLE_RATE // 8
-MIN_PIECES_REGION_SAMPLES = 9 * SAMPLE_RATE // 4
+MIN_PIECES_REGION_SAMPLES = 3 * SAMPLE_RATE
+REFINE_BELOW_COSINE = 0.4
 MIN_CENTROID_SAMPLES = SAMPLE_RATE  # a speaker a piece may switch to has 1 s behind it
-# the windows lie on one grid from the utterance's first sample (window k starts at
-# k * PIECE_STEP_SAMPLES), so those closed while it is still spoken can be embedded early
-# and only the tail remains when it ends; a local speaker with at least this many whole
-# embedded windows in its solo speech takes their mean as its embedding (no second pass
-# over it; one window of the 0.75 s grid gave the same labels as two of the 0.375 s one)
+# a local speaker with at least this many embedded windows whole in its solo speech takes
+# their mean as its embedding (no second pass over it)
 MIN_SOLO_WINDOWS = 1
-# without the windowed changes (change_windows off) only windows end to end are embedded:
-# every END_TO_END-th of the grid, for the solo embeddings' means (a quarter of the work)
-END_TO_END = PIECE_WINDOW_SAMPLES // PIECE_STEP_SAMPLES
-# with them, every COARSE_EVERY-th window of the grid (0.75 s apart) is embedded, and the
-# one between two of a local speaker's pieces only where those two disagree (cosine below
-# REFINE_BELOW_COSINE: a change of voice may lie there), so a change is still placed on
-# the 0.375 s grid at half the windows (the 0.75 s grid alone: reader + cards confusion
-# 6.1 % against 4.8 %, bench/results-incoming/wip-diar3.md)
-COARSE_EVERY = 2
-REFINE_BELOW_COSINE = 0.6
+# without the windowed changes (change_windows off) windows every END_TO_END-th of the
+# grid (the nearest that do not overlap) are embedded for the solo embeddings' means,
+# early while the utterance is spoken
+END_TO_END = -(-PIECE_WINDOW_SAMPLES // PIECE_STEP_SAMPLES)
 
 
 @dataclass(frozen=True)
@@ -71,8 +68,9 @@ class DiarizationOptions:
     # a window of a local speaker goes to another known speaker when it is at least this
     # much closer to it (cosine) than to its own, and past match_threshold
     change_margin: float = 0.15
-    # embed long local speakers in windows too (about twice the speaker models' time;
-    # off: changes inside one local speaker go unseen, bench/RESULTS.md, "Speaker diarization")
+    # embed long local speakers' region edges in windows too, and bisect where they
+    # disagree (off: windows end to end for the solo embeddings only, no cheaper, and
+    # changes inside one local speaker go unseen, bench/results-incoming/wip-diar4.md)
     change_windows: bool = True
     # how long a live final waits for its speakers once its text is ready (past it, it is
     # sent without them); a file upload's waits up to background_max_wait_ms

@@ -6,13 +6,14 @@ is used by one thread at a time (the diarizer's worker). :meth:`SpeakerModels.an
 is the whole per-utterance path: segmentation in 10 s windows, the powerset decoded by
 ``core/diarization.py``, and one CAM++ embedding per local speaker with enough solo
 speech, computed from 80-bin Kaldi filterbanks (kaldi-native-fbank, mean-normalised over
-the speaker's frames, as 3D-Speaker and sherpa-onnx do). CAM++ also embeds 1.5 s windows
-on a grid from the utterance's start (:class:`WindowCache`, one batch per call), every
-``COARSE_EVERY``-th of it: a local speaker with at least ``MIN_SOLO_WINDOWS`` of them in
-its solo speech takes their mean (the labels were the same as with one pass over its
-speech, bench/RESULTS.md), and its long regions' windows are its pieces, with the grid
-window between two of them embedded too where they disagree or a region ends
-(:func:`_refinements`). :meth:`SpeakerModels.embed_closed` embeds the windows an open
+the speaker's frames, as 3D-Speaker and sherpa-onnx do; one pass over at most
+SOLO_PASS_MAX_SAMPLES of its longest solo runs). CAM++ also embeds 1.25 s windows on a grid
+from the utterance's start (:class:`WindowCache`, one batch per call), only where the
+segmentation says they may matter: a long region's first and last, then, by bisection,
+the one between two embedded ones that disagree (:func:`_refinements`); they are its
+pieces, and a local speaker with at least ``MIN_SOLO_WINDOWS`` of them in its solo speech
+takes their mean (no pass over its speech). With change_windows off, windows end to end
+are embedded instead, and :meth:`SpeakerModels.embed_closed` embeds those an open
 utterance already holds, those with a pause left out (:func:`paused_windows`), so that
 its analysis has little more than the tail left.
 """
@@ -26,7 +27,6 @@ import numpy as np
 
 from streamer.core.audio import SAMPLE_RATE
 from streamer.core.diarization import (
-    COARSE_EVERY,
     END_TO_END,
     FBANK_BINS,
     LOCAL_SPEAKERS,
@@ -62,6 +62,9 @@ PAUSE_BLOCK_SAMPLES = SAMPLE_RATE // 20
 PAUSE_MIN_BLOCKS = 3
 PAUSE_LEVEL = 0.05
 LOUD_PERCENTILE = 90.0
+# a local speaker without an embedded window in its solo speech is embedded from at most
+# 1.25 s of it (its longest runs): 1 s cost confusion on cards + alsa, 1.25 s none
+SOLO_PASS_MAX_SAMPLES = 5 * SAMPLE_RATE // 4
 
 
 class SpeakerModels:
@@ -121,32 +124,35 @@ class SpeakerModels:
             end = min(samples, offset + SEGMENTATION_WINDOW_SAMPLES)
             found.extend((window, *r) for r in local_regions(activity, offset, end))
         wanted: set[int] = set()
-        every = self._every()
-        for _, _, regions, solo in found:
-            if len(inside := windows_inside(solo, every=every)) >= MIN_SOLO_WINDOWS:
-                wanted.update(inside)
-            if self.options.change_windows:
-                wanted.update(windows_inside(regions, MIN_PIECES_REGION_SAMPLES, every=every))
-        self._embed_windows(pcm, audio, sorted(wanted), cache)
-        if self.options.change_windows:  # then the windows between two that disagree
-            refine = {k for _, _, regions, _ in found for k in _refinements(regions, cache)}
+        if not self.options.change_windows:  # windows end to end in solo speech
+            for _, _, _, solo in found:
+                if len(inside := windows_inside(solo, every=END_TO_END)) >= MIN_SOLO_WINDOWS:
+                    wanted.update(inside)
+            self._embed_windows(pcm, audio, sorted(wanted), cache)
+        while self.options.change_windows:  # long regions' edges, then bisection
+            refine = {k for _, _, rs, _ in found for k in _refinements(rs, cache, wanted)}
+            if not refine:
+                break
             self._embed_windows(pcm, audio, sorted(refine), cache)
+            wanted |= refine
         for window, slot, regions, solo in found:
             solo_samples = sum(b - a for a, b in solo)
             embedding = None
             if solo_samples >= max(min_solo, MIN_EMBED_SAMPLES):
-                inside = windows_inside(solo, every=every)
-                if len(inside) >= MIN_SOLO_WINDOWS:  # the windows' mean: no second pass
+                inside = [k for k in windows_inside(solo) if k in wanted]
+                if segment_id < 0:  # a known speaker's reference: all its solo speech
+                    embedding = self.embed(np.concatenate([audio[a:b] for a, b in solo]))
+                elif len(inside) >= MIN_SOLO_WINDOWS:  # the windows' mean: no second pass
                     embedding = _unit(np.mean([cache.get(k) for k in inside], axis=0))
                 else:
-                    embedding = self.embed(np.concatenate([audio[a:b] for a, b in solo]))
+                    embedding = self.embed(_solo_audio(audio, solo))
             speakers.append(
                 LocalSpeaker(
                     index=window * LOCAL_SPEAKERS + slot,
                     regions=tuple(regions),
                     solo_samples=solo_samples,
                     embedding=embedding,
-                    pieces=self._pieces(regions, cache),
+                    pieces=self._pieces(regions, cache, wanted),
                 )
             )
         return SpeakerAnalysis(
@@ -158,8 +164,13 @@ class SpeakerModels:
 
     def embed_closed(self, pcm: np.ndarray, cache: WindowCache) -> int:
         """Embed the grid windows an utterance's audio so far (16 kHz int16) holds whole
-        and ``cache`` lacks, those with a pause in them left out; how many were embedded."""
-        windows = range(0, closed_windows(len(pcm)), self._every())
+        and its analysis will use (with change_windows off: every END_TO_END-th, those
+        with a pause in them left out) that ``cache`` lacks; how many were embedded.
+        With change_windows on, the analysis picks its windows from the segmentation
+        (regions' edges and bisection), which the open utterance cannot know: none."""
+        if self.options.change_windows:
+            return 0
+        windows = range(0, closed_windows(len(pcm)), END_TO_END)
         missing = [k for k in windows if not cache.has(k, pcm)]
         if missing:
             audio = pcm.astype(np.float32) / 32768.0
@@ -167,10 +178,6 @@ class SpeakerModels:
             missing = [k for k in missing if k not in paused]
             self._embed_windows(pcm, audio, missing, cache)
         return len(missing)
-
-    def _every(self) -> int:
-        """Every how many grid windows are embedded whatever their neighbours say."""
-        return COARSE_EVERY if self.options.change_windows else END_TO_END
 
     def _embed_windows(
         self, pcm: np.ndarray, audio: np.ndarray, windows: list[int], cache: WindowCache
@@ -184,13 +191,14 @@ class SpeakerModels:
         for k, vector in zip(missing, out, strict=True):
             cache.put(k, pcm, _unit(vector).astype(np.float32))
 
-    def _pieces(self, regions: list[tuple[int, int]], cache: WindowCache) -> tuple[Piece, ...]:
-        """The embedded grid windows of the regions long enough to hold two of them: every
-        COARSE_EVERY-th, and those between two that disagree (:func:`_refinements`)."""
+    def _pieces(
+        self, regions: list[tuple[int, int]], cache: WindowCache, embedded: set[int]
+    ) -> tuple[Piece, ...]:
+        """The embedded grid windows (``embedded``) of the regions long enough for them:
+        their edges and those :func:`_refinements` added."""
         if not self.options.change_windows:
             return ()
-        inside = windows_inside(regions, MIN_PIECES_REGION_SAMPLES, every=COARSE_EVERY)
-        inside = sorted([*inside, *_refinements(regions, cache)])
+        inside = [k for k in windows_inside(regions, MIN_PIECES_REGION_SAMPLES) if k in embedded]
         return tuple(Piece(*window_span(k), cache.get(k)) for k in inside)
 
     def embed(self, audio: np.ndarray) -> np.ndarray:
@@ -221,21 +229,42 @@ class WindowCache:
         self._windows[window] = (_digest(pcm, window), embedding)
 
 
-def _refinements(regions: list[tuple[int, int]], cache: WindowCache) -> list[int]:
-    """The grid windows between two embedded ones of ``regions`` (every COARSE_EVERY-th)
-    whose cosine is under REFINE_BELOW_COSINE: where a change of voice may lie."""
-    coarse = set(windows_inside(regions, MIN_PIECES_REGION_SAMPLES, every=COARSE_EVERY))
-    out = []
-    for k in windows_inside(regions, MIN_PIECES_REGION_SAMPLES):
-        before = k - k % COARSE_EVERY
-        after = before + COARSE_EVERY
-        if k == before:
+def _refinements(
+    regions: list[tuple[int, int]], cache: WindowCache, embedded: set[int]
+) -> list[int]:
+    """The grid windows of ``regions``' long ones to embed next (``embedded``: those
+    embedded so far): each region's first and last, and the middle one between two
+    embedded neighbours more than one apart whose cosine is under REFINE_BELOW_COSINE
+    (a change of voice may lie there), so that a change is placed on the grid by
+    bisection."""
+    out: list[int] = []
+    for region in regions:
+        inside = windows_inside([region], MIN_PIECES_REGION_SAMPLES)
+        if not inside:
             continue
-        if before not in coarse or after not in coarse:  # a region's edge: always
-            out.append(k)
-        elif float(np.dot(cache.get(before), cache.get(after))) < REFINE_BELOW_COSINE:
-            out.append(k)
-    return out
+        out.extend(k for k in (inside[0], inside[-1]) if k not in embedded)
+        done = [k for k in inside if k in embedded]
+        for before, after in zip(done, done[1:], strict=False):
+            if after - before > 1 and _disagree(cache, before, after):
+                out.append((before + after) // 2)
+    return sorted(set(out))
+
+
+def _disagree(cache: WindowCache, before: int, after: int) -> bool:
+    return float(np.dot(cache.get(before), cache.get(after))) < REFINE_BELOW_COSINE
+
+
+def _solo_audio(audio: np.ndarray, solo: list[tuple[int, int]]) -> np.ndarray:
+    """A local speaker's solo speech for one embedding: its longest runs, at most
+    SOLO_PASS_MAX_SAMPLES in all."""
+    picked, total = [], 0
+    for a, b in sorted(solo, key=lambda r: r[0] - r[1]):
+        if total >= SOLO_PASS_MAX_SAMPLES:
+            break
+        b = min(b, a + SOLO_PASS_MAX_SAMPLES - total)
+        picked.append((a, b))
+        total += b - a
+    return np.concatenate([audio[a:b] for a, b in sorted(picked)])
 
 
 def paused_windows(audio: np.ndarray, windows: list[int]) -> set[int]:
