@@ -38,7 +38,7 @@ FBANK_BINS = 80  # CAM++'s input features per frame
 # k * PIECE_STEP_SAMPLES), not all of them: each long region's first and last, then by
 # bisection the one between two embedded ones that disagree (cosine under
 # REFINE_BELOW_COSINE: a change of voice may lie there), so a change is placed on the
-# grid at a few windows per region (bench/results-incoming/wip-diar4.md: 1.5 s windows
+# grid at a few windows per region (bench/RESULTS.md, "Speaker diarization": 1.5 s windows
 # 0.75 s apart with the same DER took 2.6x the CAM++ frames; 1 s windows missed changes
 # among 4 voices in 24 turns)
 PIECE_WINDOW_SAMPLES = 5 * SAMPLE_RATE // 4
@@ -70,7 +70,7 @@ class DiarizationOptions:
     change_margin: float = 0.15
     # embed long local speakers' region edges in windows too, and bisect where they
     # disagree (off: windows end to end for the solo embeddings only, no cheaper, and
-    # changes inside one local speaker go unseen, bench/results-incoming/wip-diar4.md)
+    # changes inside one local speaker go unseen: bench/RESULTS.md, "Speaker diarization")
     change_windows: bool = True
     # how long a live final waits for its speakers once its text is ready (past it, it is
     # sent without them); a file upload's waits up to background_max_wait_ms

@@ -56,8 +56,8 @@ SPECULATIVE_SLACK_MS = 150.0
 # a final (or a late speculative decode) that has waited this long goes before first
 # partials (0: every final does, the order before issue 31's traces). 300 ms cost the
 # finals at 16 client processes on a loaded 2-core machine (final p50 +200-2000 ms in
-# six of six side-by-side pairs, bench/results-incoming/wip-ttft3.md); 0 measured no
-# worse than main there. A quiet machine may pick another value.
+# six of six side-by-side pairs: git show 06cedb4:bench/results-incoming/wip-ttft3.md); 0
+# measured no worse than main there. A quiet machine may pick another value.
 FINAL_PATIENCE_MS = 0.0
 # a first partial of at most this much audio goes ahead of finals (2 s at 16 kHz): one
 # submitted at the onset holds the pre-roll and a few frames; a longer one (a segment
