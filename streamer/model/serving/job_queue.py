@@ -245,7 +245,8 @@ class JobQueue:
             and q.job.pcm.size <= FIRST_AHEAD_MAX_SAMPLES
             and q.job.session_id not in behind
         ]
-        partials = [q for q in partials if not any(q is a for a in ahead)]
+        ahead_ids = {id(q) for q in ahead}
+        partials = [q for q in partials if id(q) not in ahead_ids]
         slack_s = SPECULATIVE_SLACK_MS / 1000
         late: list[Queued] = []
         early: list[Queued] = []
@@ -257,7 +258,8 @@ class JobQueue:
         patience_s = FINAL_PATIENCE_MS / 1000
         due = [q for q in finals if now is None or now - q.submitted >= patience_s]
         queued = due + sorted(ahead, key=lambda q: q.submitted)
-        queued += [q for q in finals if not any(q is d for d in due)]
+        due_ids = {id(q) for q in due}
+        queued += [q for q in finals if id(q) not in due_ids]
         queued += firsts  # longer ones
         queued += sorted(early, key=lambda q: q.submitted)
         queued += [q for q in partials if is_refresh(q.job) and not q.job.first]
@@ -269,8 +271,8 @@ class JobQueue:
             batch = [queued[0]]
         else:  # queued[0] is fresh[0]
             fresh = [q for q in queued if not q.retried]
-            if any(fresh[0] is q for q in ahead):  # first partials with their like only
-                fresh = [q for q in fresh if any(q is a for a in ahead)]
+            if id(fresh[0]) in ahead_ids:  # first partials with their like only
+                fresh = [q for q in fresh if id(q) in ahead_ids]
             chosen = select_batch(
                 [q.job for q in fresh],
                 max_batch=max_batch,
