@@ -461,11 +461,14 @@ def test_speaker_analysis_is_speculated_in_the_pause_like_the_final() -> None:
     )
 
 
-def test_an_open_segments_whole_windows_go_early_and_uploads_skip_it() -> None:
+def test_an_open_segments_whole_windows_go_early_only_where_the_models_use_them() -> None:
     """While a segment is spoken, each new whole window sends its audio so far (one job
-    kept, the newest): the models embed those windows before the segment ends."""
-    for background in (False, True):
-        options = SessionOptions(model_name="fake", diarization=DiarizationOptions())
+    kept, the newest): the models embed those windows before the segment ends, when they
+    embed windows end to end (change_windows off). With the default, the models pick
+    their windows at the end and embed nothing early: no early job is made at all."""
+    for background, change_windows in ((False, False), (True, False), (False, True)):
+        diarization = DiarizationOptions(change_windows=change_windows)
+        options = SessionOptions(model_name="fake", diarization=diarization)
         stream = StreamOptions(diarize=True)
         session = Session("s1", options, stream, loudness_classifier(), background=background)
         session.start()
@@ -479,7 +482,7 @@ def test_an_open_segments_whole_windows_go_early_and_uploads_skip_it() -> None:
                 early.append(job)
         assert session.speakers is not None
         assert session.speakers.jobs_to_submit() == []  # nothing closed: no analysis yet
-        if background:
+        if background or change_windows:
             assert early == []
             continue
         windows = [closed_windows(len(j.pcm)) for j in early]

@@ -8,7 +8,8 @@ decode); in a pause that may close it, :meth:`speculate` sends the audio at once
 the final's speculative decode does, and a closing on exactly that audio needs no
 second job (an answer for other audio is told by its length and ignored). While a
 segment is still spoken, :meth:`grow` offers its audio so far at each new whole window
-(:meth:`early_job`), so that the models embed those windows before it ends. When the
+(:meth:`early_job`), so that the models embed those windows before it ends (only where
+they embed windows end to end, ``change_windows`` off). When the
 final's transcript is ready, :meth:`label` returns it labelled if the speakers' answer
 is there, or holds it; :meth:`analysed` gives the answer (or None: the
 models failed, were full, or were later than the server's bound) and returns a held
@@ -151,9 +152,13 @@ class SessionSpeakers:
         """The open segment reaches ``end_sample``: when it holds another whole window,
         its audio so far (``audio(start, end)``) goes to the speaker models, which embed
         the closed windows now, so that at its end only the tail is left to analyse.
-        Uploads, which do not wait for a pause, skip it."""
+        Uploads, which do not wait for a pause, skip it, and so does every session when
+        the models pick their windows from the segmentation at the end
+        (``change_windows``): they embed nothing early, and the copy would be waste."""
+        if self.background or self.options.change_windows:
+            return
         windows = closed_windows(end_sample - segment.start_sample)
-        if self.background or windows <= self._early_windows.get(segment.segment_id, 0):
+        if windows <= self._early_windows.get(segment.segment_id, 0):
             return
         self._early_windows = {segment.segment_id: windows}  # the open segment's only
         pcm = audio(segment.start_sample, end_sample)
