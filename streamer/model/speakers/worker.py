@@ -11,7 +11,8 @@ under overload a live job that waited in the queue past ``max_live_wait_s`` is d
 unanswered (its final has gone, or goes at that bound, without speakers): the worker
 sheds what nobody waits for and spends itself on fresh segments.
 
-An open segment's *early* jobs (its audio so far) are embedded between the live jobs, at
+An open segment's *early* jobs (its audio so far; sessions send them only when the models
+embed windows end to end, ``--no-diarize-windows``) are embedded between the live jobs, at
 most one queued per segment (a newer one replaces it), into a per-segment cache of
 window embeddings (:class:`~streamer.model.speakers.models.WindowCache`, the latest
 :data:`MAX_CACHED_SEGMENTS`) that the segment's analysis then reuses: when it ends, only
