@@ -8,7 +8,8 @@ speaker labels asked or not.
 Each server configuration (``off``: ``--no-capacity-admission``; ``default``: every
 default; ``--old-code DIR`` runs each again on another checkout, e.g. ``git archive``
 of main, as ``off@old``, ``default@old``) is started once, warmed up, and runs every
-client count quiet, then each of ``--hog-clients`` beside the hog. A name ending in
+client count quiet, then each of ``--hog-clients`` beside the hog (a busy loop on one
+core, or busy ``--hog-share`` of each 20 ms: 0.3 is 15 % of 2 cores). A name ending in
 ``+diarize`` (``off+diarize``) asks its clients for speaker labels (the stream option
 ``diarize``): give every server the speaker models with
 ``--server-arg=--diarize-model=DIR``, so that the two differ in the option only.
@@ -42,7 +43,8 @@ from bench.latency.sweep import _drained, step_result
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
-HOG = "while True: pass"  # one core's worth of other work
+# one core's worth of other work, or its share of one core: busy, then asleep, per 20 ms
+HOG = "import time\nwhile True:\n t = time.perf_counter() + {busy_s}\n while time.perf_counter() < t: pass\n time.sleep({idle_s})"  # noqa: E501
 DRAIN_S = 60.0
 
 
@@ -96,9 +98,8 @@ async def run_config(
     with ManagedServer(options, out / f"server-{config.name}.log") as server:
         await warm_up(server.url, audio)
         for hog in (False, True) if args.hog_clients else (False,):
-            hog_process = (
-                subprocess.Popen([sys.executable, "-c", HOG]) if hog else None
-            )  # beside the server, not pinned: the scheduler shares the 2 cores
+            # beside the server, not pinned: the scheduler shares the 2 cores
+            hog_process = subprocess.Popen(_hog(args.hog_share)) if hog else None
             try:
                 for clients in args.hog_clients if hog else args.clients:
                     await _drained(server.url, DRAIN_S)
@@ -124,6 +125,7 @@ async def run_config(
                     row = {
                         "config": config.name,
                         "hog": hog,
+                        "hog_share": args.hog_share if hog else 0.0,
                         **summary_row(result, clients),
                         "loadavg": [load_before, os.getloadavg()[0]],
                         # the server's CPU time in the step (user + system), s: the work
@@ -144,9 +146,20 @@ async def run_config(
     return rows
 
 
+def _hog(share: float) -> list[str]:
+    """The hog's command: busy ``share`` of each 20 ms (1: all of it)."""
+    idle_s = 0.02 * (1 - share) if share < 1 else 0
+    return [sys.executable, "-c", HOG.format(busy_s=0.02 * share, idle_s=idle_s)]
+
+
 def _cpu_s(pid: int | None) -> float:
     """A process's CPU time so far (user + system, its threads included), s."""
     return sum(cpu_s(pid)) if pid else 0.0
+
+
+def _beside(row: dict[str, Any]) -> str:
+    share = row.get("hog_share", 1.0)  # rows written before --hog-share have none
+    return "quiet" if not row["hog"] else "hog" if share >= 1 else f"hog {share:g} core"
 
 
 def _mib(value: float | None) -> str:
@@ -155,7 +168,7 @@ def _mib(value: float | None) -> str:
 
 def _line(row: dict[str, Any]) -> str:
     return (
-        f"| {row['config']} | {'hog' if row['hog'] else 'quiet'} | {row['clients']} | "
+        f"| {row['config']} | {_beside(row)} | {row['clients']} | "
         f"{row['admitted']} | {_ms(row['ttft_p50_s'])} / {_ms(row['ttft_p95_s'])} | "
         f"{_ms(row['final_p50_s'])} / {_ms(row['final_p95_s'])} | "
         f"{row['loadavg'][0]:.1f}-{row['loadavg'][1]:.1f} | {_mib(row.get('peak_rss_mb'))} | "
@@ -166,8 +179,7 @@ def _line(row: dict[str, Any]) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| server | beside | clients | admitted | TTFT p50 / p95 (ms) | final p50 / p95 (ms) "
-        "| load avg | server peak RSS (MiB) "
-        "| server CPU s |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| load avg | server peak RSS (MiB) | server CPU s |\n" + "|---" * 9 + "|\n"
     )
     return head + "\n".join(_line(r) for r in rows) + "\n"
 
@@ -181,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hog-clients", default="", help="client counts also run beside a busy loop (e.g. 3)"
     )
+    p.add_argument("--hog-share", type=float, default=1.0, help="of one core the hog busies")
     p.add_argument(
         "--configs",
         default="off,default",

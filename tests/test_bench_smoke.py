@@ -141,11 +141,18 @@ def test_capacity_runs_a_step_per_configuration_and_writes_its_table(tmp_path: P
 
     argv = ["--model", "random:tiny", "--clients", "2", "--duration-s", "2"]
     argv += ["--start-every-s", "0.3", "--configs", "off,default", "--pause-s", "0"]
+    argv += ["--hog-clients", "1", "--hog-share", "0.3"]  # beside a hog busy 30 % of a core
     main([*argv, "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert [(row["config"], row["clients"]) for row in rows] == [("off", 2), ("default", 2)]
+    assert [(row["config"], row["clients"], row["hog_share"]) for row in rows] == [
+        ("off", 2, 0.0),
+        ("off", 1, 0.3),
+        ("default", 2, 0.0),
+        ("default", 1, 0.3),
+    ]
+    assert "| off | hog 0.3 core | 1 | 1 |" in (tmp_path / "table.md").read_text()
     for row in rows:
-        assert row["admitted"] == 2 and not row["refused"] and not row["other_errors"]
+        assert row["admitted"] == row["clients"] and not row["refused"]
+        assert not row["other_errors"]
         assert row["segments"] > 0 and 0 < row["final_p50_s"] <= row["final_p95_s"]
         assert row["server_cpu_s"] > 0
-    assert "| off |" in (tmp_path / "table.md").read_text()

@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--audio", choices=AUDIO_CHOICES + continuous.TRACKS, default="auto",
         help="generated, recorded speech or both (auto); continuous*: no pauses")  # fmt: skip
     add("--out", type=Path, help="output folder (default bench/out/latency-TIME)")
+    add("--code-dir", type=Path, help="serve another checkout's code (an old commit's)")
     add("--merge", type=Path, nargs="+", metavar="RUN_DIR", help="do not run: one table and "
         "summary of earlier runs (several: each variant named after its RUN_DIR)")  # fmt: skip
     add("--log-level", default="info")
@@ -84,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 def server_options(args: argparse.Namespace, *extra: str) -> ServerOptions:
     """The started server's options (a variant sets its precision)."""
     return ServerOptions(
-        model=args.model, device=args.device, partial_interval_ms=args.partial_interval_ms,
-        endpoint_ms=args.endpoint_ms, extra_args=(*args.server_arg, *extra),
+        model=args.model, device=args.device, code_dir=args.code_dir,
+        partial_interval_ms=args.partial_interval_ms, endpoint_ms=args.endpoint_ms,
+        extra_args=(*args.server_arg, *extra),
     )  # fmt: skip
 
 
