@@ -73,6 +73,19 @@ async def never_reading_client(server):
     return ws
 
 
+async def writer_blocked(server, after_s: float = 0.0) -> bool:
+    """Whether a session's writer waits inside a send, read on the server's own loop: from
+    this thread the flag could be caught mid-send by a thread switch (a send that does not
+    wait sets and clears it in one step of the loop), and the shutdown test then found
+    nothing to wait for (it failed once in CI this way)."""
+
+    async def blocked() -> bool:
+        await asyncio.sleep(after_s)
+        return any(c.pump.send_blocked for c in server.server.admission.connections)
+
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(blocked(), server.loop))
+
+
 async def make_server_write(ws, pairs: int = 20000, server=None) -> None:
     """Each (audio, junk) pair makes the server send one small error: its writes pile up.
 
@@ -83,7 +96,7 @@ async def make_server_write(ws, pairs: int = 20000, server=None) -> None:
         await ws.send("junk")
         if server is not None and i % 100 == 99:
             await asyncio.sleep(0.02)
-            if any(c.pump.send_blocked for c in server.server.admission.connections):
+            if await writer_blocked(server) and await writer_blocked(server, after_s=0.1):
                 return
     if server is not None:
         raise AssertionError("the server's writes never blocked")
