@@ -148,8 +148,8 @@ async def run_config(
 
 def _hog(share: float) -> list[str]:
     """The hog's command: busy ``share`` of each 20 ms (1: all of it)."""
-    idle_s = 0.02 * (1 - share) if share < 1 else 0
-    return [sys.executable, "-c", HOG.format(busy_s=0.02 * share, idle_s=idle_s)]
+    busy_s = 0.02 * min(share, 1.0)
+    return [sys.executable, "-c", HOG.format(busy_s=busy_s, idle_s=0.02 - busy_s)]
 
 
 def _cpu_s(pid: int | None) -> float:

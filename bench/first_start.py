@@ -148,7 +148,7 @@ def _watch(server: common.ManagedServer, every_s: float) -> dict:
     assert server.load_s is not None
     return {
         "ready_s": round(server.load_s, 1),
-        "tree_peak_mib": round(max(tree.peak_mb, own.peak_mb)),  # sampled apart: it holds own
+        "tree_peak_mib": round(max(tree.peak_mb, own.peak_mb)),  # sampled apart; the tree holds it
         "server_peak_mib": round(own.peak_mb),
         **probes.summary_ms(),  # a probe not answered counts 99 s
         "ready_hwm_mib": common.proc_status(pid, "VmHWM") // 1024,
