@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
 # one core's worth of other work, or its share of one core: busy, then asleep, per 20 ms
-HOG = "import time\nwhile True:\n t = time.perf_counter() + {busy_s}\n while time.perf_counter() < t: pass\n time.sleep({idle_s})"  # noqa: E501
+HOG = "import time\nwhile True:\n t = time.perf_counter() + 0.02 * {share}\n while time.perf_counter() < t: pass\n time.sleep(0.02 * (1 - {share}))"  # noqa: E501
 DRAIN_S = 60.0
 
 
@@ -148,8 +148,7 @@ async def run_config(
 
 def _hog(share: float) -> list[str]:
     """The hog's command: busy ``share`` of each 20 ms (1: all of it)."""
-    busy_s = 0.02 * min(share, 1.0)
-    return [sys.executable, "-c", HOG.format(busy_s=busy_s, idle_s=0.02 - busy_s)]
+    return [sys.executable, "-c", HOG.format(share=min(share, 1.0))]
 
 
 def _cpu_s(pid: int | None) -> float:
