@@ -136,7 +136,7 @@ def _clients(server: common.ManagedServer, args: Any) -> dict:
 
 def _watch(server: common.ManagedServer, every_s: float) -> dict:
     """Sample the tree's memory from the spawn, and ``/healthz`` and ``/readyz`` in turn
-    once the server listens, until ready."""
+    once the server listens (the first at once), until ready."""
     assert server.pid is not None
     pid = server.pid
     with common.PeakRss(pid, every_s) as own, common.PeakRss(pid, every_s, tree=True) as tree:
@@ -144,6 +144,7 @@ def _watch(server: common.ManagedServer, every_s: float) -> dict:
             server.check_running()
             time.sleep(common.PORT_POLL_S)
         with common.HealthProbes(server.find_port() or 0, every_s / 2) as probes:
+            probes.poll()  # at once: a small model can be ready within one interval
             server.wait_ready()
     assert server.load_s is not None
     return {
